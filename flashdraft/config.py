@@ -226,6 +226,11 @@ class PlanConfig(_Section):
         default_factory=dict, description="per stage (generate/extract/train), per GPU; replaces the model"
     )
     decode_batch: int = Field(default=64, ge=1)
+    response_fraction: float = Field(default=0.75, gt=0, le=1, description="share of a sample's tokens generated")
+    target_params: float | None = Field(default=None, gt=0, description="target parameter count; estimated if unset")
+    target_vocab: int = Field(default=151936, ge=1, description="vocabulary size for the LM-head cost")
+    # Compressed size / raw size for the zstd codecs; defaults measured by `make bench` on SmolLM2 features.
+    zstd_ratio: dict[str, float] = Field(default_factory=lambda: {"bf16-zstd": 0.71, "fp8-zstd": 0.86})
 
 
 class RunConfig(_Section):

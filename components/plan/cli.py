@@ -1,0 +1,43 @@
+"""`flashdraft plan`: print the storage/throughput reality check for a config or preset."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+
+
+def plan(
+    config: ConfigOpt = None,
+    preset: PresetOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable report.")] = False,
+    gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when an offline run exceeds the storage budget.")] = False,
+) -> None:
+    """Bytes at rest per codec, GPU-hours per pool, streaming bandwidth and the recommended mode."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from flashdraft.components.plan.planner import make_plan, plan_markdown
+    from flashdraft.config import ConfigError
+
+    cfg = run_config(config, preset, set_)
+    try:
+        report = make_plan(cfg)
+    except (ConfigError, KeyError) as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        Console(width=120).print(Markdown(plan_markdown(report)))
+    if gate and report["gate"]:
+        typer.secho(report["gate"], fg=typer.colors.RED, err=True)
+        raise typer.Exit(3)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)

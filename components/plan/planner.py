@@ -1,0 +1,203 @@
+"""`flashdraft plan`: the storage and throughput reality check, run before any GPU spins.
+
+Everything is arithmetic over the run config: bytes per token for every codec, bytes at rest (offline) or the
+bounded window (streaming), object counts, tokens to generate and to extract, GPU-hours per stage on each pool,
+the bandwidth streaming needs, and the inference:trainer GPU ratio that keeps both pools busy.
+
+Throughput models are deliberately simple and overridable (`plan.measured_tokens_per_s` replaces them):
+- generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes;
+- extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * params * deepest layer / layers);
+- training: FLOPs per data token = block tokens per data token * (6 * drafter layer params + 4 * V * H)
+  + 6 * fused-context params, at `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
+
+The gate (`run_plan` in the pipeline) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes,
+naming the alternatives: a smaller codec, streaming mode, or fewer samples.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flashdraft import layout
+from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
+from flashdraft.config import CODECS, ConfigError, RunConfig
+
+ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features
+LOSSLESS = {"bf16": True, "bf16-zstd": True, "fp8": False, "fp8-zstd": False}
+
+
+class PlanGateError(RuntimeError):
+    """An offline run would not fit its storage budget."""
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 1e12:.1f} TB ({n / 2**40:.1f} TiB)" if n >= 1e12 else f"{n / 1e9:.2f} GB ({n / 2**30:.2f} GiB)"
+
+
+def feature_bytes_per_token(cfg: RunConfig, codec: str, hidden: int) -> float:
+    """Stored feature bytes per token for `codec` (without ids/mask)."""
+    n = cfg.features.num_features
+    raw_bf16 = n * hidden * 2
+    if codec == "bf16":
+        return raw_bf16
+    if codec == "bf16-zstd":
+        return raw_bf16 * cfg.plan.zstd_ratio.get("bf16-zstd", 1.0)
+    scales = n * 4 if cfg.features.fp8_scale == "token" else n * math.ceil(hidden / 64) * 4
+    fp8 = n * hidden + scales
+    if codec == "fp8":
+        return fp8
+    if codec == "fp8-zstd":
+        return fp8 * cfg.plan.zstd_ratio.get("fp8-zstd", 1.0)
+    raise ConfigError(f"features.codec: unknown {codec!r}")
+
+
+def _target_params(cfg: RunConfig, layers: int, hidden: int) -> float:
+    if cfg.plan.target_params:
+        return cfg.plan.target_params
+    return 12 * layers * hidden**2 + 2 * cfg.plan.target_vocab * hidden
+
+
+def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
+    pool = cfg.pools.for_stage(stage)
+    return gpu_spec(pool.gpu_type, cfg.plan.gpu_overrides) if pool.gpu_type else None
+
+
+def make_plan(cfg: RunConfig) -> dict[str, Any]:
+    """The whole estimate as a JSON-able dict (the `--json` output and metrics/plan.json)."""
+    layers, hidden = cfg.target.num_layers, cfg.target.hidden_size
+    if layers is None or hidden is None:
+        raise ConfigError("plan needs target.num_layers and target.hidden_size (set them in the config)")
+    samples = cfg.data.expected_samples or cfg.data.max_samples
+    if samples is None:
+        raise ConfigError("plan needs data.expected_samples (or data.max_samples)")
+    tps = cfg.data.expected_tokens_per_sample
+    tokens = samples * tps
+    ids = cfg.layer_ids(layers)
+
+    codecs = {}
+    for codec in CODECS:
+        bpt = feature_bytes_per_token(cfg, codec, hidden)
+        total = tokens * (bpt + ID_BYTES_PER_TOKEN)
+        codecs[codec] = {"bytes_per_token": round(bpt, 1), "total_bytes": int(total),
+                         "total_tb": round(total / 1e12, 2), "total_tib": round(total / 2**40, 2),
+                         "lossless": LOSSLESS[codec]}
+    selected = codecs[cfg.features.codec]
+    at_rest = selected["total_bytes"]
+    window = min(cfg.mode.window_bytes, at_rest)
+    shard_count = math.ceil(at_rest / cfg.features.shard_bytes)
+
+    # -- throughput ---------------------------------------------------------------------------------------
+    params = _target_params(cfg, layers, hidden)
+    gen_tokens = int(tokens * cfg.plan.response_fraction)
+    measured = cfg.plan.measured_tokens_per_s
+    inf_gpu, train_gpu = _pool_gpu(cfg, "generate"), _pool_gpu(cfg, "train")
+    rates: dict[str, float | None] = {"generate": measured.get("generate"), "extract": measured.get("extract"),
+                                      "train": measured.get("train")}
+    if inf_gpu and rates["generate"] is None:
+        weight_bytes = params * 2
+        rates["generate"] = cfg.plan.decode_batch * cfg.plan.decode_efficiency * inf_gpu.bandwidth_gbs * 1e9 / weight_bytes
+    if inf_gpu and rates["extract"] is None:
+        flops_per_token = 2 * params * (max(ids) + 1) / layers
+        rates["extract"] = cfg.plan.prefill_efficiency * inf_gpu.bf16_tflops * 1e12 / flops_per_token
+    block_tokens_per_token = min(cfg.drafter.max_anchors, tps * cfg.plan.response_fraction) * cfg.drafter.block_size / tps
+    drafter_layer_params = 12 * cfg.drafter.num_layers * hidden**2
+    train_flops_per_token = (block_tokens_per_token * (6 * drafter_layer_params + 4 * cfg.plan.target_vocab * hidden)
+                             + 6 * cfg.features.num_features * hidden**2)
+    if train_gpu and rates["train"] is None:
+        rates["train"] = cfg.plan.train_efficiency * train_gpu.bf16_tflops * 1e12 / train_flops_per_token
+
+    def hours(stage_tokens: float, rate: float | None) -> float | None:
+        return round(stage_tokens / rate / 3600, 1) if rate else None
+
+    train_tokens = tokens * cfg.training.epochs
+    gpu_hours = {
+        "generate": {"gpu": inf_gpu.name if inf_gpu else None, "tokens": gen_tokens,
+                     "tokens_per_s_per_gpu": _r(rates["generate"]), "gpu_hours": hours(gen_tokens, rates["generate"])},
+        "extract": {"gpu": inf_gpu.name if inf_gpu else None, "tokens": tokens,
+                    "tokens_per_s_per_gpu": _r(rates["extract"]), "gpu_hours": hours(tokens, rates["extract"])},
+        "train": {"gpu": train_gpu.name if train_gpu else None, "tokens": train_tokens,
+                  "tokens_per_s_per_gpu": _r(rates["train"]), "gpu_hours": hours(train_tokens, rates["train"])},
+    }
+    trainers = cfg.training.world_size
+    stream_bw = ratio = None
+    if rates["train"]:
+        consumed_tokens_s = rates["train"] * trainers
+        stream_bw = consumed_tokens_s * (selected["bytes_per_token"] + ID_BYTES_PER_TOKEN) / cfg.mode.reuse
+        if rates["extract"]:
+            # Streaming: producers must extract what trainers consume (each shard is trained on `reuse` times).
+            ratio = round(rates["train"] / (cfg.mode.reuse * rates["extract"]), 2)
+    budget = cfg.storage.budget_bytes
+    fits = budget is None or at_rest <= budget
+    recommended = "offline" if fits else ("streaming" if window <= (budget or 0) else "none fits")
+    plan = {
+        "target": cfg.target.model, "layer_ids": ids, "num_layers": layers, "hidden_size": hidden,
+        "samples": samples, "tokens_per_sample": tps, "total_tokens": tokens,
+        "bytes_per_token": int(cfg.features.num_features * hidden * 2),  # the naive bf16 reference layout
+        "codecs": codecs, "codec": cfg.features.codec,
+        "total_bytes_at_rest": at_rest, "peak_bytes_streaming": int(window),
+        "objects": 2 * shard_count + 1, "shards": shard_count,
+        "tokens_to_generate": gen_tokens, "tokens_to_extract": tokens,
+        "gpu_hours": gpu_hours, "streaming_bandwidth_bytes_per_s": _r(stream_bw),
+        "inference_per_trainer_gpu": ratio, "trainer_gpus": trainers,
+        "mode": cfg.mode.kind, "recommended_mode": recommended,
+        "budget_bytes": budget, "fits_budget": fits,
+    }
+    plan["gate"] = gate_message(cfg, plan)
+    return plan
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def gate_message(cfg: RunConfig, plan: dict[str, Any]) -> str | None:
+    """Why an offline run may not start, with the alternatives that would fit; None when it may."""
+    budget = plan["budget_bytes"]
+    if plan["mode"] != "offline" or plan["fits_budget"]:
+        return None
+    alternatives = []
+    fitting = [c for c, v in plan["codecs"].items() if v["total_bytes"] <= budget]
+    if fitting:
+        alternatives.append("a smaller codec: " + ", ".join(
+            f"{c} ({_fmt_bytes(plan['codecs'][c]['total_bytes'])})" for c in fitting))
+    alternatives.append(f"streaming mode (peak {_fmt_bytes(min(cfg.mode.window_bytes, budget))} with "
+                        f"mode.window_bytes <= budget)")
+    per_sample = plan["total_bytes_at_rest"] / plan["samples"]
+    alternatives.append(f"fewer samples: at most {int(budget // per_sample):,} fit with {plan['codec']}")
+    return (f"offline run needs {_fmt_bytes(plan['total_bytes_at_rest'])} at rest with codec {plan['codec']}, "
+            f"over storage.budget_bytes = {_fmt_bytes(budget)}. Alternatives: " + "; ".join(alternatives))
+
+
+def plan_markdown(plan: dict[str, Any]) -> str:
+    """The plan as a Markdown table (a KFP Markdown artifact and the report's planner section)."""
+    lines = [f"### Plan: {plan['target']} ({plan['samples']:,} samples x {plan['tokens_per_sample']} tokens)", "",
+             f"Feature layers {plan['layer_ids']}, naive bf16 layout {plan['bytes_per_token']:,} B/token.", "",
+             "| codec | lossless | bytes/token | at rest |", "|---|---|---:|---:|"]
+    for codec, v in plan["codecs"].items():
+        mark = " (selected)" if codec == plan["codec"] else ""
+        lines.append(f"| {codec}{mark} | {'yes' if v['lossless'] else 'no'} | {v['bytes_per_token']:,.0f} | "
+                     f"{_fmt_bytes(v['total_bytes'])} |")
+    lines += ["", "| stage | GPU | tokens | tokens/s/GPU | GPU-hours |", "|---|---|---:|---:|---:|"]
+    for stage, v in plan["gpu_hours"].items():
+        lines.append(f"| {stage} | {v['gpu'] or '-'} | {v['tokens']:,} | {v['tokens_per_s_per_gpu'] or '-'} | "
+                     f"{v['gpu_hours'] if v['gpu_hours'] is not None else '-'} |")
+    bw = plan["streaming_bandwidth_bytes_per_s"]
+    lines += ["", f"- mode: **{plan['mode']}** (recommended: {plan['recommended_mode']}); objects: {plan['objects']:,}",
+              f"- streaming peak: {_fmt_bytes(plan['peak_bytes_streaming'])}; bandwidth needed: "
+              f"{(bw / 1e9) if bw else 0:.2f} GB/s",
+              f"- inference GPUs per trainer GPU (streaming, to keep up): {plan['inference_per_trainer_gpu']}"]
+    if plan["gate"]:
+        lines += ["", f"**Gate: {plan['gate']}**"]
+    return "\n".join(lines) + "\n"
+
+
+def run_plan(cfg: RunConfig) -> dict[str, Any]:
+    """Pipeline gate: compute the plan, store it as metrics/plan.json, refuse an over-budget offline run."""
+    from flashdraft.store import open_store
+
+    plan = make_plan(cfg)
+    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("plan"), plan)
+    if plan["gate"]:
+        raise PlanGateError(plan["gate"])
+    return plan

@@ -1,0 +1,91 @@
+"""The typed run config: presets, derived values, overrides, and errors that name the field."""
+
+import pytest
+
+from flashdraft.config import ConfigError, default_gamma, dflash_layer_ids, load_config, parse_override
+
+
+@pytest.mark.parametrize(("layers", "ids"), [
+    (32, [1, 8, 15, 22, 29]), (36, [1, 9, 17, 25, 33]), (64, [1, 16, 31, 46, 61]), (30, [1, 8, 14, 20, 27]),
+])
+def test_dflash_layer_ids_match_reference_table(layers, ids):
+    assert dflash_layer_ids(layers, 5) == ids
+
+
+def test_layer_ids_use_half_even_rounding():
+    # L=40, n=8 from dflash.md: 1 + i*36/7 -> 26.71.. and 21.57..; the reference answer needs Python round().
+    assert dflash_layer_ids(40, 8) == [1, 6, 11, 16, 22, 27, 32, 37]
+    assert dflash_layer_ids(20, 1) == [10]
+
+
+def test_presets_load_and_derive():
+    prod = load_config(preset="qwen3.6-27b")
+    assert prod.layer_ids() == [1, 16, 31, 46, 61]
+    assert prod.target.trust_remote_code is False
+    assert prod.drafter.resolved_gamma == 7.0
+    assert prod.pools.for_stage("train").accelerator_count == 8
+    assert prod.pools.for_stage("generate").gpu_type == "rtx-pro-6000"
+    local = load_config(preset="smollm2-local")
+    assert local.layer_ids() == [1, 8, 14, 20, 27]
+    assert local.drafter.resolved_gamma == default_gamma(8) == 4.0
+
+
+def test_cli_style_overrides_parse_yaml_values():
+    cfg = load_config(preset="tiny", overrides=["training.lr=3e-4", "features.layer_ids=[0,2,4,6,7]",
+                                                 "target.trust_remote_code=true"])
+    assert cfg.training.lr == 3e-4
+    assert cfg.layer_ids() == [0, 2, 4, 6, 7]
+    assert cfg.target.trust_remote_code is True
+    assert parse_override("a.b=") == ("a.b", "")
+
+
+def test_dict_overrides_from_pipeline_parameters():
+    cfg = load_config(preset="tiny").with_overrides({"mode.kind": "streaming", "mode.reuse": 3})
+    assert (cfg.mode.kind, cfg.mode.reuse) == ("streaming", 3)
+
+
+def test_yaml_file_merges_over_preset(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("training:\n  epochs: 1\nstorage:\n  root: memory://x\n")
+    cfg = load_config(f, preset="tiny")
+    assert cfg.training.epochs == 1 and cfg.storage.root == "memory://x"
+    assert cfg.target.source == "tiny"  # untouched preset values survive the merge
+
+
+@pytest.mark.parametrize(("override", "field", "why"), [
+    ("features.layer_ids=[1,2,3,4,8]", "features.layer_ids", "target has 8 layers"),
+    ("features.layer_ids=[1,2,3]", "features.layer_ids", "num_features=5"),
+    ("features.layer_ids=[5,4,3,2,1]", "features.layer_ids", "strictly increasing"),
+    ("drafter.block_size=1", "drafter.block_size", "greater than or equal to 2"),
+    ("features.codec=gzip", "features.codec", "unknown codec 'gzip'"),
+    ("storage.root=gs://bucket/x", "storage.root", "unsupported storage scheme 'gs'"),
+    ("target.dtype=int4", "target.dtype", "bfloat16"),
+    ("data.max_prompt_tokens=0", "data.max_prompt_tokens", "greater than or equal to 8"),
+    ("generation.backend=tgi", "generation.backend", "vllm"),
+    ("training.lr=-1", "training.lr", "greater than 0"),
+    ("mode.kind=online", "mode.kind", "offline"),
+    ("pools.trainer.accelerator_count=-8", "pools.trainer.accelerator_count", "greater than or equal to 0"),
+    ("eval.num_prompts=0", "eval.num_prompts", "greater than or equal to 1"),
+    ("plan.prefill_efficiency=2", "plan.prefill_efficiency", "less than or equal to 1"),
+    ("training.typo=1", "training.typo", "Extra inputs"),
+    ("run_id=bad/id", "run_id", "pattern"),
+])
+def test_invalid_values_name_the_field(override, field, why):
+    with pytest.raises(ConfigError) as exc:
+        load_config(preset="tiny", overrides=[override])
+    assert field in str(exc.value) and why in str(exc.value)
+
+
+def test_missing_inputs_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_config(preset="nope")
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="path.to.key=value"):
+        load_config(preset="tiny", overrides=["no-equals-sign"])
+    with pytest.raises(ConfigError, match="no configuration"):
+        load_config()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
