@@ -40,7 +40,7 @@ def dflash_layer_ids(num_layers: int, num_features: int) -> list[int]:
     if num_features == 1:
         return [num_layers // 2]
     start, end = 1, num_layers - 3
-    return [int(round(start + i * (end - start) / (num_features - 1))) for i in range(num_features)]
+    return [round(start + i * (end - start) / (num_features - 1)) for i in range(num_features)]
 
 
 def default_gamma(block_size: int) -> float:

@@ -154,7 +154,7 @@ class ObjectStore:
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except Exception as exc:  # noqa: BLE001 - classified below
+            except Exception as exc:
                 if attempt == self.retries or not _is_transient(exc):
                     raise
                 delay = self.backoff_s * (2**attempt) * (1 + random.random() * 0.25)

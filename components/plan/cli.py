@@ -15,13 +15,13 @@ def plan(
     preset: PresetOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable report.")] = False,
-    gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when an offline run exceeds the storage budget.")] = False,
+    gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when offline storage exceeds the budget.")] = False,
 ) -> None:
     """Bytes at rest per codec, GPU-hours per pool, streaming bandwidth and the recommended mode."""
+    from flashdraft.components.plan.planner import make_plan, plan_markdown
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from flashdraft.components.plan.planner import make_plan, plan_markdown
     from flashdraft.config import ConfigError
 
     cfg = run_config(config, preset, set_)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flashdraft import layout
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
+
+from flashdraft import layout
 from flashdraft.config import CODECS, ConfigError, RunConfig
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features
@@ -96,11 +97,13 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
                                       "train": measured.get("train")}
     if inf_gpu and rates["generate"] is None:
         weight_bytes = params * 2
-        rates["generate"] = cfg.plan.decode_batch * cfg.plan.decode_efficiency * inf_gpu.bandwidth_gbs * 1e9 / weight_bytes
+        bandwidth = inf_gpu.bandwidth_gbs * 1e9
+        rates["generate"] = cfg.plan.decode_batch * cfg.plan.decode_efficiency * bandwidth / weight_bytes
     if inf_gpu and rates["extract"] is None:
         flops_per_token = 2 * params * (max(ids) + 1) / layers
         rates["extract"] = cfg.plan.prefill_efficiency * inf_gpu.bf16_tflops * 1e12 / flops_per_token
-    block_tokens_per_token = min(cfg.drafter.max_anchors, tps * cfg.plan.response_fraction) * cfg.drafter.block_size / tps
+    anchors = min(cfg.drafter.max_anchors, tps * cfg.plan.response_fraction)
+    block_tokens_per_token = anchors * cfg.drafter.block_size / tps
     drafter_layer_params = 12 * cfg.drafter.num_layers * hidden**2
     train_flops_per_token = (block_tokens_per_token * (6 * drafter_layer_params + 4 * cfg.plan.target_vocab * hidden)
                              + 6 * cfg.features.num_features * hidden**2)
