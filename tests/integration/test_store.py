@@ -64,3 +64,44 @@ def test_unsupported_scheme():
 
     with pytest.raises(StoreError, match="gs"):
         ObjectStore("gs://bucket/x")
+
+
+def test_credentials_from_mounted_secret_dir(s3_storage, monkeypatch, tmp_path):
+    """A Kubernetes Secret mounted as files works without AWS_* variables in the environment."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "AWS_ACCESS_KEY_ID").write_text("flashdraft-test\n")
+    (secret / "AWS_SECRET_ACCESS_KEY").write_text("flashdraft-test-secret\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("FLASHDRAFT_S3_SECRET_DIR", str(secret))
+    store = open_store(s3_storage, "secret-run")
+    store.commit("x.bin", b"abc")
+    assert store.get_verified("x.bin") == b"abc"
+    (secret / "AWS_SECRET_ACCESS_KEY").unlink()
+    from flashdraft.store import StoreError
+
+    with pytest.raises(StoreError, match="AWS_SECRET_ACCESS_KEY"):
+        open_store(s3_storage, "secret-run")
+
+
+def test_transient_errors_are_retried_and_permanent_ones_are_not(tmp_path, monkeypatch):
+    store = ObjectStore(f"file://{tmp_path}", retries=3, backoff_s=0.001)
+    store.put("k", b"value")
+    real_cat, calls = store.fs.cat_file, {"n": 0}
+
+    def flaky(path, start=None, end=None):
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise ConnectionError("connection reset by peer")
+        return real_cat(path, start=start, end=end)
+
+    monkeypatch.setattr(store.fs, "cat_file", flaky)
+    assert store.get("k") == b"value" and calls["n"] == 3
+    calls["n"] = -10  # always failing now: gives up after `retries` attempts
+    with pytest.raises(ConnectionError):
+        store.get("k")
+    assert calls["n"] == -10 + 4
+    monkeypatch.setattr(store.fs, "cat_file", real_cat)
+    with pytest.raises(FileNotFoundError):
+        store.get("missing")
