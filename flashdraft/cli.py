@@ -14,6 +14,7 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pret
 # cheap because heavy imports (torch, transformers, vllm) happen inside the command bodies.
 _COMMAND_MODULES = [
     "flashdraft.components.plan.cli",
+    "flashdraft.components.prep.cli",
 ]
 
 for _module in _COMMAND_MODULES:

@@ -16,5 +16,24 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
 
 
+def prompt_shard_key(index: int) -> str:
+    """Train prompts for generation shard `index` (written by prep, read by generate)."""
+    return f"{PROMPTS}/train-{index:05d}.parquet"
+
+
+EVAL_PROMPTS = f"{PROMPTS}/eval.parquet"          # held-out prompts (same schema), for evaluate
+PROMPTS_MANIFEST = f"{PROMPTS}/manifest.json"     # counts, token stats, tokenizer hashes, sources, num_shards
+PROMPTS_QUARANTINE = f"{PROMPTS}/quarantine.jsonl"  # rejected rows: source, row, reason, detail
+
+
+def response_chunk_key(shard: int, chunk: int) -> str:
+    return f"{RESPONSES}/{shard_name(shard)}/chunk-{chunk:05d}.parquet"
+
+
+def responses_done_key(shard: int) -> str:
+    """Committed JSON marking a generation shard complete (tokens/s, counts, generation fingerprint)."""
+    return f"{RESPONSES}/{shard_name(shard)}/DONE"
+
+
 def metrics_key(stage: str) -> str:
     return f"{METRICS}/{stage}.json"

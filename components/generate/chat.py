@@ -1,0 +1,66 @@
+"""Chat-template rendering at the token level, shared by prep (length filter) and generate (prompts, records).
+
+Generated replies must enter later turns as the exact token ids the target produced (re-tokenizing decoded text
+may not round-trip). So a conversation is rendered with a unique sentinel in place of each generated reply, the
+text is split at the sentinels, each piece is tokenized, and the generated ids are spliced in between. The end
+of turn token that the template writes after a reply is the target's own stop token, so it is marked as
+generated too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_SENTINEL = "\u2063FDREPLY{}\u2063"
+
+
+@dataclass
+class Reply:
+    ids: list[int]          # generated token ids, including the stop token when it stopped
+    stopped: bool           # ended on a stop token (vs the length limit)
+
+
+def render(tok, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def encode(tok, text: str) -> list[int]:
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def prompt_token_count(tok, messages: list[dict[str, str]], regenerate_turns: list[int]) -> int:
+    """Tokens the target reads before its last reply, with earlier replies still empty: the length-filter
+    measure of a prompt (for one turn it is exactly the generation prompt)."""
+    return len(encode(tok, render(tok, messages[: regenerate_turns[-1]], add_generation_prompt=True)))
+
+
+def build_turn(tok, messages: list[dict[str, str]], turn: int, replies: dict[int, Reply]
+               ) -> tuple[list[int], list[int]]:
+    """Token ids (and loss mask) of the generation prompt for assistant turn `turn`, with the target's earlier
+    replies (`replies`, keyed by message index) spliced in as their exact ids."""
+    conv = [dict(m) for m in messages[:turn]]
+    for idx in replies:
+        conv[idx]["content"] = _SENTINEL.format(idx)
+    text = render(tok, conv, add_generation_prompt=True)
+    ids: list[int] = []
+    mask: list[int] = []
+    stop_pending: int | None = None  # the previous reply's stop token, expected to open the next text piece
+    for idx in sorted(replies):
+        before, _, text = text.partition(_SENTINEL.format(idx))
+        _append_text(tok, before, ids, mask, stop_pending)
+        reply = replies[idx]
+        body = reply.ids[:-1] if reply.stopped else reply.ids
+        ids.extend(body)
+        mask.extend([1] * len(body))
+        stop_pending = reply.ids[-1] if reply.stopped else None
+    _append_text(tok, text, ids, mask, stop_pending)
+    return ids, mask
+
+
+def _append_text(tok, text: str, ids: list[int], mask: list[int], stop_pending: int | None) -> None:
+    piece = encode(tok, text)
+    ids.extend(piece)
+    mask.extend([0] * len(piece))
+    if stop_pending is not None and piece and piece[0] == stop_pending:
+        # The template closes the reply with its end-of-turn token: the token the target itself generated.
+        mask[len(mask) - len(piece)] = 1
