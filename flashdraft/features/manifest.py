@@ -1,0 +1,113 @@
+"""Provenance of a feature dataset, the dataset manifest, and the keys feature shards live at.
+
+Hidden states are only meaningful for the exact target, tokenizer, chat template and layer ids that produced them;
+a drafter trained on mismatching features trains fine and then accepts nothing. So every shard header carries the
+provenance, and readers refuse shards whose provenance differs from the training config (`check_provenance`).
+
+Keys (below the run's store root)::
+
+    features/shard-KKKKK/part-PPPPP.fds   (+ .commit)   feature shards of generation shard K, in order
+    features/shard-KKKKK/DONE             (+ .commit)   committed JSON when shard K is complete
+    features/manifest.json                (+ .commit)   dataset manifest: provenance + per-part statistics
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.features.codecs import Codec
+from flashdraft.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+PART_SUFFIX = ".fds"
+MANIFEST_KEY = f"{layout.FEATURES}/manifest.json"
+# Fields that must match between the data and the training config (flashdraft_version is informational).
+CHECKED_FIELDS = ("target_model", "target_revision", "target_source", "tokenizer_sha", "chat_template_sha",
+                  "layer_ids", "hidden_size", "codec")
+
+
+class ProvenanceError(ValueError):
+    """Feature data made for a different target/tokenizer/layers/codec than the training config."""
+
+
+def shard_prefix(shard: int) -> str:
+    return f"{layout.FEATURES}/{layout.shard_name(shard)}/"
+
+
+def part_key(shard: int, part: int) -> str:
+    return f"{shard_prefix(shard)}part-{part:05d}{PART_SUFFIX}"
+
+
+def done_key(shard: int) -> str:
+    return f"{shard_prefix(shard)}DONE"
+
+
+def flashdraft_version() -> str:
+    try:
+        return metadata.version("flashdraft")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def codec_from_config(cfg: RunConfig) -> Codec:
+    return Codec(cfg.features.codec, fp8_scale=cfg.features.fp8_scale, zstd_level=cfg.features.zstd_level)
+
+
+def make_provenance(cfg: RunConfig, fingerprint: dict[str, str], hidden_size: int, layer_ids: list[int]) -> dict:
+    """The provenance record for data made under `cfg` (fingerprint: target.tokenizer_fingerprint(tok))."""
+    model = cfg.target.model if cfg.target.source != "tiny" else f"{cfg.target.model}@seed{cfg.target.seed}"
+    return {"target_model": model, "target_revision": cfg.target.revision, "target_source": cfg.target.source,
+            "tokenizer_sha": fingerprint["tokenizer_sha"], "chat_template_sha": fingerprint["chat_template_sha"],
+            "layer_ids": list(layer_ids), "hidden_size": int(hidden_size), "codec": codec_from_config(cfg).params(),
+            "flashdraft_version": flashdraft_version()}
+
+
+def expected_provenance(cfg: RunConfig) -> dict:
+    """What the training config expects (loads the tokenizer and the model config, not the weights)."""
+    from flashdraft.target import load_hf_config, load_tokenizer, tokenizer_fingerprint
+
+    hf = load_hf_config(cfg.target)
+    ids = cfg.layer_ids(int(hf.num_hidden_layers))
+    return make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), int(hf.hidden_size), ids)
+
+
+def check_provenance(expected: dict, found: dict, where: str) -> None:
+    """Raise ProvenanceError listing every mismatching field, naming the data that carries it."""
+    bad = [f"{k}: data has {found.get(k)!r}, config expects {expected.get(k)!r}"
+           for k in CHECKED_FIELDS if found.get(k) != expected.get(k)]
+    if bad:
+        raise ProvenanceError(f"{where} was extracted for a different setup and cannot train this config:\n  "
+                              + "\n  ".join(bad)
+                              + "\n(re-run extraction for this config, or point the run at the matching data)")
+    if found.get("flashdraft_version") != expected.get("flashdraft_version"):
+        log.info("%s was written by flashdraft %s (this is %s)", where, found.get("flashdraft_version"),
+                 expected.get("flashdraft_version"))
+
+
+def committed_parts(store: ObjectStore) -> list[str]:
+    """Keys of every committed feature shard, in (generation shard, part) order."""
+    return [k for k in store.list_committed(f"{layout.FEATURES}/") if k.endswith(PART_SUFFIX)]
+
+
+def build_manifest(store: ObjectStore) -> dict:
+    """Rebuild and commit `features/manifest.json` from the committed parts' commit records.
+
+    Derived data only, so concurrent extract jobs may each rebuild it; readers never depend on it."""
+    parts, provenance = {}, None
+    for key in committed_parts(store):
+        rec = store.read_commit(key)
+        if rec is None:  # deleted since listing (streaming consumer)
+            continue
+        parts[key] = {"samples": rec.meta.get("samples"), "tokens": rec.meta.get("tokens"), "bytes": rec.size,
+                      "sha256": rec.sha256}
+        provenance = provenance or rec.meta.get("provenance")
+    manifest = {"provenance": provenance, "parts": parts,
+                "totals": {"parts": len(parts), "samples": sum(p["samples"] or 0 for p in parts.values()),
+                           "tokens": sum(p["tokens"] or 0 for p in parts.values()),
+                           "bytes": sum(p["bytes"] for p in parts.values())}}
+    store.commit_json(MANIFEST_KEY, manifest)
+    return manifest
