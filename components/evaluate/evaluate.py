@@ -1,0 +1,190 @@
+"""`flashdraft evaluate`: how much the trained drafter buys, measured by really decoding on held-out prompts.
+
+For every prompt the target first decodes alone (the reference output and the plain tokens/s), then
+speculatively with the trained drafter, then with an untrained (randomly initialised) drafter as the baseline.
+Metrics: tau (mean tokens accepted per cycle, bonus included), per-position acceptance (fraction of cycles whose
+k-th draft token was accepted, vLLM's convention), tokens/s of each decoder as measured on this machine.
+With greedy decoding, every speculative output must equal the reference token for token (lossless check);
+a mismatch fails the stage naming the prompt, after the metrics (with the mismatch) are committed for the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.store import ObjectStore, open_store
+
+from .prompts import EvalPrompt, load_eval_prompts
+from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
+
+log = logging.getLogger(__name__)
+METRICS_KEY = layout.metrics_key("evaluate")
+
+
+class LosslessError(RuntimeError):
+    """Greedy speculative output differs from the target's own greedy output."""
+
+
+def summarize(gens: Sequence[Generation]) -> dict[str, Any]:
+    """tau, per-position acceptance and throughput over a set of generations (speculative or plain)."""
+    tokens = sum(len(g.tokens) for g in gens)
+    seconds = sum(g.seconds for g in gens)
+    out: dict[str, Any] = {"tokens": tokens, "seconds": round(seconds, 4),
+                           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None}
+    cycles = [a for g in gens for a in g.accepted]
+    if cycles:
+        out["cycles"] = len(cycles)
+        out["tau"] = round(sum(a + 1 for a in cycles) / len(cycles), 4)
+        out["block_size"] = max(g.block_size for g in gens)
+        out["acceptance_per_position"] = [round(sum(a > k for a in cycles) / len(cycles), 4)
+                                          for k in range(out["block_size"] - 1)]
+    return out
+
+
+def lossless_mismatches(prompts: Sequence[EvalPrompt], reference: Sequence[Generation],
+                        candidate: Sequence[Generation], label: str) -> list[dict[str, Any]]:
+    """One entry per prompt whose candidate tokens differ from the reference, with the first differing index."""
+    bad = []
+    for p, ref, got in zip(prompts, reference, candidate, strict=True):
+        if ref.tokens != got.tokens:
+            first = next((i for i, (a, b) in enumerate(zip(ref.tokens, got.tokens, strict=False)) if a != b),
+                         min(len(ref.tokens), len(got.tokens)))
+            bad.append({"drafter": label, "prompt_id": p.prompt_id, "first_mismatch": first,
+                        "reference_len": len(ref.tokens), "speculative_len": len(got.tokens)})
+    return bad
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _eos_ids(tok, model) -> set[int]:
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+    return {int(i) for i in ids}
+
+
+def trained_drafter_prefix(store: ObjectStore) -> str:
+    """The newest trainer checkpoint folder holding a committed drafter (`checkpoints/<step>/`)."""
+    from flashdraft.drafter.model import CONFIG_FILE, WEIGHTS_FILE
+
+    committed = set(store.list_committed(layout.CHECKPOINTS + "/"))
+    folders = sorted(k.rsplit("/", 1)[0] for k in committed
+                     if k.endswith("/" + CONFIG_FILE) and k.rsplit("/", 1)[0] + "/" + WEIGHTS_FILE in committed)
+    if not folders:
+        raise FileNotFoundError(f"no trained drafter under {store.url(layout.CHECKPOINTS)}/ (a committed "
+                                f"{CONFIG_FILE} + {WEIGHTS_FILE}): run `flashdraft train` first")
+    return folders[-1]
+
+
+def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str) -> tuple[Proposer, str, Proposer]:
+    """(trained drafter, its URI, the untrained baseline: same architecture and the trainer's own init seed, so
+    the difference is exactly what training bought)."""
+    from flashdraft.drafter.model import DFlashDrafter, build_drafter
+    from flashdraft.target import load_hf_config
+
+    prefix = trained_drafter_prefix(store)
+    trained = DFlashDrafter.from_pretrained(store, prefix=prefix, target=cfg.target, device=device).eval()
+    baseline = build_drafter(cfg, load_hf_config(cfg.target), init="random", seed=cfg.training.seed,
+                             tokenizer=tok, device=device).eval()
+    return trained, store.url(prefix), baseline
+
+
+def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
+                     layer_ids: Sequence[int], accept: Callable = greedy_accept) -> dict[str, Any]:
+    """Decode every prompt with the target alone and with each drafter; returns the metrics dict (no I/O)."""
+    import torch
+
+    max_new, temp = cfg.eval.max_new_tokens, cfg.eval.temperature
+    eos = _eos_ids(tok, model)
+    warmup_tokens = min(max_new, 2 * cfg.drafter.block_size)
+
+    def gen_for(name: str, p: EvalPrompt, tokens: int = max_new) -> Generation:
+        generator = torch.Generator().manual_seed(cfg.generation.seed) if temp > 0 else None
+        if name == "target":
+            return target_generate(model, p.input_ids, tokens, eos, temp, generator)
+        return speculative_generate(model, drafters[name], p.input_ids, layer_ids, tokens, eos, temp, generator,
+                                    accept=accept)
+
+    # Warm-up (untimed): first-call allocations and kernel selection must not be billed to either decoder.
+    for name in ["target", *drafters]:
+        gen_for(name, prompts[0], tokens=warmup_tokens)
+    runs: dict[str, list[Generation]] = {name: [] for name in ["target", *drafters]}
+    for p in prompts:
+        for name in runs:
+            runs[name].append(gen_for(name, p))
+        log.info("prompt %s: %d prompt tokens, %d new; tau %s", p.prompt_id, len(p.input_ids),
+                 len(runs["target"][-1].tokens),
+                 {n: round(summarize([runs[n][-1]]).get("tau", 0), 2) for n in drafters})
+    metrics: dict[str, Any] = {
+        "num_prompts": len(prompts), "max_new_tokens": max_new, "temperature": temp,
+        "device": str(next(model.parameters()).device), "threads": torch.get_num_threads(),
+        "layer_ids": list(layer_ids), "target": summarize(runs["target"]),
+    }
+    for name in drafters:
+        metrics[name] = summarize(runs[name])
+        if metrics["target"]["tokens_per_s"] and metrics[name]["tokens_per_s"]:
+            metrics[name]["speedup"] = round(metrics[name]["tokens_per_s"] / metrics["target"]["tokens_per_s"], 3)
+    mismatches: list[dict[str, Any]] = []
+    if temp == 0:
+        for name in drafters:
+            mismatches += lossless_mismatches(prompts, runs["target"], runs[name], name)
+    metrics["lossless"] = {"checked": temp == 0, "passed": temp == 0 and not mismatches,
+                           "prompts": len(prompts), "mismatches": mismatches}
+    metrics["prompts"] = [
+        {"id": p.prompt_id, "source": p.source, "prompt_tokens": len(p.input_ids),
+         "new_tokens": len(runs["target"][i].tokens),
+         **{f"{n}_tau": summarize([runs[n][i]]).get("tau") for n in drafters}}
+        for i, p in enumerate(prompts)
+    ]
+    return metrics
+
+
+def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
+    """Evaluate the trained drafter against the target and an untrained baseline; commit metrics/evaluate.json.
+
+    A committed, passing result is reused unless `force` (exactly-once). Raises LosslessError on a mismatch.
+    """
+    import torch
+
+    from flashdraft.target import load_causal_lm, load_tokenizer, target_num_layers
+
+    store = open_store(cfg.storage, cfg.run_id)
+    if not force and store.is_committed(METRICS_KEY):
+        done = store.get_json_verified(METRICS_KEY)
+        if done.get("lossless", {}).get("passed") or not done.get("lossless", {}).get("checked", True):
+            log.info("evaluate: %s already committed; nothing to do", store.url(METRICS_KEY))
+            return done
+    if cfg.training.num_threads:
+        torch.set_num_threads(cfg.training.num_threads)
+    device = _device()
+    tok = load_tokenizer(cfg.target)
+    model = load_causal_lm(cfg.target, device)
+    layer_ids = cfg.layer_ids(target_num_layers(cfg))
+    prompts = load_eval_prompts(cfg, store, tok)
+    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device)
+    log.info("evaluate: %d prompts, drafter %s, device %s, %d threads", len(prompts), trained_uri, device,
+             torch.get_num_threads())
+    metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": trained, "baseline": baseline}, layer_ids)
+    metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
+                   host_cpus=os.cpu_count())
+    store.commit_json(METRICS_KEY, metrics)
+    log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s",
+             metrics["drafter"].get("tau", 0), metrics["baseline"].get("tau", 0),
+             metrics["target"]["tokens_per_s"] or 0, metrics["drafter"]["tokens_per_s"] or 0,
+             metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else "not checked (sampling)")
+    if metrics["lossless"]["mismatches"]:
+        first = metrics["lossless"]["mismatches"][0]
+        ids = sorted({m["prompt_id"] for m in metrics["lossless"]["mismatches"]})
+        raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {first['drafter']} "
+                            f"speculative output diverges from the target's greedy output at token "
+                            f"{first['first_mismatch']} of prompt {first['prompt_id']}")
+    return metrics

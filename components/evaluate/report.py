@@ -1,0 +1,369 @@
+"""`flashdraft report`: one self-contained HTML page, a Markdown summary and a flat dict of scalars for a run.
+
+Everything comes from what the stages committed to the run's store (metrics/*.json, the features prefix, the
+trainer's checkpoints), so the report can be regenerated at any time with `flashdraft report --run RUN_URI`, and
+it renders for a partial or failed run: a missing section says "not run" instead of failing. The outputs are
+committed under reports/ and, for a KFP component, also written to local artifact paths.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from flashdraft import layout
+from flashdraft.config import STAGES, RunConfig
+from flashdraft.store import NotCommittedError, ObjectStore, open_store
+
+log = logging.getLogger(__name__)
+HTML_KEY = f"{layout.REPORTS}/report.html"
+MARKDOWN_KEY = f"{layout.REPORTS}/summary.md"
+SCALARS_KEY = f"{layout.REPORTS}/metrics.json"
+CONFIG_KEY = f"{layout.REPORTS}/config.json"
+NOT_RUN = "not run"
+
+
+# -- gathering ------------------------------------------------------------------------------------------------
+
+
+def stage_metrics(store: ObjectStore) -> dict[str, dict[str, Any]]:
+    """Every committed metrics/<name>.json by name (e.g. "train", "extract-shard-00001"); unreadable files are
+    reported in place of their content so one bad file cannot hide the rest."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in store.list_committed(layout.METRICS + "/"):
+        if not key.endswith(".json"):
+            continue
+        name = key[len(layout.METRICS) + 1: -len(".json")]
+        try:
+            out[name] = store.get_json_verified(key)
+        except Exception as exc:  # noqa: BLE001 - the report must render whatever else exists
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def _stage_of(name: str) -> str:
+    return name.split("-shard-", 1)[0]
+
+
+def stored_features(store: ObjectStore, metrics: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """What extraction actually left in the store: objects and bytes under features/, and bytes/token using the
+    token count the extract shards reported (None where unknown)."""
+    keys = store.list(layout.FEATURES + "/")
+    if not keys:
+        return None
+    total = sum(store.size(k) for k in keys)
+    tokens = sum(int(m.get("tokens", 0) or 0) for n, m in metrics.items() if _stage_of(n) == "extract")
+    return {"objects": len(keys), "total_bytes": total, "tokens": tokens or None,
+            "bytes_per_token": round(total / tokens, 1) if tokens else None}
+
+
+def drafter_uris(store: ObjectStore) -> list[str]:
+    """Exported drafter folders (export/<format>/) and the newest checkpoint, as URIs."""
+    uris = sorted({store.url(k.rsplit("/", 1)[0]) for k in store.list(layout.EXPORT + "/") if "/" in k})
+    ckpts = sorted({k.rsplit("/", 1)[0] for k in store.list_committed(layout.CHECKPOINTS + "/")})
+    if ckpts:
+        uris.append(store.url(ckpts[-1]))
+    return uris
+
+
+def _numbers(values: Iterable[Any]) -> list[float] | None:
+    values = list(values)
+    return [float(v) for v in values] if values and all(isinstance(v, int | float) for v in values) else None
+
+
+def training_curves(train: dict[str, Any] | None) -> dict[str, Any]:
+    """Loss curve [(step, loss)] and final per-position accuracy from metrics/train.json, whichever exist."""
+    if not train:
+        return {}
+    history = next((train[k] for k in ("history", "log", "steps", "curve") if isinstance(train.get(k), list)), [])
+    rows = [r for r in history if isinstance(r, dict)]
+    out: dict[str, Any] = {}
+    loss = [(r.get("step", i), r["loss"]) for i, r in enumerate(rows) if isinstance(r.get("loss"), int | float)]
+    if loss:
+        out["loss"] = loss
+    acc_key = next((k for k in ("acc_per_position", "accuracy_per_position", "per_position_accuracy")
+                    if _numbers(train.get(k) or []) is not None), None)
+    if acc_key:
+        out["accuracy_per_position"] = _numbers(train[acc_key])
+    else:
+        for r in reversed(rows):
+            k = next((k for k in ("acc_per_position", "accuracy_per_position", "per_position_accuracy")
+                      if _numbers(r.get(k) or []) is not None), None)
+            if k:
+                out["accuracy_per_position"] = _numbers(r[k])
+                break
+    return out
+
+
+def gather(store: ObjectStore, config: dict[str, Any] | None) -> dict[str, Any]:
+    metrics = stage_metrics(store)
+    stages = {s: ("done" if any(_stage_of(n) == s for n in metrics) else NOT_RUN) for s in STAGES if s != "report"}
+    return {"run": store.root, "config": config, "metrics": metrics, "stages": stages,
+            "plan": metrics.get("plan"), "stored": stored_features(store, metrics),
+            "train": training_curves(metrics.get("train")), "evaluate": metrics.get("evaluate"),
+            "drafters": drafter_uris(store)}
+
+
+# -- scalars (KFP Metrics artifact) -----------------------------------------------------------------------------
+
+
+def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
+    """Flat numbers for a KFP Metrics artifact; a section that did not run contributes nothing."""
+    out: dict[str, float] = {}
+    ev = data["evaluate"] or {}
+    for key, src in (("tau", ("drafter", "tau")), ("baseline_tau", ("baseline", "tau")),
+                     ("target_tokens_per_s", ("target", "tokens_per_s")),
+                     ("speculative_tokens_per_s", ("drafter", "tokens_per_s")), ("speedup", ("drafter", "speedup"))):
+        value = (ev.get(src[0]) or {}).get(src[1])
+        if isinstance(value, int | float):
+            out[key] = float(value)
+    if "lossless" in ev and ev["lossless"].get("checked"):
+        out["lossless_passed"] = 1.0 if ev["lossless"]["passed"] else 0.0
+    if data["plan"]:
+        selected = data["plan"]["codecs"][data["plan"]["codec"]]
+        out["planned_bytes_per_token"] = float(selected["bytes_per_token"])
+        out["planned_total_bytes"] = float(selected["total_bytes"])
+    if data["stored"]:
+        out["stored_total_bytes"] = float(data["stored"]["total_bytes"])
+        out["stored_objects"] = float(data["stored"]["objects"])
+        if data["stored"]["bytes_per_token"] is not None:
+            out["stored_bytes_per_token"] = float(data["stored"]["bytes_per_token"])
+    if data["train"].get("loss"):
+        out["final_train_loss"] = float(data["train"]["loss"][-1][1])
+    return out
+
+
+# -- charts -----------------------------------------------------------------------------------------------------
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def charts(data: dict[str, Any]) -> dict[str, str]:
+    """Base64 PNGs by name for the sections that have data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    train, ev = data["train"], data["evaluate"] or {}
+    if train.get("loss"):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        steps, losses = zip(*train["loss"], strict=True)
+        ax.plot(steps, losses, color="#1f77b4")
+        ax.set(xlabel="optimizer step", ylabel="loss", title="Training loss")
+        ax.grid(alpha=0.3)
+        out["train_loss"] = _png(fig)
+    if train.get("accuracy_per_position"):
+        acc = train["accuracy_per_position"]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar(range(1, len(acc) + 1), acc, color="#2ca02c")
+        ax.set(xlabel="block position k", ylabel="accuracy", title="Training accuracy per block position",
+               ylim=(0, 1))
+        out["train_accuracy"] = _png(fig)
+    rows = [(n, ev[n]["acceptance_per_position"]) for n in ("drafter", "baseline")
+            if isinstance(ev.get(n), dict) and ev[n].get("acceptance_per_position")]
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        width = 0.8 / len(rows)
+        for i, (name, rates) in enumerate(rows):
+            ax.bar([k + 1 + (i - (len(rows) - 1) / 2) * width for k in range(len(rates))], rates, width=width,
+                   label="trained" if name == "drafter" else "untrained baseline")
+        ax.set(xlabel="draft position k", ylabel="fraction of cycles accepted",
+               title="Acceptance per draft position", ylim=(0, 1))
+        ax.legend()
+        out["acceptance"] = _png(fig)
+        taus = [(("trained" if n == "drafter" else "untrained"), ev[n].get("tau", 0)) for n, _ in rows]
+        fig, ax = plt.subplots(figsize=(4, 3.2))
+        ax.bar([t[0] for t in taus], [t[1] for t in taus], color=["#1f77b4", "#aaaaaa"][: len(taus)])
+        for i, (_, v) in enumerate(taus):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom")
+        ax.set(ylabel="tau (tokens per cycle)", title="Acceptance length tau")
+        out["tau"] = _png(fig)
+    return out
+
+
+# -- rendering --------------------------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def throughput_rows(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any]]:
+    """(metrics file, key, value) for every rate a stage reported (keys mentioning per_s or throughput), one
+    level of nesting deep, e.g. evaluate's target.tokens_per_s."""
+    rows = []
+    for name in sorted(metrics):
+        for key, value in metrics[name].items():
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for sub, v in items:
+                full = f"{key}.{sub}" if sub else key
+                if isinstance(v, int | float) and not isinstance(v, bool) and ("per_s" in full or "throughput" in full):
+                    rows.append((name, full, v))
+    return rows
+
+
+def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
+    """The report's content as (title, table rows or a note), shared by the HTML and the Markdown output."""
+    ev, plan, stored = data["evaluate"], data["plan"], data["stored"]
+    out: list[tuple[str, list[list[str]] | str]] = []
+    cfg = data["config"] or {}
+    target = cfg.get("target", {})
+    out.append(("Run", [["run", data["run"]], ["target", f"{target.get('model', '-')} ({target.get('source', '-')})"],
+                        *[[f"stage {s}", st] for s, st in data["stages"].items()]]))
+    if ev:
+        rows = [["", "tau", "tokens/s", "speedup vs target"],
+                ["target alone (greedy)", "-", _fmt(ev["target"].get("tokens_per_s")), "1"]]
+        for name, label in (("drafter", "trained drafter"), ("baseline", "untrained baseline")):
+            if isinstance(ev.get(name), dict):
+                rows.append([label, _fmt(ev[name].get("tau")), _fmt(ev[name].get("tokens_per_s")),
+                             _fmt(ev[name].get("speedup"))])
+        out.append(("Speculative decoding", rows))
+        lossless = ev.get("lossless", {})
+        if not lossless.get("checked"):
+            note = "not checked (sampling, temperature > 0)"
+        elif lossless.get("passed"):
+            note = (f"PASSED: speculative greedy output equals the target's greedy output on all "
+                    f"{lossless['prompts']} prompts")
+        else:
+            note = "FAILED on " + ", ".join(f"{m['prompt_id']} ({m['drafter']}, token {m['first_mismatch']})"
+                                           for m in lossless.get("mismatches", []))
+        out.append(("Lossless check", note))
+        out.append(("Evaluation setup", [
+            ["prompts", _fmt(ev.get("num_prompts"))], ["max new tokens", _fmt(ev.get("max_new_tokens"))],
+            ["block size", _fmt((ev.get("drafter") or {}).get("block_size"))],
+            ["temperature", _fmt(ev.get("temperature"))],
+            ["device", f"{ev.get('device')} ({ev.get('threads')} threads)"],
+            ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
+    else:
+        out.append(("Speculative decoding", f"evaluate: {NOT_RUN}"))
+    if plan or stored:
+        selected = plan["codecs"][plan["codec"]] if plan else {}
+        out.append(("Storage: planned vs stored", [
+            ["", "planned", "stored"],
+            ["codec", plan["codec"] if plan else "-", "-"],
+            ["bytes/token", _fmt(selected.get("bytes_per_token")), _fmt((stored or {}).get("bytes_per_token"))],
+            ["total bytes", fmt_bytes(selected.get("total_bytes")), fmt_bytes((stored or {}).get("total_bytes"))],
+            ["objects", _fmt(plan.get("objects") if plan else None), _fmt((stored or {}).get("objects"))],
+            ["tokens", _fmt(plan.get("total_tokens") if plan else None), _fmt((stored or {}).get("tokens"))]]))
+    else:
+        out.append(("Storage: planned vs stored", f"plan and extract: {NOT_RUN}"))
+    rates = throughput_rows(data["metrics"])
+    out.append(("Per-stage throughput", [["metrics", "measure", "value"]] + [[a, b, _fmt(c)] for a, b, c in rates]
+                if rates else f"no stage reported a throughput ({NOT_RUN})"))
+    if not data["train"]:
+        out.append(("Training", f"train: {NOT_RUN} (no metrics/train.json with a loss history)"))
+    out.append(("Drafter", [[u] for u in data["drafters"]] if data["drafters"] else f"export: {NOT_RUN}"))
+    return out
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
+th{background:#f3f3f3}.note{color:#555}img{max-width:100%;margin:.5em 1em 1em 0}code{background:#f6f6f6}"""
+
+
+def _html_table(rows: list[list[str]]) -> str:
+    head, *body = rows if len(rows[0]) > 2 or rows[0][0] == "" else [None, *rows]
+    parts = ["<table>"]
+    if head:
+        parts.append("<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>")
+    parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
+    return "".join(parts) + "</table>"
+
+
+def render_html(data: dict[str, Any], images: dict[str, str]) -> str:
+    chart_titles = {"tau": "tau vs untrained baseline", "acceptance": "acceptance per position",
+                    "train_loss": "training loss", "train_accuracy": "training accuracy per position"}
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>flashdraft report</title>"
+             f"<style>{_CSS}</style></head><body><h1>flashdraft run report</h1>"]
+    for title, body in sections(data):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        parts.append(_html_table(body) if isinstance(body, list) else f"<p class='note'>{html.escape(body)}</p>")
+    if images:
+        parts.append("<h2>Charts</h2>")
+        parts += [f"<img id='chart-{name}' alt='{html.escape(chart_titles.get(name, name))}' "
+                  f"src='data:image/png;base64,{b64}'>" for name, b64 in images.items()]
+    if data["config"]:
+        parts.append("<h2>Config</h2><pre>" + html.escape(json.dumps(data["config"], indent=2)) + "</pre>")
+    return "\n".join(parts) + "</body></html>\n"
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    lines = ["# flashdraft run report", ""]
+    for title, body in sections(data):
+        lines += [f"## {title}", ""]
+        if isinstance(body, str):
+            lines += [body, ""]
+            continue
+        head, *rest = body if len(body[0]) > 2 or body[0][0] == "" else [[""] * len(body[0]), *body]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rest] + [""]
+    return "\n".join(lines)
+
+
+# -- entry points -------------------------------------------------------------------------------------------------
+
+
+def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
+                 out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Render from the store's committed metrics, commit reports/{report.html,summary.md,metrics.json}; with
+    `out_dir`, also write them there (KFP artifact paths). `config` defaults to the one stored by an earlier
+    report run."""
+    if config is None and store.is_committed(CONFIG_KEY):
+        try:
+            config = store.get_json_verified(CONFIG_KEY)
+        except NotCommittedError:
+            config = None
+    elif config is not None:
+        store.commit_json(CONFIG_KEY, config)
+    data = gather(store, config)
+    page, summary, scalars = render_html(data, charts(data)), render_markdown(data), scalar_metrics(data)
+    store.commit(HTML_KEY, page.encode())
+    store.commit(MARKDOWN_KEY, summary.encode())
+    store.commit_json(SCALARS_KEY, scalars)
+    result: dict[str, Any] = {"report_html": store.url(HTML_KEY), "summary_md": store.url(MARKDOWN_KEY),
+                              "metrics": scalars, "stages": data["stages"]}
+    if out_dir is not None:
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "report.html").write_text(page)
+        (folder / "summary.md").write_text(summary)
+        (folder / "metrics.json").write_text(json.dumps(scalars, indent=2))
+        result.update(html_path=str(folder / "report.html"), markdown_path=str(folder / "summary.md"))
+    log.info("report: %s", result["report_html"])
+    return result
+
+
+def run_report(cfg: RunConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """The pipeline's report step (also its exit handler): works whatever subset of stages has run."""
+    return build_report(open_store(cfg.storage, cfg.run_id), cfg.model_dump(mode="json"), out_dir)

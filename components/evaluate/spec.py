@@ -1,0 +1,150 @@
+"""Speculative decoding with a DFlash drafter and an HF target, plus the plain target decode it is judged against.
+
+One cycle (DFlash, dflash.md section 3): the drafter proposes B-1 tokens in one forward over
+[last verified token, MASK x (B-1)] using the target's context features; the target verifies the block
+[last, d_1..d_{B-1}] in one forward with its KV cache; the longest prefix of drafts that equals the target's own
+choice at each position is accepted, plus the target's token after it (the bonus). The KV cache is then cropped
+back to the accepted length, and the captured features of the accepted positions extend the drafter's context.
+
+Both decoders use the same target forwards (prefill, then cached steps), so their timings compare honestly and
+greedy outputs must agree token for token: that is the lossless check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from flashdraft.capture import capture_layers
+
+
+class Proposer(Protocol):
+    """What the evaluation needs from a drafter (flashdraft.drafter.model.DFlashDrafter provides it)."""
+
+    def propose_block(self, context_features: torch.Tensor, last_token: int) -> torch.Tensor: ...
+
+
+@dataclass
+class Generation:
+    """Tokens generated after the prompt, and for speculative runs the accepted draft count of every cycle."""
+
+    tokens: list[int]
+    seconds: float
+    accepted: list[int] = field(default_factory=list)  # a per cycle (bonus excluded; tau counts a + 1)
+    block_size: int = 0                                 # drafted tokens per cycle + 1 (0: plain decode)
+
+
+AcceptRule = Callable[[torch.Tensor, torch.Tensor], int]
+
+
+def greedy_accept(draft: torch.Tensor, target_choice: torch.Tensor) -> int:
+    """Length of the longest prefix with draft[k] == target_choice[k] (target_choice[k] is the target's token
+    after block position k, so it judges draft[k], which sits at block position k + 1)."""
+    match = (draft == target_choice[: draft.numel()]).to(torch.int64)
+    return int(match.cumprod(0).sum())
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature == 0:
+        return int(logits.argmax(-1))
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def rejection_accept(draft: torch.Tensor, logits: torch.Tensor, temperature: float,
+                     generator: torch.Generator | None) -> tuple[int, int]:
+    """Standard speculative sampling for a greedy (one-hot) drafter: accept d_k with probability p_k(d_k); on the
+    first rejection sample from p_k with d_k removed; after all accepted, sample the bonus from p_B. The output
+    is distributed exactly as sampling the target alone. Returns (accepted, next token)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    for k, tok in enumerate(draft.tolist()):
+        p = probs[k]
+        if torch.rand((), generator=generator) < p[tok]:
+            continue
+        residual = p.clone()
+        residual[tok] = 0.0
+        return k, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return draft.numel(), int(torch.multinomial(probs[draft.numel()], 1, generator=generator))
+
+
+def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
+    tokens = tokens[:max_new_tokens]
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+@torch.inference_mode()
+def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: set[int],
+                    temperature: float = 0.0, generator: torch.Generator | None = None) -> Generation:
+    """Plain autoregressive decode of the target alone: prefill, then one cached forward per token."""
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    cache = _new_cache(model)
+    ids = torch.tensor([list(prompt_ids)], device=device)
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    tokens = [_pick(out.logits[0, -1], temperature, generator)]
+    while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), cache=cache, use_cache=True,
+                    logits_to_keep=1)
+        tokens.append(_pick(out.logits[0, -1], temperature, generator))
+    return Generation(tokens=_finish(tokens, max_new_tokens, eos_ids), seconds=time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], layer_ids: Sequence[int],
+                         max_new_tokens: int, eos_ids: set[int], temperature: float = 0.0,
+                         generator: torch.Generator | None = None,
+                         accept: AcceptRule = greedy_accept) -> Generation:
+    """Speculative decode: target prefill (its token is the first output), then draft/verify cycles.
+
+    `accept` is the greedy acceptance rule; it is a parameter so a test can plug in a wrong one and see the
+    lossless check catch it.
+    """
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    cache = _new_cache(model)
+    accepted: list[int] = []
+    block_size = 0
+    with capture_layers(model, layer_ids) as cap:
+        out = model(input_ids=torch.tensor([list(prompt_ids)], device=device), cache=cache,
+                    use_cache=True, logits_to_keep=1)
+        context = cap.features()[0]                       # [S, n*H] for positions 0..S-1
+        tokens = [_pick(out.logits[0, -1], temperature, generator)]
+        done = tokens[-1] in eos_ids
+        while len(tokens) < max_new_tokens and not done:
+            last = tokens[-1]
+            draft = drafter.propose_block(context, last).to(device=device, dtype=torch.long).reshape(-1)
+            block = torch.cat([torch.tensor([last], device=device), draft])
+            block_size = block.numel()
+            out = model(input_ids=block[None], cache=cache, use_cache=True)
+            logits = out.logits[0]                        # [B, V]: the target's distribution after each position
+            features = cap.features()[0]                  # [B, n*H]
+            if temperature == 0:
+                choice = logits.argmax(-1)
+                n_ok = accept(draft, choice)
+                nxt = int(choice[n_ok])
+            else:
+                n_ok, nxt = rejection_accept(draft, logits, temperature, generator)
+            # Keep [last, d_1..d_n] in the cache and the context; the new token has no features until verified.
+            drop = draft.numel() - n_ok
+            if drop:
+                cache.crop(-drop)
+            context = torch.cat([context, features[: n_ok + 1]])
+            new = draft[:n_ok].tolist() + [nxt]
+            tokens.extend(new)
+            accepted.append(n_ok)
+            done = any(t in eos_ids for t in new)
+    return Generation(tokens=_finish(tokens, max_new_tokens, eos_ids), seconds=time.perf_counter() - start,
+                      accepted=accepted, block_size=block_size)
