@@ -15,9 +15,7 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pret
 _COMMAND_MODULES = [
     "flashdraft.components.plan.cli",
     "flashdraft.components.prep.cli",
-    "flashdraft.components.extract.cli",
     "flashdraft.components.evaluate.cli",
-    "flashdraft.pipelines.cli",
 ]
 
 for _module in _COMMAND_MODULES:
