@@ -1,0 +1,26 @@
+"""`flashdraft generate --shard K`: the target answers one prompt shard (cheap to import)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("generate")
+    def generate(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
+        """Generate target responses for one prompt shard, committed chunk by chunk (resumable)."""
+        from flashdraft.components.generate.generate import GenerationDriftError, run_generate
+
+        from flashdraft.store import NotCommittedError
+
+        cfg = run_config(config, preset, set_)
+        try:
+            done = run_generate(cfg, shard)
+        except (GenerationDriftError, NotCommittedError, ValueError) as exc:
+            typer.secho(str(exc), fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
+        typer.echo(json.dumps({k: v for k, v in done.items() if k != "fingerprint"}, sort_keys=True))

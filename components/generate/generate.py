@@ -1,0 +1,180 @@
+"""Stage 2, response generation for one prompt shard: the target answers every prompt; the responses become the
+drafter's training sequences.
+
+Exactly-once by construction: the shard's prompts are cut into fixed chunks of `generation.chunk_size`; each
+chunk is generated and committed as `responses/shard-K/chunk-N.parquet` with the generation fingerprint in its
+commit record; `DONE` is committed last. A restarted pod skips committed chunks, a rerun of a finished shard
+returns its DONE record, and committed chunks made under a different model, template or sampling config stop
+the run instead of mixing. Sampling seeds derive from (seed, sample id, turn), so resumed runs regenerate
+exactly what an uninterrupted run would have.
+
+Multi-turn prompts are answered turn by turn: every regenerated assistant turn is conditioned on the target's own
+earlier replies and is covered by the loss mask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.records import (
+    PROMPT_SCHEMA,
+    RESPONSE_SCHEMA,
+    parquet_bytes_to_table,
+    rows_to_table,
+    table_to_parquet_bytes,
+)
+from flashdraft.store import NotCommittedError, ObjectStore, open_store
+
+from .chat import Reply, build_turn
+
+log = logging.getLogger(__name__)
+
+
+class GenerationDriftError(RuntimeError):
+    """Committed responses were made with a different model, chat template or sampling config."""
+
+
+def generation_fingerprint(cfg: RunConfig, tok_fp: dict[str, str], prompts_sha: str) -> dict[str, Any]:
+    """Everything that changes what the target writes; recorded with every chunk and checked on resume."""
+    t, g = cfg.target, cfg.generation
+    return {"model": t.model, "source": t.source, "revision": t.revision, "dtype": t.dtype,
+            "target_seed": t.seed if t.source == "tiny" else None, **tok_fp, "backend": g.backend,
+            "temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k, "seed": g.seed,
+            "max_response_tokens": cfg.data.max_response_tokens, "chunk_size": g.chunk_size,
+            "prompts_sha256": prompts_sha}
+
+
+def _check_drift(recorded: dict[str, Any], current: dict[str, Any], where: str) -> None:
+    diff = {k: (recorded.get(k), current.get(k)) for k in current if recorded.get(k) != current.get(k)}
+    if diff:
+        details = "; ".join(f"{k}: committed {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        raise GenerationDriftError(f"{where} was generated with a different configuration ({details}). Use a new "
+                                   f"run_id, or restore the original settings to resume.")
+
+
+def _sample_seed(seed: int, sample_id: str, turn: int) -> int:
+    return int(hashlib.sha256(f"{seed}:{sample_id}:{turn}".encode()).hexdigest()[:8], 16)
+
+
+def _finish_reason(replies: list[Reply]) -> str:
+    if any(not r.stopped for r in replies):
+        return "length"
+    if any(len(r.ids) <= 1 for r in replies):  # nothing but the stop token
+        return "empty"
+    return "stop"
+
+
+def generate_chunk(backend, tok, rows: list[dict], seed: int) -> tuple[list[dict], dict[str, int]]:
+    """Answer every prompt of a chunk, turn by turn; returns RESPONSE_SCHEMA rows and token counts."""
+    convs = [json.loads(r["messages"]) for r in rows]
+    turns = [list(r["regenerate_turns"]) for r in rows]
+    replies: list[dict[int, Reply]] = [{} for _ in rows]
+    prompt_tokens = 0
+    for t in range(max(len(x) for x in turns)):
+        active = [j for j in range(len(rows)) if len(turns[j]) > t]
+        prompts = [build_turn(tok, convs[j], turns[j][t], replies[j])[0] for j in active]
+        prompt_tokens += sum(len(p) for p in prompts)
+        outs = backend.generate(prompts, [_sample_seed(seed, rows[j]["sample_id"], t) for j in active])
+        for j, out in zip(active, outs, strict=True):
+            replies[j][turns[j][t]] = out
+    records = []
+    for j, row in enumerate(rows):
+        last = turns[j][-1]
+        ids, mask = build_turn(tok, convs[j], last, {k: v for k, v in replies[j].items() if k != last})
+        final = replies[j][last]
+        ids, mask = ids + final.ids, mask + [1] * len(final.ids)
+        records.append({"sample_id": row["sample_id"], "input_ids": ids, "loss_mask": mask,
+                        "prompt_len": mask.index(1) if 1 in mask else len(mask),
+                        "response_text": tok.decode(final.ids, skip_special_tokens=True),
+                        "finish_reason": _finish_reason(list(replies[j].values()))})
+    stats = {"samples": len(rows), "turns": sum(len(x) for x in turns), "prompt_tokens": prompt_tokens,
+             "generated_tokens": sum(len(r.ids) for rep in replies for r in rep.values()),
+             "empty": sum(r["finish_reason"] == "empty" for r in records),
+             "truncated": sum(r["finish_reason"] == "length" for r in records)}
+    return records, stats
+
+
+def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str, int]:
+    try:
+        manifest = store.get_json_verified(layout.PROMPTS_MANIFEST)
+    except NotCommittedError:
+        raise NotCommittedError(f"{store.url(layout.PROMPTS_MANIFEST)} is missing: run `flashdraft prep` first"
+                                ) from None
+    n_shards = manifest["summary"]["num_shards"]
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"--shard {shard} is out of range: prep made {n_shards} shard(s) (0..{n_shards - 1})")
+    key = layout.prompt_shard_key(shard)
+    table = parquet_bytes_to_table(store.get_verified(key), PROMPT_SCHEMA)
+    return table.to_pylist(), store.read_commit(key).sha256, manifest["max_prompt_tokens"]
+
+
+def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
+    """Generate (or resume, or confirm) responses for prompt shard `shard`; returns the shard's DONE record."""
+    from tqdm import tqdm
+
+    from flashdraft.target import load_tokenizer, tokenizer_fingerprint
+
+    from .backends import make_backend
+
+    store = open_store(cfg.storage, cfg.run_id)
+    rows, prompts_sha, _ = _load_prompts(store, shard)
+    tok = load_tokenizer(cfg.target)
+    fingerprint = generation_fingerprint(cfg, tokenizer_fingerprint(tok), prompts_sha)
+    done_key = layout.responses_done_key(shard)
+    if store.is_committed(done_key):
+        done = store.get_json_verified(done_key)
+        _check_drift(done["fingerprint"], fingerprint, store.url(done_key))
+        log.info("shard %d already generated (%s): nothing to do", shard, store.url(done_key))
+        return {**done, "skipped": True}
+
+    size = cfg.generation.chunk_size
+    chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+    chunk_meta: dict[int, dict] = {}
+    for i in range(len(chunks)):
+        record = store.read_commit(layout.response_chunk_key(shard, i))
+        if record is not None:
+            _check_drift(record.meta.get("fingerprint", {}), fingerprint,
+                         store.url(layout.response_chunk_key(shard, i)))
+            chunk_meta[i] = record.meta
+    todo = [i for i in range(len(chunks)) if i not in chunk_meta]
+    log.info("shard %d: %d prompts in %d chunks, %d already committed", shard, len(rows), len(chunks),
+             len(chunks) - len(todo))
+    startup_s = 0.0
+    if todo:
+        t0 = time.time()
+        max_len = max(r["prompt_tokens"] + len(r["regenerate_turns"]) * cfg.data.max_response_tokens for r in rows)
+        backend = make_backend(cfg, tok, max_model_len=max_len + 64)
+        startup_s = round(time.time() - t0, 2)
+        try:
+            for i in tqdm(todo, desc=f"generate shard {shard}", unit="chunk"):
+                t = time.time()
+                records, stats = generate_chunk(backend, tok, chunks[i], cfg.generation.seed)
+                seconds = time.time() - t
+                meta = {"fingerprint": fingerprint, **stats, "seconds": round(seconds, 4)}
+                store.commit(layout.response_chunk_key(shard, i),
+                             table_to_parquet_bytes(rows_to_table(records, RESPONSE_SCHEMA)), meta)
+                chunk_meta[i] = meta
+                log.info("shard %d chunk %d: %d samples, %d tokens, %.1f tokens/s", shard, i, stats["samples"],
+                         stats["generated_tokens"], stats["generated_tokens"] / max(seconds, 1e-9))
+        finally:
+            backend.close()
+
+    totals = {k: sum(m[k] for m in chunk_meta.values())
+              for k in ("samples", "turns", "prompt_tokens", "generated_tokens", "empty", "truncated")}
+    seconds = sum(m["seconds"] for m in chunk_meta.values())
+    done = {"shard": shard, "num_chunks": len(chunks), "chunks_generated_now": len(todo), **totals,
+            "generation_seconds": round(seconds, 3), "tokens_per_s": round(totals["generated_tokens"] /
+                                                                           max(seconds, 1e-9), 2),
+            "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint}
+    store.commit_json(layout.metrics_key(f"generate-{layout.shard_name(shard)}"), done)
+    store.commit_json(done_key, done)
+    log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated", shard,
+             totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],
+             totals["truncated"])
+    return done
