@@ -15,6 +15,7 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pret
 _COMMAND_MODULES = [
     "flashdraft.components.plan.cli",
     "flashdraft.components.prep.cli",
+    "flashdraft.components.extract.cli",
     "flashdraft.components.generate.cli",
     "flashdraft.components.evaluate.cli",
 ]

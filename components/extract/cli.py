@@ -1,0 +1,46 @@
+"""`flashdraft extract --shard K` and `flashdraft features verify`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config
+
+features_app = typer.Typer(help="Inspect and verify stored hidden-state shards.", no_args_is_help=True)
+
+
+def extract(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None, shard: ShardOpt = 0) -> None:
+    """Capture the target's DFlash-layer hidden states for one generation shard into committed feature shards."""
+    from flashdraft.components.extract.extract import run_extract
+
+    cfg = run_config(config, preset, set_)
+    typer.echo(json.dumps({k: v for k, v in run_extract(cfg, shard).items() if k != "parts"}, indent=2))
+
+
+@features_app.command("verify")
+def verify(
+    config: ConfigOpt = None,
+    preset: PresetOpt = None,
+    set_: SetOpt = None,
+    samples: Annotated[int, typer.Option("--samples", "-n", help="Random stored samples to re-run.")] = 4,
+    seed: Annotated[int, typer.Option(help="Which random samples.")] = 0,
+    tolerance: Annotated[float | None, typer.Option(
+        help="Max allowed relative RMS error per layer (default: 1e-2 for lossless codecs, 0.06 for fp8).")] = None,
+) -> None:
+    """Re-run stored samples through a plain HF forward; report relative RMS error per layer and checksums."""
+    from flashdraft.components.extract.verify import run_verify
+
+    cfg = run_config(config, preset, set_)
+    report = run_verify(cfg, num_samples=samples, seed=seed, tolerance=tolerance)
+    typer.echo(json.dumps(report, indent=2))
+    if not report["ok"]:
+        typer.secho(report["reason"], fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("extract")(extract)
+    app.add_typer(features_app, name="features")

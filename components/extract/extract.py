@@ -1,0 +1,293 @@
+"""Extraction: target prefill over prompt+response ids -> hidden states of the DFlash layers -> committed shards.
+
+One call handles one generation shard K (`responses/shard-K/`) and writes `features/shard-K/part-PPPPP.fds`:
+
+* Only needed work: the target is loaded with just `max(layer_ids) + 1` decoder layers and the forward stops
+  after the deepest one (no final norm, lm_head or logits); only the configured layers are kept.
+* Padding-free packing: samples are packed in input order into rows of up to `features.batch_tokens` tokens
+  with position ids restarting per sample (HF builds a block-diagonal causal mask from them).
+* Compute overlaps compression and upload: a writer thread takes finished batches from a bounded queue
+  (`features.queue_depth`, backpressure when the store is slow), encodes them and commits shards.
+* Exactly-once: a part closes only at a batch boundary once it holds >= `features.shard_bytes`, so the split is
+  a pure function of the inputs. A rerun skips the samples in committed parts and resumes packing from there,
+  reproducing the same batches and therefore identical bytes; an uncommitted (crashed) part is simply
+  rewritten. `features/shard-K/DONE` makes a finished shard a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.features.codecs import Codec
+from flashdraft.features.manifest import (
+    build_manifest,
+    codec_from_config,
+    committed_parts,
+    done_key,
+    make_provenance,
+    part_key,
+    shard_prefix,
+)
+from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
+from flashdraft.records import iter_responses
+from flashdraft.store import ObjectStore, open_store
+
+log = logging.getLogger(__name__)
+
+# Test hook: exit the process (as a kill would) after writing part N's bytes but before its commit record.
+FAULT_ENV = "FLASHDRAFT_FAULT_EXTRACT_KILL_AT_PART"
+
+
+class ExtractionError(RuntimeError):
+    """A sample that cannot be extracted faithfully (names the sample)."""
+
+
+@dataclass
+class Row:
+    sample_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def load_rows(store: ObjectStore, shard: int, vocab_size: int) -> tuple[list[Row], int]:
+    """Committed responses of generation shard `shard`, validated; rows without loss tokens are dropped."""
+    rows, skipped = [], 0
+    for r in iter_responses(store, shard):
+        ids, mask = list(r["input_ids"]), list(r["loss_mask"])
+        if len(ids) != len(mask):
+            raise ExtractionError(f"responses shard {shard}, sample {r['sample_id']}: {len(ids)} input_ids but "
+                                  f"{len(mask)} loss_mask entries")
+        if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+            raise ExtractionError(f"responses shard {shard}, sample {r['sample_id']}: token id out of range "
+                                  f"[0, {vocab_size})")
+        if not ids or not any(mask):
+            skipped += 1
+            continue
+        rows.append(Row(r["sample_id"], ids, mask))
+    return rows, skipped
+
+
+def pack_batches(rows: list[Row], batch_tokens: int) -> Iterator[list[Row]]:
+    """Greedy in-order packing (a sample longer than the budget gets a batch of its own)."""
+    batch, tokens = [], 0
+    for row in rows:
+        if batch and tokens + len(row.input_ids) > batch_tokens:
+            yield batch
+            batch, tokens = [], 0
+        batch.append(row)
+        tokens += len(row.input_ids)
+    if batch:
+        yield batch
+
+
+class HFFeatureSource:
+    """Packed prefill through a truncated HF target with hooks on the configured layers."""
+
+    def __init__(self, cfg: RunConfig, layer_ids: list[int], device: str):
+        from flashdraft.target import load_causal_lm
+
+        target = cfg.target
+        if device.startswith("cuda"):
+            target = target.model_copy(update={"dtype": "bfloat16"})
+        self.model = load_causal_lm(target, device=device, num_layers=max(layer_ids) + 1)
+        self.layer_ids = layer_ids
+        self.device = device
+
+    def features(self, batch: list[Row]) -> list[torch.Tensor]:
+        from flashdraft.capture import capture_layers
+
+        lengths = [len(r.input_ids) for r in batch]
+        ids = torch.tensor([t for r in batch for t in r.input_ids], dtype=torch.long, device=self.device)
+        pos = torch.cat([torch.arange(n, device=self.device) for n in lengths])
+        with capture_layers(self.model, self.layer_ids, stop_after_deepest=True) as cap:
+            cap.forward(input_ids=ids[None], position_ids=pos[None])
+            feats = cap.features()[0]  # [N, n*H]
+        return split_checked(feats, batch, len(self.layer_ids))
+
+
+def split_checked(feats: torch.Tensor, batch: list[Row], num_layers: int) -> list[torch.Tensor]:
+    """Per-sample [T, n, H] CPU bf16 views; fail loudly if the captured token count drifts from the input."""
+    total = sum(len(r.input_ids) for r in batch)
+    if feats.shape[0] != total:
+        raise ExtractionError(f"captured {feats.shape[0]} feature rows for a batch of {total} tokens "
+                              f"(samples {[r.sample_id for r in batch]}): truncation or drift")
+    feats = feats.to("cpu", torch.bfloat16)
+    out, start = [], 0
+    for r in batch:
+        t = len(r.input_ids)
+        piece = feats[start:start + t]
+        if piece.shape[0] != t:
+            raise ExtractionError(f"sample {r.sample_id}: {piece.shape[0]} feature rows for {t} tokens")
+        out.append(piece.reshape(t, num_layers, -1))
+        start += t
+    return out
+
+
+def _resume_point(store: ObjectStore, shard: int, rows: list[Row]) -> tuple[int, int]:
+    """(next part index, samples already committed) from the contiguous committed parts of this shard."""
+    done_parts = {k for k in committed_parts(store) if k.startswith(shard_prefix(shard))}
+    part, skip = 0, 0
+    while part_key(shard, part) in done_parts:
+        key = part_key(shard, part)
+        head = store.get(key, 0, HEADER_PROBE)
+        end = header_length(head, key)
+        header = parse_header(head if len(head) >= end else store.get(key, 0, end), key)
+        got = [s.sample_id for s in header.samples]
+        want = [r.sample_id for r in rows[skip:skip + len(got)]]
+        if got != want:
+            raise ExtractionError(f"{key} holds samples {got[:3]}... but the responses now give {want[:3]}...: "
+                                  "the responses changed since this shard was extracted; delete features/ for it")
+        skip += len(got)
+        part += 1
+    return part, skip
+
+
+class ShardWriter(threading.Thread):
+    """Encodes batches and commits parts off the compute thread; a bounded queue gives backpressure."""
+
+    def __init__(self, store: ObjectStore, shard: int, first_part: int, codec: Codec, layer_ids: list[int],
+                 hidden: int, provenance: dict, shard_bytes: int, depth: int):
+        super().__init__(name=f"extract-writer-{shard}", daemon=True)
+        self.store, self.shard, self.part = store, shard, first_part
+        self.codec, self.layer_ids, self.hidden, self.provenance = codec, layer_ids, hidden, provenance
+        self.shard_bytes = shard_bytes
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.pending: list[tuple[str, int, bytes]] = []
+        self.pending_bytes = 0
+        self.committed: list[dict] = []
+        self.fault_part = int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None
+
+    def submit(self, item) -> None:
+        while True:
+            if self.error is not None:
+                raise ExtractionError(f"shard writer failed: {self.error}") from self.error
+            try:
+                self.queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        try:
+            while (item := self.queue.get()) is not None:
+                batch, feats = item
+                for row, f in zip(batch, feats, strict=True):
+                    blob = encode_sample(self.codec, row.input_ids, row.loss_mask, f)
+                    self.pending.append((row.sample_id, len(row.input_ids), blob))
+                    self.pending_bytes += len(blob)
+                if self.pending_bytes >= self.shard_bytes:
+                    self._commit_part()
+            if self.pending:
+                self._commit_part()
+        except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
+            self.error = exc
+            while True:  # drain so the producer never blocks on a dead writer
+                try:
+                    if self.queue.get(timeout=0.5) is None:
+                        break
+                except queue.Empty:
+                    break
+
+    def _commit_part(self) -> None:
+        key = part_key(self.shard, self.part)
+        data = build_shard(self.codec, self.layer_ids, self.hidden, self.provenance, self.pending)
+        tokens = sum(t for _, t, _ in self.pending)
+        meta = {"samples": len(self.pending), "tokens": tokens, "provenance": self.provenance}
+        if self.fault_part == self.part:
+            self.store.put(key, data)
+            log.error("fault injection (%s): exiting after writing %s without its commit record", FAULT_ENV, key)
+            os._exit(137)
+        record = self.store.commit(key, data, meta)
+        self.committed.append({"key": key, "samples": len(self.pending), "tokens": tokens, "bytes": len(data),
+                               "sha256": record.sha256})
+        log.info("committed %s: %d samples, %d tokens, %.1f MB", key, len(self.pending), tokens, len(data) / 1e6)
+        self.pending, self.pending_bytes = [], 0
+        self.part += 1
+
+
+def extraction_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_extract(cfg: RunConfig, shard: int) -> dict:
+    """Extract generation shard `shard` into committed feature shards; returns a JSON-able summary."""
+    from tqdm import tqdm
+
+    from flashdraft.target import load_hf_config, load_tokenizer, tokenizer_fingerprint
+
+    store = open_store(cfg.storage, cfg.run_id)
+    if store.is_committed(done_key(shard)):
+        summary = store.get_json_verified(done_key(shard))
+        log.info("features shard %d already complete: nothing to do", shard)
+        return {**summary, "skipped": True}
+    hf = load_hf_config(cfg.target)
+    layer_ids = cfg.layer_ids(int(hf.num_hidden_layers))
+    hidden = int(hf.hidden_size)
+    provenance = make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), hidden, layer_ids)
+    rows, empty = load_rows(store, shard, int(hf.vocab_size))
+    first_part, skip = _resume_point(store, shard, rows)
+    if skip:
+        log.info("resuming shard %d at part %d (%d samples already committed)", shard, first_part, skip)
+    todo = rows[skip:]
+
+    device = extraction_device()
+    torch.manual_seed(0)
+    if cfg.training.num_threads and device == "cpu":
+        torch.set_num_threads(cfg.training.num_threads)
+    source = _feature_source(cfg, layer_ids, device) if todo else None
+    writer = ShardWriter(store, shard, first_part, codec_from_config(cfg), layer_ids, hidden, provenance,
+                         cfg.features.shard_bytes, cfg.features.queue_depth)
+    writer.start()
+    t0, tokens = time.perf_counter(), 0
+    try:
+        with tqdm(total=sum(len(r.input_ids) for r in todo), unit="tok", desc=f"extract shard {shard}",
+                  disable=None) as bar:
+            for batch in pack_batches(todo, cfg.features.batch_tokens):
+                writer.submit((batch, source.features(batch)))
+                n = sum(len(r.input_ids) for r in batch)
+                tokens += n
+                bar.update(n)
+    finally:
+        writer.queue.put(None)
+        writer.join()
+    if writer.error is not None:
+        raise ExtractionError(f"shard writer failed: {writer.error}") from writer.error
+    elapsed = time.perf_counter() - t0
+
+    parts = [{"key": k, **_part_stats(store, k)} for k in committed_parts(store) if k.startswith(shard_prefix(shard))]
+    summary = {"shard": shard, "backend": cfg.features.backend, "device": device, "codec": codec_from_config(
+        cfg).params(), "layer_ids": layer_ids, "samples": sum(p["samples"] for p in parts),
+        "tokens": sum(p["tokens"] for p in parts), "bytes": sum(p["bytes"] for p in parts), "parts": parts,
+        "skipped_empty_samples": empty, "resumed_from_sample": skip, "new_tokens": tokens,
+        "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None}
+    summary["bytes_per_token"] = round(summary["bytes"] / max(summary["tokens"], 1), 2)
+    store.commit_json(layout.metrics_key(f"extract-{layout.shard_name(shard)}"), summary)
+    store.commit_json(done_key(shard), summary)
+    build_manifest(store)
+    log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary["samples"],
+             summary["tokens"], summary["bytes_per_token"], summary["tokens_per_s"] or 0)
+    return summary
+
+
+def _part_stats(store: ObjectStore, key: str) -> dict:
+    rec = store.read_commit(key)
+    return {"samples": rec.meta["samples"], "tokens": rec.meta["tokens"], "bytes": rec.size, "sha256": rec.sha256}
+
+
+def _feature_source(cfg: RunConfig, layer_ids: list[int], device: str):
+    if cfg.features.backend == "vllm":
+        from flashdraft.components.extract.vllm_backend import VLLMFeatureSource
+
+        return VLLMFeatureSource(cfg, layer_ids)
+    return HFFeatureSource(cfg, layer_ids, device)

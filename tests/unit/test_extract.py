@@ -1,0 +1,113 @@
+"""Extraction on the tiny target: committed shards, features == HF hidden_states[id+1], kill/rerun identical."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from flashdraft.components.extract.extract import FAULT_ENV, run_extract
+
+from flashdraft.features.manifest import MANIFEST_KEY, committed_parts, done_key, part_key
+from flashdraft.features.shard import iter_shard
+from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
+from flashdraft.store import open_store
+from flashdraft.target import load_causal_lm
+
+
+def write_responses(cfg, shard=0, n=12, seed=0, chunk=5):
+    """Committed response chunks as the generation stage writes them (random ids, varied lengths)."""
+    g = torch.Generator().manual_seed(seed + shard)
+    store = open_store(cfg.storage, cfg.run_id)
+    rows = []
+    for i in range(n):
+        p, r = int(torch.randint(4, 30, (1,), generator=g)), int(torch.randint(1, 20, (1,), generator=g))
+        ids = torch.randint(0, 49152, (p + r,), generator=g).tolist()
+        rows.append({"sample_id": f"s{shard}-{i:03d}", "input_ids": ids, "loss_mask": [0] * p + [1] * r,
+                     "prompt_len": p, "response_text": "x", "finish_reason": "stop"})
+    for c in range(0, n, chunk):
+        key = f"responses/shard-{shard:05d}/chunk-{c // chunk:05d}.parquet"
+        store.commit(key, table_to_parquet_bytes(rows_to_table(rows[c:c + chunk], RESPONSE_SCHEMA)))
+    return rows
+
+
+@pytest.fixture()
+def cfg(tiny_cfg):
+    return tiny_cfg.with_overrides({"features.shard_bytes": 40_000, "features.batch_tokens": 64})
+
+
+def _parts(cfg):
+    store = open_store(cfg.storage, cfg.run_id)
+    return {k: store.get_verified(k) for k in committed_parts(store)}
+
+
+def test_extract_writes_committed_shards_matching_hf(cfg):
+    rows = write_responses(cfg)
+    summary = run_extract(cfg, 0)
+    store = open_store(cfg.storage, cfg.run_id)
+    parts = _parts(cfg)
+    assert len(parts) >= 2 and summary["samples"] == len(rows) and store.is_committed(done_key(0))
+    assert store.get_json_verified(MANIFEST_KEY)["totals"]["samples"] == len(rows)
+    samples = [s for k in sorted(parts) for s in iter_shard(parts[k], k)]
+    assert [s.sample_id for s in samples] == [r["sample_id"] for r in rows]
+    model = load_causal_lm(cfg.target)
+    ids = cfg.layer_ids()
+    for s, r in zip(samples[:3], rows[:3], strict=True):
+        assert s.input_ids.tolist() == r["input_ids"] and s.loss_mask.tolist() == [bool(m) for m in r["loss_mask"]]
+        with torch.inference_mode():
+            hs = model(input_ids=torch.tensor([r["input_ids"]]), output_hidden_states=True).hidden_states
+        ref = torch.cat([hs[i + 1][0] for i in ids], dim=-1).to(torch.bfloat16)
+        # packed (block-diagonal) attention vs a lone forward: equal up to float reassociation
+        torch.testing.assert_close(s.features.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert run_extract(cfg, 0)["skipped"] is True  # a rerun of committed work is a no-op
+
+
+def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
+    write_responses(cfg)
+    reference = cfg.with_overrides({"run_id": "reference"})
+    write_responses(reference)
+    run_extract(reference, 0)
+    expected = {k: v for k, v in _parts(reference).items()}
+
+    env = {**os.environ, FAULT_ENV: "1"}
+    code = ("import json, sys; from flashdraft.config import load_config; "
+            "from flashdraft.components.extract.extract import run_extract; "
+            "run_extract(load_config(preset='tiny', overrides=json.loads(sys.argv[1])), 0)")
+    overrides = {"storage.root": cfg.storage.root, "features.shard_bytes": 40_000, "features.batch_tokens": 64}
+    cmd = [sys.executable, "-c", code, json.dumps(overrides)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    store = open_store(cfg.storage, cfg.run_id)
+    assert store.exists(part_key(0, 1)) and not store.is_committed(part_key(0, 1))  # the orphan...
+    assert committed_parts(store) == [part_key(0, 0)]                               # ...is invisible
+
+    summary = run_extract(cfg, 0)
+    assert summary["resumed_from_sample"] > 0
+    assert _parts(cfg) == expected
+
+
+def test_features_verify_passes_then_flags_a_corrupted_shard(cfg):
+    import typer
+    from flashdraft.components.extract import cli
+    from typer.testing import CliRunner
+
+    write_responses(cfg, n=6)
+    run_extract(cfg, 0)
+    app = typer.Typer()
+    cli.register(app)
+    args = ["features", "verify", "--preset", "tiny", "--set", f"storage.root={cfg.storage.root}", "-n", "3"]
+    ok = CliRunner().invoke(app, args)
+    assert ok.exit_code == 0, ok.output
+    assert '"max_rel_rms_error"' in ok.output
+
+    store = open_store(cfg.storage, cfg.run_id)
+    key = committed_parts(store)[0]
+    data = bytearray(store.get(key))
+    data[-10] ^= 0x40
+    store.put(key, bytes(data))  # bit rot after commit
+    bad = CliRunner().invoke(app, args + ["-n", "6"])
+    assert bad.exit_code == 1
+    assert "checksum mismatch" in bad.output
