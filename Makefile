@@ -36,6 +36,18 @@ lint: install
 run-local: install
 	$(BIN)/flashdraft run-local --preset $(PRESET)
 
+# The Kubeflow pipeline for a cluster (defaults from CLUSTER_PRESET; images from REGISTRY/TAG), both YAML documents.
+CLUSTER_PRESET ?= qwen3.6-27b
+PIPELINE       ?= build/flashdraft-pipeline.yaml
+compile: install
+	$(BIN)/flashdraft compile --preset $(CLUSTER_PRESET) --output $(PIPELINE)
+
+# Upload pipeline + version (git sha) idempotently and start a run: KFP_HOST, PARAMS (YAML of run parameters),
+# EXPERIMENT; `make submit-pipeline ARGS=--dry-run` prints the requests instead.
+EXPERIMENT ?= flashdraft
+submit-pipeline: compile
+	$(BIN)/flashdraft submit --package $(PIPELINE) --experiment $(EXPERIMENT) $(if $(PARAMS),--params $(PARAMS)) $(ARGS)
+
 clean:
 	rm -rf build runs .pytest_cache
 

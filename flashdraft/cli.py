@@ -18,6 +18,7 @@ _COMMAND_MODULES = [
     "flashdraft.components.extract.cli",
     "flashdraft.components.generate.cli",
     "flashdraft.components.evaluate.cli",
+    "flashdraft.pipelines.cli",
 ]
 
 for _module in _COMMAND_MODULES:

@@ -1,0 +1,130 @@
+"""Pipeline commands: `compile`, `upload-pipeline`, `submit`, `run-local`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+
+DEFAULT_PACKAGE = "build/flashdraft-pipeline.yaml"
+CLUSTER_PRESET = "qwen3.6-27b"
+
+RegistryOpt = Annotated[str | None, typer.Option(help="Image registry (else env FLASHDRAFT_IMAGE_REGISTRY, else "
+                                                      "ghcr.io/flashdraft).")]
+TagOpt = Annotated[str | None, typer.Option(help="Image tag (else env FLASHDRAFT_IMAGE_TAG, else latest).")]
+
+
+def _git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "dev"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compile")
+    def compile_cmd(
+        output: Annotated[Path, typer.Option("--output", "-o", help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
+        config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+        registry: RegistryOpt = None, tag: TagOpt = None,
+    ) -> None:
+        """Compile the Kubeflow pipeline (PipelineSpec + Kubernetes platform spec) with this config's defaults.
+
+        Without --config/--preset the cluster preset qwen3.6-27b gives the defaults.
+        """
+        from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
+
+        cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
+        compile_pipeline(cfg, str(output), registry, tag)
+        images = stage_images(registry, tag)
+        typer.echo(f"compiled {output} (mode {cfg.mode.kind}, images {', '.join(sorted(set(images.values())))})")
+
+    @app.command("upload-pipeline")
+    def upload_pipeline(
+        package: Annotated[Path, typer.Option(help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
+        name: Annotated[str, typer.Option(help="Pipeline name in KFP.")] = "flashdraft",
+        version: Annotated[str | None, typer.Option(help="Version name (default: git sha).")] = None,
+        host: Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")] = None,
+        namespace: Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")] = False,
+    ) -> None:
+        """Idempotently upload the compiled pipeline and a version (used by the Helm hook Job)."""
+        from flashdraft.pipelines.submit import KfpApi, KfpApiError, resolve_token
+
+        if not package.is_file():
+            raise _fail(f"{package}: no compiled pipeline (run `flashdraft compile` first)")
+        if not host and not dry_run:
+            raise _fail("no KFP endpoint: pass --host or set KFP_HOST")
+        api = KfpApi(host or "http://kfp.invalid", token=resolve_token(), namespace=namespace, dry_run=dry_run)
+        try:
+            ids = api.ensure_pipeline_version(str(package), name, version or _git_sha())
+        except KfpApiError as exc:
+            raise _fail(str(exc)) from None
+        if dry_run:
+            typer.echo(json.dumps(api.planned, indent=2))
+        typer.echo(json.dumps({"pipeline": name, "version": version or _git_sha(), **ids}))
+
+    @app.command("submit")
+    def submit(
+        package: Annotated[Path, typer.Option(help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
+        params: Annotated[Path | None, typer.Option("--params", help="YAML mapping of run parameters.")] = None,
+        experiment: Annotated[str, typer.Option(help="KFP experiment name.")] = "flashdraft",
+        name: Annotated[str, typer.Option(help="Pipeline name in KFP.")] = "flashdraft",
+        version: Annotated[str | None, typer.Option(help="Pipeline version name (default: git sha).")] = None,
+        run_name: Annotated[str | None, typer.Option(help="Run display name.")] = None,
+        host: Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")] = None,
+        namespace: Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")] = False,
+    ) -> None:
+        """Upload pipeline + version (idempotent), create the run, print its UI URL.
+
+        Auth: the in-cluster ServiceAccount token (KF_PIPELINES_SA_TOKEN_PATH) or KFP_BEARER_TOKEN.
+        """
+        from flashdraft.pipelines.submit import KfpApi, KfpApiError, check_parameters, load_parameters, resolve_token
+
+        if not package.is_file():
+            raise _fail(f"{package}: no compiled pipeline (run `make compile` first)")
+        if not host and not dry_run:
+            raise _fail("no KFP endpoint: pass --host or set KFP_HOST")
+        version = version or _git_sha()
+        api = KfpApi(host or "http://kfp.invalid", token=resolve_token(), namespace=namespace, dry_run=dry_run)
+        try:
+            parameters = load_parameters(str(params) if params else None)
+            check_parameters(str(package), parameters)
+            ids = api.ensure_pipeline_version(str(package), name, version)
+            experiment_id = api.ensure_experiment(experiment)
+            run = api.create_run(run_name or f"{name}-{version}", experiment_id, ids, parameters)
+        except KfpApiError as exc:
+            raise _fail(str(exc)) from None
+        if dry_run:
+            typer.echo(json.dumps(api.planned, indent=2))
+            typer.echo("dry run: nothing was sent")
+            return
+        typer.echo(f"run {run['run_id']}: {api.run_url(run['run_id'])}")
+
+    @app.command("run-local")
+    def run_local_cmd(
+        config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+        workdir: Annotated[Path, typer.Option(help="kfp.local pipeline root (task outputs, logs).")] = Path(
+            "runs/kfp-local"),
+    ) -> None:
+        """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store."""
+        from flashdraft.pipelines.local import run_local
+
+        cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
+        result = run_local(cfg, str(workdir))
+        for key in ("report", "tau", "planned_bytes", "stored_bytes", "wall_s"):
+            typer.echo(f"{key}: {result.get(key)}")
+        if result.get("state") != "SUCCEEDED":
+            raise _fail(f"local run {result.get('state')}: {result.get('error', '')}")

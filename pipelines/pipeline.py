@@ -1,0 +1,136 @@
+"""The flashdraft Kubeflow pipeline: DAG wiring and placement only (stage logic lives in components/).
+
+    exit handler ── report (runs on success and on failure)
+      plan gate ─> prep ─> ParallelFor(shards): generate ─> ParallelFor(shards): extract ─> train ─> evaluate ─> export
+
+offline: train waits for every extract shard (fan-in). streaming: train starts with the extract loop and consumes
+shards through the object store's bounded window. The DAG shape (mode, single pod vs TrainJob) is fixed when the
+pipeline is built from a config; the plan gate refuses a run whose config asks for another shape. Everything else
+(the whole config YAML, dotted overrides, node pools, GPU counts, the S3 Secret's name) is a run parameter.
+"""
+
+# No `from __future__ import annotations`: KFP reads the pipeline function's annotations as real types.
+
+import json
+import os
+from typing import Any
+
+from flashdraft.pipelines import stages
+from flashdraft.pipelines.placement import PoolParams, place
+from kfp import compiler, dsl
+
+from flashdraft.config import RunConfig
+
+PIPELINE_NAME = "flashdraft"
+DEFAULT_REGISTRY = "ghcr.io/flashdraft"
+DEFAULT_TAG = "latest"
+DEFAULT_S3_SECRET = "flashdraft-s3"
+DEFAULT_TRAINJOB_RUNTIME = "torch-distributed"
+# Pool -> image: CPU stages in the slim base image, vLLM/extraction in the inference image, training in trainer.
+POOL_IMAGE = {"cpu": "flashdraft-base", "inference": "flashdraft-inference", "trainer": "flashdraft-trainer"}
+
+
+def stage_images(registry: str | None = None, tag: str | None = None) -> dict[str, str]:
+    """Image per pool, from arguments, else env FLASHDRAFT_IMAGE_REGISTRY / FLASHDRAFT_IMAGE_TAG, else defaults."""
+    registry = (registry or os.environ.get("FLASHDRAFT_IMAGE_REGISTRY") or DEFAULT_REGISTRY).rstrip("/")
+    tag = tag or os.environ.get("FLASHDRAFT_IMAGE_TAG") or DEFAULT_TAG
+    return {pool: f"{registry}/{name}:{tag}" for pool, name in POOL_IMAGE.items()}
+
+
+def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
+    def comp(func: Any, pool: str) -> Any:
+        return dsl.component(func, base_image=images[pool], install_kfp_package=False)
+
+    pool_of = cfg.pools.stage_pool
+    return {
+        "plan": comp(stages.plan_gate, pool_of["plan"]),
+        "prep": comp(stages.prep, pool_of["prep"]),
+        "generate": comp(stages.generate, pool_of["generate"]),
+        "extract": comp(stages.extract, pool_of["extract"]),
+        "train": comp(stages.train, pool_of["train"]),
+        # The launcher pod only talks to the Kubernetes API; the TrainJob's pods use the trainer image.
+        "train_multinode": comp(stages.train_multinode, "cpu"),
+        "evaluate": comp(stages.evaluate, pool_of["evaluate"]),
+        "export": comp(stages.export, pool_of["export"]),
+        "report": comp(stages.report, pool_of["report"]),
+    }
+
+
+def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
+                   local_streaming: bool = False, parallelism: int = 0) -> Any:
+    """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode and num_nodes.
+
+    local_streaming: kfp.local runs sibling tasks one after another, so in streaming mode the train task runs the
+    extraction producers itself (background process) instead of a concurrent extract loop. parallelism: shards in
+    flight per ParallelFor (0 = all; KFP needs a literal).
+    """
+    images = stage_images(registry, tag)
+    c = _components(images, cfg)
+    streaming = cfg.mode.kind == "streaming"
+    multinode = cfg.training.num_nodes > 1
+    pools = cfg.pools
+    # One line (JSON is YAML): KFP echoes defaults into a comment header, and a multi-line default breaks the file.
+    default_yaml = json.dumps(cfg.model_dump(mode="json"), sort_keys=False)
+
+    @dsl.pipeline(name=PIPELINE_NAME, description="Train a DFlash drafter: responses and hidden states from the "
+                  "target on the inference pool, training on the trainer pool, features in object storage.")
+    def flashdraft_pipeline(
+        config_yaml: str = default_yaml,
+        overrides: dict = {},  # noqa: B006 (a KFP parameter default, never mutated)
+        s3_secret_name: str = DEFAULT_S3_SECRET,
+        cpu_node_selector: dict = pools.cpu.node_selector,
+        cpu_tolerations: list = pools.cpu.tolerations,
+        inference_node_selector: dict = pools.inference.node_selector,
+        inference_tolerations: list = pools.inference.tolerations,
+        inference_gpus: int = pools.inference.accelerator_count,
+        trainer_node_selector: dict = pools.trainer.node_selector,
+        trainer_tolerations: list = pools.trainer.tolerations,
+        trainer_gpus: int = pools.trainer.accelerator_count,
+        trainjob_namespace: str = "kubeflow",
+        trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME,
+    ):
+        params = {
+            "cpu": PoolParams(cpu_node_selector, cpu_tolerations, None),
+            "inference": PoolParams(inference_node_selector, inference_tolerations, inference_gpus),
+            "trainer": PoolParams(trainer_node_selector, trainer_tolerations, trainer_gpus),
+        }
+        cfg_args = {"config_yaml": config_yaml, "overrides": overrides}
+
+        def placed(stage: str, task: Any, pool: str | None = None) -> Any:
+            pool = pool or pools.stage_pool[stage]
+            return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name).set_display_name(stage)
+
+        report = placed("report", c["report"](**cfg_args))
+        with dsl.ExitHandler(report, name="run"):
+            gate = placed("plan", c["plan"](**cfg_args, compiled_mode=cfg.mode.kind,
+                                            compiled_num_nodes=cfg.training.num_nodes))
+            prep = placed("prep", c["prep"](**cfg_args)).after(gate)
+            with dsl.ParallelFor(prep.outputs["shards"], parallelism=parallelism, name="generate-shards") as shard:
+                gen = placed("generate", c["generate"](**cfg_args, shard=shard))
+            extracted: Any = []
+            if not (streaming and local_streaming):
+                with dsl.ParallelFor(prep.outputs["shards"], parallelism=parallelism, name="extract-shards") as s:
+                    ext = placed("extract", c["extract"](**cfg_args, shard=s)).after(gen)
+                if not streaming:
+                    extracted = dsl.Collected(ext.output)
+            if multinode:
+                train = placed("train-launcher", c["train_multinode"](
+                    **cfg_args, extracted=extracted, image=images["trainer"], namespace=trainjob_namespace,
+                    node_selector=trainer_node_selector, tolerations=trainer_tolerations, gpus_per_node=trainer_gpus,
+                    s3_secret_name=s3_secret_name, runtime_ref=trainjob_runtime), pool="cpu")
+            else:
+                train = placed("train", c["train"](**cfg_args, extracted=extracted,
+                                                   run_producers=streaming and local_streaming))
+            # streaming: the trainer runs beside the extract loop, once responses exist.
+            train.after(gen)
+            evaluate = placed("evaluate", c["evaluate"](**cfg_args, trained=train.outputs["Output"]))
+            placed("export", c["export"](**cfg_args, evaluated=evaluate.outputs["Output"]))
+
+    return flashdraft_pipeline
+
+
+def compile_pipeline(cfg: RunConfig, output: str, registry: str | None = None, tag: str | None = None) -> str:
+    """Write the compiled pipeline (PipelineSpec + kubernetes platform spec: two YAML documents) to `output`."""
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    compiler.Compiler().compile(build_pipeline(cfg, registry, tag), package_path=output)
+    return output

@@ -1,0 +1,107 @@
+"""The bodies of the pipeline's KFP components, one per stage.
+
+KFP embeds each function's source in the compiled spec and runs it in the stage image, so every import sits inside
+the body and each body is a thin call into the same entry function the `flashdraft <stage>` CLI uses (via
+`flashdraft.pipelines.runtime`). They are plain functions here; `pipelines/pipeline.py` turns them into components
+with the right base image. Only small things leave a body: a JSON summary string, metrics, Markdown/HTML reports.
+"""
+
+# No `from __future__ import annotations`: KFP reads these annotations as real types.
+from typing import NamedTuple  # noqa: UP035
+
+from kfp import dsl
+from kfp.dsl import HTML, Markdown, Metrics, Output
+
+
+def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_num_nodes: int,
+              metrics: Output[Metrics]) -> str:
+    """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
+    from flashdraft.pipelines import runtime
+
+    cfg = runtime.stage_config(config_yaml, overrides)
+    runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes))
+    from flashdraft.components.plan.planner import run_plan
+
+    return runtime.finish(run_plan(cfg), metrics)
+
+
+def prep(config_yaml: str, overrides: dict) -> NamedTuple("PrepOutputs", [("shards", list[int]), ("summary", str)]):
+    """Prompts into shards; the shard list drives the ParallelFor fan-outs."""
+    from collections import namedtuple
+
+    from flashdraft.components.prep.prep import run_prep
+    from flashdraft.pipelines import runtime
+
+    summary = run_prep(runtime.stage_config(config_yaml, overrides))
+    out = namedtuple("PrepOutputs", ["shards", "summary"])
+    return out(list(range(int(summary["num_shards"]))), runtime.to_json(summary))
+
+
+def generate(config_yaml: str, overrides: dict, shard: int) -> str:
+    """Target responses for one prompt shard."""
+    from flashdraft.components.generate.generate import run_generate
+    from flashdraft.pipelines import runtime
+
+    return runtime.to_json(run_generate(runtime.stage_config(config_yaml, overrides), int(shard)))
+
+
+def extract(config_yaml: str, overrides: dict, shard: int) -> str:
+    """Hidden states of one response shard into the object store (never a KFP artifact)."""
+    from flashdraft.components.extract.extract import run_extract
+    from flashdraft.pipelines import runtime
+
+    return runtime.to_json(run_extract(runtime.stage_config(config_yaml, overrides), int(shard)))
+
+
+def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers: bool,
+          metrics: Output[Metrics]) -> str:
+    """Train the drafter in this pod (torchrun when nproc_per_node > 1).
+
+    `extracted` is the offline fan-in (empty in streaming mode). `run_producers` is the local streaming path: the
+    extraction producers run in a background process inside this task, because kfp.local runs sibling tasks one
+    after another and a consumer that waits for a producer scheduled after it would never finish.
+    """
+    from flashdraft.pipelines import runtime
+
+    cfg = runtime.stage_config(config_yaml, overrides)
+    summary = runtime.train_with_producers(cfg) if run_producers else runtime.train_in_pod(cfg)
+    return runtime.finish(summary, metrics)
+
+
+def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], image: str, namespace: str,
+                    node_selector: dict, tolerations: list, gpus_per_node: int, s3_secret_name: str,
+                    runtime_ref: str, metrics: Output[Metrics]) -> str:
+    """Multi-node training: create a Kubeflow Trainer TrainJob, wait for it, surface its status."""
+    from flashdraft.pipelines import runtime
+
+    cfg = runtime.stage_config(config_yaml, overrides)
+    summary = runtime.run_trainjob(cfg, config_yaml=config_yaml, overrides=overrides, image=image,
+                                   namespace=namespace, node_selector=node_selector, tolerations=tolerations,
+                                   gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
+                                   runtime_ref=runtime_ref)
+    return runtime.finish(summary, metrics)
+
+
+def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Metrics]) -> str:
+    """Acceptance length (tau) of the trained drafter against the target."""
+    from flashdraft.components.evaluate.evaluate import run_evaluate
+    from flashdraft.pipelines import runtime
+
+    return runtime.finish(run_evaluate(runtime.stage_config(config_yaml, overrides)), metrics)
+
+
+def export(config_yaml: str, overrides: dict, evaluated: str) -> str:
+    """Export the trained drafter for vLLM / SGLang."""
+    from flashdraft.components.export.export import run_export
+    from flashdraft.pipelines import runtime
+
+    return runtime.to_json(run_export(runtime.stage_config(config_yaml, overrides)))
+
+
+def report(config_yaml: str, overrides: dict, status: dsl.PipelineTaskFinalStatus,
+           report_html: Output[HTML], summary_md: Output[Markdown]) -> str:
+    """Exit task: the run summary, written whether the run succeeded or failed."""
+    from flashdraft.pipelines import runtime
+
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.write_report(cfg, status.state, status.error_message, report_html.path, summary_md.path)

@@ -1,0 +1,138 @@
+"""The compiled pipeline: DAG shape per mode, and every task's Kubernetes placement read back from the spec."""
+
+from __future__ import annotations
+
+import yaml
+from flashdraft.pipelines.pipeline import compile_pipeline
+from flashdraft.pipelines.placement import RETRIES, TIMEOUT_S
+from typer.testing import CliRunner
+
+from flashdraft.cli import app
+from flashdraft.config import load_config
+
+POOL_OF_EXECUTOR = {
+    "exec-plan-gate": "cpu", "exec-prep": "cpu", "exec-report": "cpu", "exec-export": "cpu",
+    "exec-generate": "inference", "exec-extract": "inference", "exec-evaluate": "inference", "exec-train": "trainer",
+}
+STAGE_OF_EXECUTOR = {"exec-plan-gate": "plan", **{k: k.removeprefix("exec-") for k in POOL_OF_EXECUTOR
+                                                  if k != "exec-plan-gate"}}
+GPU_EXECUTORS = {"exec-generate", "exec-extract", "exec-evaluate", "exec-train"}
+SENTINEL_KEY, SENTINEL_SECRET = "AKIASENTINELKEY0000", "sentinel/secret+value/never-in-yaml"
+
+
+def _compile(tmp_path, monkeypatch, overrides=(), name="p.yaml"):
+    # Credentials in the compiling environment must not leak into the compiled file.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", SENTINEL_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SENTINEL_SECRET)
+    cfg = load_config(preset="qwen3.6-27b", overrides=list(overrides))
+    path = tmp_path / name
+    compile_pipeline(cfg, str(path), registry="registry.example/team", tag="abc123")
+    text = path.read_text()
+    docs = list(yaml.safe_load_all(text))
+    return cfg, text, docs
+
+
+def _all_tasks(spec):
+    """task name -> task spec, over the root DAG and every sub-DAG (exit handler, loops)."""
+    tasks = {}
+    for comp in [spec["root"], *spec["components"].values()]:
+        tasks.update(comp.get("dag", {}).get("tasks", {}))
+    return tasks
+
+
+def test_compiled_spec_places_every_stage_on_its_pool(tmp_path, monkeypatch):
+    cfg, text, docs = _compile(tmp_path, monkeypatch)
+    assert len(docs) == 2, "PipelineSpec + kubernetes platform spec"
+    spec, platform = docs
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    containers = spec["deploymentSpec"]["executors"]
+    assert set(POOL_OF_EXECUTOR) <= set(executors)
+    for exe, pool_name in POOL_OF_EXECUTOR.items():
+        k8s, container = executors[exe], containers[exe]["container"]
+        pool = getattr(cfg.pools, pool_name)
+        # selectors/tolerations are the pool's pipeline parameters (UI-overridable), not literals
+        assert k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
+            f"{pool_name}_node_selector"), exe
+        assert k8s["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith(
+            f"{pool_name}_tolerations"), exe
+        assert k8s["activeDeadlineSeconds"] == str(TIMEOUT_S[STAGE_OF_EXECUTOR[exe]])
+        secret = k8s["secretAsEnv"][0]
+        assert secret["secretNameParameter"]["componentInputParameter"].endswith("s3_secret_name")
+        assert {e["envVar"] for e in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        assert container["resources"]["resourceCpuRequest"] == pool.cpu_request
+        assert container["resources"]["resourceMemoryRequest"] == pool.memory_request
+        image_name = {"cpu": "flashdraft-base", "inference": "flashdraft-inference",
+                      "trainer": "flashdraft-trainer"}[pool_name]
+        assert container["image"] == f"registry.example/team/{image_name}:abc123"
+        assert not any("pip install" in part for part in container["command"]), "install_kfp_package=False"
+        if exe in GPU_EXECUTORS:
+            acc = container["resources"]["accelerator"]
+            assert acc["resourceType"] == "nvidia.com/gpu"
+            assert f"{pool_name}_gpus" in acc["resourceCount"]
+            shm = k8s["emptyDirMounts"][0]
+            assert (shm["mountPath"], shm["medium"], shm["sizeLimit"]) == ("/dev/shm", "Memory", pool.shm_size)
+        else:
+            assert "accelerator" not in container["resources"]
+            assert "emptyDirMounts" not in k8s
+
+
+def test_compiled_spec_retries_caching_and_parameters(tmp_path, monkeypatch):
+    cfg, text, docs = _compile(tmp_path, monkeypatch)
+    spec = docs[0]
+    tasks = _all_tasks(spec)
+    for name, task in tasks.items():
+        if "componentRef" in task and not name.startswith(("for-loop", "exit-handler")):
+            assert not task.get("cachingOptions", {}).get("enableCaching"), f"{name}: caching must be off"
+            retry = task.get("retryPolicy")
+            if name in ("generate", "extract", "train", "evaluate"):
+                assert retry["maxRetryCount"] == RETRIES["num_retries"]
+                assert retry["backoffDuration"] == RETRIES["backoff_duration"]
+            else:
+                assert retry is None, name
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["trainer_gpus"]["defaultValue"] == cfg.pools.trainer.accelerator_count == 8
+    assert params["trainer_node_selector"]["defaultValue"] == cfg.pools.trainer.node_selector
+    assert params["inference_tolerations"]["defaultValue"] == cfg.pools.inference.tolerations
+    assert params["s3_secret_name"]["defaultValue"] == "flashdraft-s3"
+    assert yaml.safe_load(params["config_yaml"]["defaultValue"])["run_id"] == cfg.run_id
+    assert tasks["report"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED", "exit handler"
+    assert SENTINEL_KEY not in text and SENTINEL_SECRET not in text
+
+
+def test_offline_trains_after_extraction_streaming_alongside(tmp_path, monkeypatch):
+    _, _, offline = _compile(tmp_path, monkeypatch)
+    _, _, streaming = _compile(tmp_path, monkeypatch, ["mode.kind=streaming"], name="s.yaml")
+
+    def loops_before_train(spec):
+        tasks = _all_tasks(spec)
+        loop_of = {name: task["componentRef"]["name"] for name, task in tasks.items() if name.startswith("for-loop")}
+        inner = {name: set(spec["components"][comp]["dag"]["tasks"]) for name, comp in loop_of.items()}
+        return {stage for loop in tasks["train"]["dependentTasks"] for stage in inner.get(loop, ())}
+
+    assert loops_before_train(offline[0]) == {"generate", "extract"}
+    assert loops_before_train(streaming[0]) == {"generate"}, "streaming: train runs beside the extract loop"
+    assert "extract" in _all_tasks(streaming[0]), "the cluster DAG still has the extract producers"
+
+
+def test_multinode_compiles_a_trainjob_launcher_on_the_cpu_pool(tmp_path, monkeypatch):
+    _, _, docs = _compile(tmp_path, monkeypatch, ["training.num_nodes=2"])
+    spec, platform = docs
+    tasks = _all_tasks(spec)
+    assert "train-multinode" in tasks and "train" not in tasks
+    container = spec["deploymentSpec"]["executors"]["exec-train-multinode"]["container"]
+    assert "accelerator" not in container["resources"]
+    assert container["image"].endswith("/flashdraft-base:abc123")
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-multinode"]
+    assert k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("cpu_node_selector")
+
+
+def test_compile_cli_writes_both_documents(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHDRAFT_IMAGE_REGISTRY", "reg.local/x")
+    monkeypatch.setenv("FLASHDRAFT_IMAGE_TAG", "t1")
+    out = tmp_path / "build" / "pipeline.yaml"
+    result = CliRunner().invoke(app, ["compile", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert len(docs) == 2
+    images = {e["container"]["image"] for e in docs[0]["deploymentSpec"]["executors"].values()}
+    assert images == {f"reg.local/x/flashdraft-{n}:t1" for n in ("base", "inference", "trainer")}

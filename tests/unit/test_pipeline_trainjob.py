@@ -1,0 +1,74 @@
+"""The multi-node TrainJob manifest (pinned Trainer API) and the plan gate's DAG-shape check."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from flashdraft.pipelines.runtime import check_compiled_shape, stage_config
+from flashdraft.pipelines.trainjob import render_trainjob, trainjob_state
+
+from flashdraft.config import ConfigError, load_config
+
+# Field names of trainer.kubeflow.org/v1alpha1 as of Trainer 2.2+ (TrainJobSpec / Trainer).
+SPEC_FIELDS = {"runtimeRef", "trainer", "runtimePatches", "initializer", "labels", "annotations", "suspend",
+               "managedBy", "activeDeadlineSeconds"}
+TRAINER_FIELDS = {"image", "command", "args", "env", "numNodes", "resourcesPerNode", "numProcPerNode"}
+STALE_FIELDS = ("podSpecOverrides", "podTemplateOverrides")
+
+
+def _render(**overrides):
+    cfg = load_config(preset="qwen3.6-27b", overrides={"training.num_nodes": 4, **overrides})
+    sel = {"pool": "b200"}
+    tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    job = render_trainjob(cfg, image="reg/flashdraft-trainer:t", namespace="team", node_selector=sel,
+                          tolerations=tol, gpus_per_node=8, s3_secret_name="my-s3")
+    return cfg, job, sel, tol
+
+
+def test_trainjob_uses_pinned_api_fields_and_places_nodes():
+    cfg, job, sel, tol = _render()
+    assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
+    spec = job["spec"]
+    assert set(spec) <= SPEC_FIELDS
+    assert set(spec["trainer"]) <= TRAINER_FIELDS
+    assert not any(stale in yaml.safe_dump(job) for stale in STALE_FIELDS)
+    assert spec["runtimeRef"]["name"] == "torch-distributed"
+    assert spec["trainer"]["numNodes"] == 4 and spec["trainer"]["numProcPerNode"] == 8
+    assert spec["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": 8}
+    pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod_spec = pod["template"]["spec"]["template"]["spec"]
+    assert pod["name"] == "node"
+    assert pod_spec["nodeSelector"] == sel and pod_spec["tolerations"] == tol
+    assert pod_spec["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": cfg.pools.trainer.shm_size}
+    env = {e["name"]: e for e in spec["trainer"]["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "my-s3",
+                                                                         "key": "AWS_SECRET_ACCESS_KEY"}
+    assert "value" not in env["AWS_SECRET_ACCESS_KEY"]
+    # the job trains on exactly the resolved config, launched by torchrun from the PET_* env
+    shipped = yaml.safe_load(env["FLASHDRAFT_CONFIG_YAML"]["value"])
+    assert shipped["training"]["num_nodes"] == 4 and shipped["run_id"] == cfg.run_id
+    assert "torchrun" in spec["trainer"]["command"][-1]
+
+
+def test_trainjob_manifest_is_valid_kubernetes_metadata():
+    _, job, _, _ = _render(run_id="My_Run.v2")
+    name = job["metadata"]["name"]
+    assert name == "my-run-v2-train"
+    assert len(name) <= 63 and name.replace("-", "").isalnum() and name == name.lower()
+
+
+def test_trainjob_state_reads_conditions():
+    assert trainjob_state({})[0] == "Running"
+    assert trainjob_state({"status": {"conditions": [{"type": "Failed", "status": "True", "message": "OOM"}]}}) == (
+        "Failed", "OOM")
+    assert trainjob_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}})[0] == "Complete"
+
+
+def test_plan_gate_refuses_a_config_the_dag_was_not_compiled_for():
+    cfg = stage_config(yaml.safe_dump(load_config(preset="tiny").model_dump(mode="json")), {"mode.kind": "streaming"})
+    assert cfg.mode.kind == "streaming"
+    check_compiled_shape(cfg, "streaming", 1)
+    with pytest.raises(ConfigError, match="compiled for mode 'offline'"):
+        check_compiled_shape(cfg, "offline", 1)
+    with pytest.raises(ConfigError, match="num_nodes"):
+        check_compiled_shape(cfg, "streaming", 2)
