@@ -1,0 +1,87 @@
+"""`run_evaluate` end to end on the tiny preset: prep's eval split + user JSONL prompts, a drafter checkpoint in
+the store, committed metrics with tau/acceptance/throughput, the lossless check, and exactly-once reruns."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from flashdraft.components.evaluate.evaluate import run_evaluate
+from flashdraft.components.prep.prep import run_prep
+
+from flashdraft import layout
+from flashdraft.store import open_store
+
+
+def commit_drafter(cfg, seed: int, step: int = 1) -> str:
+    """A (randomly initialised) drafter saved where the trainer commits checkpoints."""
+    from flashdraft.drafter.model import build_drafter
+    from flashdraft.target import load_hf_config
+
+    store = open_store(cfg.storage, cfg.run_id)
+    prefix = f"{layout.CHECKPOINTS}/step-{step:08d}"
+    with tempfile.TemporaryDirectory() as tmp:
+        build_drafter(cfg, load_hf_config(cfg.target), seed=seed).save_pretrained(tmp)
+        for f in sorted(Path(tmp).iterdir()):
+            store.commit(f"{prefix}/{f.name}", f.read_bytes())
+    return store.url(prefix)
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eval")
+    extra = tmp / "extra.jsonl"
+    extra.write_text(json.dumps({"id": "user-1", "prompt": "Say hello."}) + "\n\n"
+                     + json.dumps({"messages": [{"role": "user", "content": "Count to five."}]}) + "\n")
+    from flashdraft.config import load_config
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1,
+                                                "eval.max_new_tokens": 12, "eval.extra_prompts": str(extra)})
+    run_prep(cfg)
+    uri = commit_drafter(cfg, seed=123)
+    return cfg, uri, run_evaluate(cfg)
+
+
+def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
+    cfg, uri, metrics = evaluated
+    stored = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("evaluate"))
+    assert stored == metrics
+    assert metrics["drafter_uri"] == uri
+    assert metrics["lossless"] == {"checked": True, "passed": True, "prompts": 3, "mismatches": []}
+    ids = [p["id"] for p in metrics["prompts"]]
+    assert ids[1:] == ["user-1", "extra-3"] and ids[0] not in ids[1:]
+    for name in ("drafter", "baseline"):
+        m = metrics[name]
+        assert 1.0 <= m["tau"] <= cfg.drafter.block_size
+        assert len(m["acceptance_per_position"]) == cfg.drafter.block_size - 1
+        assert m["tokens"] == metrics["target"]["tokens"] > 0
+        assert m["tokens_per_s"] > 0 and m["speedup"] > 0
+    assert metrics["target"]["tokens"] == sum(p["new_tokens"] for p in metrics["prompts"])
+
+
+def test_evaluate_rerun_is_a_noop(evaluated):
+    cfg, _, metrics = evaluated
+    store = open_store(cfg.storage, cfg.run_id)
+    before = store.read_commit(layout.metrics_key("evaluate"))
+    assert run_evaluate(cfg) == metrics
+    assert store.read_commit(layout.metrics_key("evaluate")) == before
+
+
+def test_evaluate_without_a_trained_drafter_names_what_is_missing(tiny_cfg):
+    run_prep(tiny_cfg)
+    with pytest.raises(FileNotFoundError, match="no trained drafter under .*checkpoints.*flashdraft train"):
+        run_evaluate(tiny_cfg)
+
+
+def test_bad_extra_prompt_line_is_named(tiny_cfg, tmp_path):
+    from flashdraft.components.evaluate.prompts import extra_prompts
+
+    from flashdraft.target import load_tokenizer
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"text": "no prompt key"}) + "\n")
+    cfg = tiny_cfg.with_overrides({"eval.extra_prompts": str(bad)})
+    with pytest.raises(ValueError, match=r"bad.jsonl line 2: expected an object with a 'prompt'"):
+        extra_prompts(cfg, load_tokenizer(cfg.target))

@@ -1,0 +1,101 @@
+"""Speculative decoding core on the tiny target: lossless under any drafter, tau as expected, and a broken
+acceptance rule is caught by the lossless check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
+from flashdraft.components.evaluate.prompts import EvalPrompt
+from flashdraft.components.evaluate.spec import (
+    greedy_accept,
+    rejection_accept,
+    speculative_generate,
+    target_generate,
+)
+
+from flashdraft.config import load_config
+from flashdraft.target import load_causal_lm, load_tokenizer
+
+MAX_NEW = 20
+
+
+class ScriptedDrafter:
+    """Proposes the target's own continuation (known in advance), optionally corrupted from draft slot
+    `wrong_from` on, so exactly that many drafts match in every full cycle. It records (context length, last
+    token) per call so a test can check that the context covers exactly the verified tokens but the newest."""
+
+    def __init__(self, reference: list[int], prompt_len: int, block: int, wrong_from: int | None = None):
+        self.reference, self.prompt_len, self.block, self.wrong_from = reference, prompt_len, block, wrong_from
+        self.feature_width: int | None = None
+        self.calls: list[tuple[int, int]] = []
+
+    def propose_block(self, context_features: torch.Tensor, last_token: int) -> torch.Tensor:
+        done = context_features.shape[0] - self.prompt_len + 1      # tokens generated so far
+        self.calls.append((context_features.shape[0], last_token))
+        self.feature_width = context_features.shape[1]
+        out = list(self.reference[done: done + self.block - 1])
+        out += [0] * (self.block - 1 - len(out))
+        if self.wrong_from is not None:
+            out[self.wrong_from] = (out[self.wrong_from] + 1) % 1000
+        return torch.tensor(out)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = load_config(preset="tiny")
+    tok = load_tokenizer(cfg.target)
+    model = load_causal_lm(cfg.target)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                     add_generation_prompt=True, tokenize=True)["input_ids"]
+    reference = target_generate(model, prompt, MAX_NEW, set())
+    return cfg, model, prompt, reference
+
+
+def test_greedy_accept_counts_the_matching_prefix():
+    target = torch.tensor([5, 6, 7, 8])
+    assert greedy_accept(torch.tensor([5, 6, 7]), target) == 3
+    assert greedy_accept(torch.tensor([5, 9, 7]), target) == 1
+    assert greedy_accept(torch.tensor([9, 6, 7]), target) == 0
+
+
+@pytest.mark.parametrize("wrong_from, expected_accept", [(None, 7), (2, 2), (0, 0)])
+def test_speculative_greedy_is_lossless_and_accepts_what_matches(tiny, wrong_from, expected_accept):
+    cfg, model, prompt, reference = tiny
+    block = cfg.drafter.block_size
+    drafter = ScriptedDrafter(reference.tokens, len(prompt), block, wrong_from)
+    got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set())
+    assert got.tokens == reference.tokens
+    assert drafter.feature_width == cfg.features.num_features * cfg.target.hidden_size
+    assert all(reference.tokens[s - len(prompt)] == last for s, last in drafter.calls)
+    full_cycles = got.accepted[:-1]  # the last cycle may run past max_new_tokens
+    assert full_cycles and all(a == expected_accept for a in full_cycles)
+    stats = summarize([got])
+    assert stats["tau"] == pytest.approx(sum(a + 1 for a in got.accepted) / len(got.accepted), abs=1e-4)
+    assert len(stats["acceptance_per_position"]) == block - 1
+
+
+def test_broken_acceptance_rule_fails_the_lossless_check(tiny):
+    cfg, model, prompt, reference = tiny
+    drafter = ScriptedDrafter(reference.tokens, len(prompt), cfg.drafter.block_size, wrong_from=1)
+
+    def off_by_one(draft, choice):  # accepts one draft token too many
+        return min(draft.numel(), greedy_accept(draft, choice) + 1)
+
+    got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set(), accept=off_by_one)
+    bad = lossless_mismatches([EvalPrompt("p-broken", list(prompt), "test")], [reference], [got], "drafter")
+    assert [m["prompt_id"] for m in bad] == ["p-broken"]
+    assert bad[0]["first_mismatch"] == 2  # slot 1 (the corrupted one) is the first wrongly accepted token
+
+
+def test_rejection_sampling_preserves_the_target_distribution():
+    """With a one-hot draft, the first emitted token must follow the target's softmax exactly."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
+    n = 20000
+    counts = torch.zeros(4)
+    for _ in range(n):
+        accepted, nxt = rejection_accept(torch.tensor([1]), logits, 1.0, gen)
+        counts[1 if accepted else nxt] += 1
+    expected = torch.softmax(logits[0], -1)
+    assert torch.allclose(counts / n, expected, atol=0.015)
