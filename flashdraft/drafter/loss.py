@@ -1,0 +1,111 @@
+"""The DFlash loss: decayed, weighted cross-entropy over block slots 1..B-1, computed without materialising the
+full [slots x vocab] logits.
+
+* Labels: slot k (1..B-1) of the block anchored at `a` predicts the data token at `a + k`; slot 0 (the anchor
+  itself) is never trained, so its logits are never computed.
+* Weights: `w_k = exp(-(k-1)/gamma)`; slots whose label is not a response token (`loss_mask = 0`) get weight 0.
+* Normalisation (`drafter.loss_normalization`; the paper does not say which it uses):
+  - "weights" (default, SpecForge): `sum(w * ce) / sum(w)` over valid slots: a weighted mean, so the loss scale
+    does not depend on gamma or on how many late slots are valid.
+  - "mask" (speculators): `sum(w * ce) / count(valid slots)`.
+  The loss is normalised per micro-batch; gradient accumulation and DDP then average micro-batches/ranks.
+* Memory/time: `fused_linear_cross_entropy` walks the slots in chunks; per chunk it forms the logits once,
+  takes logsumexp, the label logit and the argmax (accuracy), and immediately computes the gradient w.r.t. the
+  hidden states `(softmax - onehot) * w @ W`, so the vocab-sized tensor of a chunk dies before the next one and
+  backward is a single multiply. The LM head is frozen, so no weight gradient is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_CHUNK = 256
+
+
+def slot_weights(block_size: int, gamma: float, device=None, dtype=torch.float32) -> torch.Tensor:
+    """[B-1] weights for slots 1..B-1 (computed in float64, then cast)."""
+    k = torch.arange(1, block_size, device=device, dtype=torch.float64)
+    return torch.exp(-(k - 1) / gamma).to(dtype)
+
+
+def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels [N, B-1], valid [N, B-1]): slot k's label is input_ids[anchor + k], valid where it is a response
+    token. Anchors must satisfy anchor + B - 1 < len(input_ids) (anchors.py guarantees it)."""
+    idx = anchors[:, None] + torch.arange(1, block_size, device=anchors.device)[None, :]
+    return input_ids[idx], loss_mask[idx].bool()
+
+
+class _FusedLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, row_weight, chunk):
+        needs_grad = hidden.requires_grad
+        M = hidden.shape[0]
+        acc_dtype = torch.promote_types(hidden.dtype, torch.float32)  # fp32 logits/CE even for bf16 inputs
+        ce = torch.empty(M, device=hidden.device, dtype=acc_dtype)
+        correct = torch.empty(M, device=hidden.device, dtype=torch.bool)
+        grad = torch.empty_like(hidden) if needs_grad else None
+        w = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
+        for s in range(0, M, chunk):
+            e = min(M, s + chunk)
+            logits = (hidden[s:e] @ w.T).to(acc_dtype)
+            lse = torch.logsumexp(logits, dim=-1)
+            lab = labels[s:e]
+            ce[s:e] = lse - logits.gather(1, lab[:, None]).squeeze(1)
+            correct[s:e] = logits.argmax(-1) == lab
+            if needs_grad:
+                probs = logits.sub_(lse[:, None]).exp_()
+                probs[torch.arange(e - s, device=probs.device), lab] -= 1.0
+                probs.mul_(row_weight[s:e, None])
+                grad[s:e] = (probs.to(w.dtype) @ w).to(grad.dtype)
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(ce, correct)
+        return (ce * row_weight).sum(), ce, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_ce, _grad_correct):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                               row_weight: torch.Tensor, chunk: int = DEFAULT_CHUNK):
+    """(sum_i row_weight_i * CE(hidden_i @ weight.T, labels_i), per-row CE, per-row argmax==label), chunked.
+    `row_weight` must already contain the normalisation."""
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        return _FusedLinearCE.apply(hidden, weight, labels, row_weight.to(acc_dtype), chunk)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor            # scalar, differentiable
+    ce_sum: torch.Tensor          # [B-1] unweighted CE summed over valid slots at each position (no grad)
+    correct: torch.Tensor         # [B-1] argmax hits at each position
+    count: torch.Tensor           # [B-1] valid slots at each position
+
+
+def dflash_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                gamma: float, normalization: str = "weights", chunk: int = DEFAULT_CHUNK) -> LossOutput:
+    """hidden [N, B, H] from the drafter; labels/valid [N, B-1] from `block_labels`."""
+    if normalization not in ("weights", "mask"):
+        raise ValueError(f"drafter.loss_normalization={normalization!r}: use 'weights' or 'mask'")
+    N, B, H = hidden.shape
+    w = slot_weights(B, gamma, hidden.device, torch.promote_types(hidden.dtype, torch.float32))
+    w = w[None, :].expand(N, B - 1)
+    valid = valid.bool()
+    sel = valid.reshape(-1).nonzero().flatten()
+    rows_w = w.reshape(-1)[sel]
+    denom = rows_w.sum() if normalization == "weights" else torch.tensor(float(sel.numel()), device=hidden.device)
+    denom = denom.clamp_min(1e-12)
+    slot_hidden = hidden[:, 1:, :].reshape(-1, H)[sel]
+    loss, ce, correct = fused_linear_cross_entropy(slot_hidden, lm_head, labels.reshape(-1)[sel], rows_w / denom,
+                                                   chunk)
+    pos = (sel % (B - 1))
+    zeros = torch.zeros(B - 1, device=hidden.device, dtype=ce.dtype)
+    return LossOutput(loss=loss, ce_sum=zeros.index_add(0, pos, ce.detach()),
+                      correct=zeros.index_add(0, pos, correct.to(ce.dtype)),
+                      count=zeros.index_add(0, pos, torch.ones_like(ce)))
+

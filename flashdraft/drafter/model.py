@@ -1,0 +1,405 @@
+"""The DFlash drafter: Qwen3-style decoder layers that denoise a block `[x_anchor, MASK x (B-1)]` in one pass,
+conditioned on fused target-layer features injected as extra keys/values in every layer.
+
+* Fusion: `hidden_norm(fc(concat(features of the n target layers)))`, fc = Linear(n*H -> H, no bias).
+* KV injection: each layer projects the fused context with its OWN k_proj/v_proj (+ k_norm, RoPE at the context
+  positions) and puts it before the block's keys/values; queries come from block tokens only.
+* Embedding and LM head are the target's, frozen, read straight from its safetensors (never the whole target).
+  They are non-persistent buffers, so `state_dict()` holds exactly what training changes.
+* Mask token: explicit id -> the tokenizer's mask token -> an unused row of the target embedding -> a trainable
+  `mask_embedding` parameter (saved with the checkpoint; `mask_token_id` then names a placeholder row).
+
+Files of a drafter folder (`save_pretrained`): `drafter_config.json` (geometry + target reference) and
+`model.safetensors` (trainable weights, z-lab names: `layers.*`, `fc.weight`, `hidden_norm.weight`, `norm.weight`,
+plus `mask_embedding` when trainable).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashdraft.drafter.attention import BlockLayout, attend
+
+CONFIG_FILE = "drafter_config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class DrafterGeometry:
+    """Everything that fixes the drafter's shapes and behaviour; serialised as drafter_config.json."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    vocab_size: int
+    num_layers: int
+    block_size: int
+    target_layer_ids: list[int]
+    num_target_layers: int
+    mask_token_id: int
+    trainable_mask: bool = False
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    target: dict[str, Any] = field(default_factory=dict)  # TargetConfig dump: where embed/lm_head come from
+
+    @property
+    def num_features(self) -> int:
+        return len(self.target_layer_ids)
+
+
+def _text_config(hf_config):
+    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+
+
+def rope_theta_of(hf_config) -> float:
+    c = _text_config(hf_config)
+    theta = getattr(c, "rope_theta", None)
+    if theta is None:
+        params = getattr(c, "rope_parameters", None) or {}
+        theta = params.get("rope_theta")
+    if theta is None:
+        raise ValueError("target config has neither rope_theta nor rope_parameters.rope_theta")
+    return float(theta)
+
+
+def geometry_from_hf(hf_config, *, num_layers: int, block_size: int, target_layer_ids: list[int],
+                     mask_token_id: int, trainable_mask: bool, target: dict[str, Any] | None = None,
+                     intermediate_size: int | None = None) -> DrafterGeometry:
+    """Width, heads, RoPE and eps copied from the target; intermediate size too unless given (MoE targets)."""
+    c = _text_config(hf_config)
+    heads = int(c.num_attention_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    return DrafterGeometry(
+        hidden_size=int(c.hidden_size), num_heads=heads,
+        num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads), head_dim=int(head_dim),
+        intermediate_size=int(intermediate_size or c.intermediate_size), rope_theta=rope_theta_of(c),
+        rms_norm_eps=float(c.rms_norm_eps), vocab_size=int(c.vocab_size), num_layers=num_layers,
+        block_size=block_size, target_layer_ids=list(target_layer_ids), num_target_layers=int(c.num_hidden_layers),
+        mask_token_id=int(mask_token_id), trainable_mask=trainable_mask,
+        max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768) or 32768),
+        initializer_range=float(getattr(c, "initializer_range", 0.02) or 0.02), target=dict(target or {}),
+    )
+
+
+def resolve_mask_token(explicit: int | None, tokenizer, vocab_size: int) -> tuple[int, bool]:
+    """(mask_token_id, trainable). Order: explicit id, the tokenizer's mask token, the first embedding row past
+    the tokenizer's vocabulary (unused by any text), else a trainable embedding with the pad (or eos) id as the
+    placeholder row that serving stacks replace."""
+    if explicit is not None:
+        if not 0 <= explicit < vocab_size:
+            raise ValueError(f"drafter.mask_token_id={explicit} is outside the target vocabulary (0..{vocab_size - 1})")
+        return int(explicit), False
+    if tokenizer is not None and getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id), False
+    if tokenizer is not None and len(tokenizer) < vocab_size:
+        return len(tokenizer), False
+    placeholder = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    if placeholder is None and tokenizer is not None:
+        placeholder = tokenizer.eos_token_id
+    return int(placeholder or 0), True
+
+
+# -- frozen target tensors -----------------------------------------------------------------------------------
+
+
+def _weight_files(model_dir, revision: str | None) -> dict[str, Path]:
+    """Map tensor name -> local safetensors file, downloading only the index and the shards we need (hf ids)."""
+    local = Path(str(model_dir))
+    if local.is_dir():
+        def fetch(name: str) -> Path | None:
+            p = local / name
+            return p if p.is_file() else None
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        def fetch(name: str) -> Path | None:
+            try:
+                return Path(hf_hub_download(str(model_dir), name, revision=revision))
+            except EntryNotFoundError:
+                return None
+    index = fetch("model.safetensors.index.json")
+    if index is not None:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        wanted = {k: v for k, v in weight_map.items() if k.endswith(("embed_tokens.weight", "lm_head.weight"))}
+        return {k: fetch(v) for k, v in wanted.items()}
+    single = fetch("model.safetensors")
+    if single is None:
+        raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+    from safetensors import safe_open
+
+    with safe_open(str(single), "pt") as f:
+        return {k: single for k in f.keys() if k.endswith(("embed_tokens.weight", "lm_head.weight"))}
+
+
+def _pick(names: list[str], suffix: str) -> str | None:
+    found = sorted((n for n in names if n.endswith(suffix)), key=lambda n: ("mtp" in n or "draft" in n, len(n)))
+    return found[0] if found else None
+
+
+def load_target_embeddings(target_cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed [V, H], lm_head [V, H]) from the target checkpoint via `safe_open`; tied heads share the embedding."""
+    from safetensors import safe_open
+
+    from flashdraft.target import resolve_model_dir
+
+    files = _weight_files(resolve_model_dir(target_cfg), target_cfg.revision)
+    embed_name, head_name = _pick(list(files), "embed_tokens.weight"), _pick(list(files), "lm_head.weight")
+    if embed_name is None:
+        raise KeyError(f"target {target_cfg.model}: no '*embed_tokens.weight' tensor in its safetensors")
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(files[name]), "pt") as f:
+            return f.get_tensor(name)
+
+    embed = read(embed_name)
+    head = read(head_name) if head_name is not None else embed
+    return embed, head
+
+
+# -- layers ---------------------------------------------------------------------------------------------------
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, g: DrafterGeometry):
+        super().__init__()
+        self.nh, self.nkv, self.hd = g.num_heads, g.num_kv_heads, g.head_dim
+        self.q_proj = nn.Linear(g.hidden_size, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(g.hidden_size, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(g.hidden_size, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, g.hidden_size, bias=False)
+        self.q_norm = nn.RMSNorm(self.hd, eps=g.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(self.hd, eps=g.rms_norm_eps)
+
+    def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str):
+        Q, L = x.shape[1], ctx.shape[1] + x.shape[1]
+        q = self.q_norm(self.q_proj(x).view(1, Q, self.nh, self.hd)).transpose(1, 2)
+        kv_in = torch.cat([ctx, x], dim=1)
+        k = self.k_norm(self.k_proj(kv_in).view(1, L, self.nkv, self.hd)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(1, L, self.nkv, self.hd).transpose(1, 2)
+        q, k = _rope(q, *rope_q), _rope(k, *rope_kv)
+        out = attend(q, k, v.to(q.dtype), layout, impl)
+        return self.o_proj(out.transpose(1, 2).reshape(1, Q, self.nh * self.hd))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, g: DrafterGeometry):
+        super().__init__()
+        self.gate_proj = nn.Linear(g.hidden_size, g.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(g.hidden_size, g.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(g.intermediate_size, g.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, g: DrafterGeometry):
+        super().__init__()
+        self.self_attn = DFlashAttention(g)
+        self.mlp = DFlashMLP(g)
+        self.input_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+
+    def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, layout, impl)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, geometry: DrafterGeometry, embed: torch.Tensor | None = None,
+                 lm_head: torch.Tensor | None = None, attn_impl: str = "auto"):
+        super().__init__()
+        g = self.geometry = geometry
+        self.attn_impl = attn_impl
+        self.layers = nn.ModuleList(DFlashLayer(g) for _ in range(g.num_layers))
+        self.fc = nn.Linear(g.num_features * g.hidden_size, g.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(g.hidden_size)) if g.trainable_mask else None
+        inv_freq = 1.0 / (g.rope_theta ** (torch.arange(0, g.head_dim, 2, dtype=torch.float64) / g.head_dim))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("embed_weight", embed if embed is not None else torch.empty(0), persistent=False)
+        self.register_buffer("lm_head_weight", lm_head if lm_head is not None else torch.empty(0), persistent=False)
+
+    # -- construction ----------------------------------------------------------------------------------------
+    def init_weights(self, seed: int) -> None:
+        """Seeded init (Qwen3 style: normal(0, initializer_range) linears, unit norms); the mask embedding starts
+        at the mean target embedding so the first steps see an in-distribution input."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name == "mask_embedding":
+                    continue
+                if p.ndim == 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) * self.geometry.initializer_range)
+                else:
+                    p.fill_(1.0)
+            if self.mask_embedding is not None and self.embed_weight.numel():
+                self.mask_embedding.copy_(self.embed_weight.float().mean(0))
+
+    def set_frozen(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        V, H = self.geometry.vocab_size, self.geometry.hidden_size
+        for name, t in (("embed", embed), ("lm_head", lm_head)):
+            if tuple(t.shape) != (V, H):
+                raise ValueError(f"target {name} has shape {tuple(t.shape)}, expected ({V}, {H})")
+        self.embed_weight = embed.detach().requires_grad_(False)
+        self.lm_head_weight = lm_head.detach().requires_grad_(False)
+
+    # -- forward ---------------------------------------------------------------------------------------------
+    def _cos_sin(self, positions: torch.Tensor):
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """[S, n*H] target features -> [S, H] fused context."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def block_inputs(self, anchor_tokens: torch.Tensor, block_size: int) -> torch.Tensor:
+        """[N] anchor tokens -> [N, B, H] embeddings of `[x_anchor, MASK x (B-1)]`."""
+        g = self.geometry
+        anchor_emb = F.embedding(anchor_tokens, self.embed_weight).to(self.fc.weight.dtype)
+        if self.mask_embedding is not None:
+            mask_emb = self.mask_embedding.to(anchor_emb.dtype)
+        else:
+            mask_emb = self.embed_weight[g.mask_token_id].to(anchor_emb.dtype)
+        mask_part = mask_emb.expand(anchor_tokens.numel(), block_size - 1, g.hidden_size)
+        return torch.cat([anchor_emb[:, None, :], mask_part], dim=1)
+
+    def forward(self, features: torch.Tensor, layout: BlockLayout, context_positions: torch.Tensor,
+                anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+        """All blocks of one packed row in one pass -> final-normed hidden states [N, B, H].
+
+        features [S, n*H] and context_positions [S] (RoPE position of each context entry, per document);
+        anchor_tokens/anchor_positions [N]; `layout` says which context each block may see."""
+        B, N = layout.block_size, layout.num_blocks
+        ctx = self.fuse(features)[None]
+        x = self.block_inputs(anchor_tokens, B).reshape(1, N * B, -1)
+        block_pos = (anchor_positions[:, None] + torch.arange(B, device=anchor_positions.device)).reshape(-1)
+        rope_q = self._cos_sin(block_pos)
+        rope_kv = self._cos_sin(torch.cat([context_positions, block_pos]))
+        for layer in self.layers:
+            x = layer(x, ctx, rope_q, rope_kv, layout, self.attn_impl)
+        return self.norm(x).view(N, B, -1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.to(self.lm_head_weight.dtype) @ self.lm_head_weight.T
+
+    # -- inference API ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def propose_block(self, context_features: torch.Tensor, last_token: int,
+                      block_size: int | None = None) -> torch.Tensor:
+        """Greedy draft of B-1 tokens after the verified sequence x_0..x_S.
+
+        context_features [S, n*H] are the target features of x_0..x_{S-1}; `last_token` is x_S (no feature yet).
+        The block `[x_S, MASK x (B-1)]` sits at positions S..S+B-1, sees all S context positions and itself."""
+        B = block_size or self.geometry.block_size
+        dev = self.fc.weight.device
+        feats = context_features.to(dev)
+        S = feats.shape[0]
+        layout = BlockLayout(S, B, torch.tensor([S], device=dev))
+        hidden = self(feats, layout, torch.arange(S, device=dev), torch.tensor([int(last_token)], device=dev),
+                      torch.tensor([S], device=dev))
+        return self.logits(hidden[0, 1:]).argmax(-1)
+
+    # -- persistence -----------------------------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        return asdict(self.geometry)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Trainable tensors by z-lab name, contiguous fp32 on CPU."""
+        return {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()}
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(self.weights(), str(out / WEIGHTS_FILE))
+        (out / CONFIG_FILE).write_text(json.dumps(self.config_dict(), indent=2))
+        return out
+
+    @classmethod
+    def from_pretrained(cls, source, *, target=None, device: str | torch.device = "cpu",
+                        attn_impl: str = "auto", prefix: str = "") -> DFlashDrafter:
+        """Load a drafter folder (local path or an ObjectStore + key prefix) or a z-lab export folder.
+
+        The frozen embedding/LM head come from `target` (a TargetConfig; default: the one recorded in the
+        drafter config)."""
+        from safetensors.torch import load as load_bytes
+
+        from flashdraft.store import ObjectStore
+
+        if isinstance(source, ObjectStore):
+            key = (prefix.rstrip("/") + "/") if prefix else ""
+            config, weights = source.get_json(key + CONFIG_FILE), load_bytes(source.get(key + WEIGHTS_FILE))
+        else:
+            folder = Path(source)
+            if (folder / CONFIG_FILE).is_file():
+                config = json.loads((folder / CONFIG_FILE).read_text())
+                weights = load_bytes((folder / WEIGHTS_FILE).read_bytes())
+            elif (folder / "config.json").is_file():
+                from flashdraft.components.export.zlab import read_zlab
+
+                config, weights = read_zlab(folder)
+            else:
+                raise FileNotFoundError(f"{folder}: neither {CONFIG_FILE} nor a z-lab config.json")
+        return cls.from_parts(config, weights, target=target, device=device, attn_impl=attn_impl)
+
+    @classmethod
+    def from_parts(cls, config: dict[str, Any], weights: dict[str, torch.Tensor], *, target=None,
+                   device="cpu", attn_impl: str = "auto") -> DFlashDrafter:
+        from flashdraft.config import TargetConfig
+
+        geometry = DrafterGeometry(**config)
+        target_cfg = target if target is not None else TargetConfig(**geometry.target)
+        embed, head = load_target_embeddings(target_cfg)
+        model = cls(geometry, attn_impl=attn_impl)
+        model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)
+        model.set_frozen(embed.float(), head.float())
+        return model.to(device).eval()
+
+
+def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None = None, tokenizer=None,
+                  device: str | torch.device = "cpu", attn_impl: str = "auto") -> DFlashDrafter:
+    """A drafter for `cfg` (RunConfig) on the target described by `target_hf_config`, with the target's frozen
+    embedding/LM head loaded. init="random" gives the seeded untrained baseline (seed default training.seed)."""
+    from flashdraft.target import load_tokenizer
+
+    if init != "random":
+        raise ValueError(f"init={init!r}: only 'random' (use DFlashDrafter.from_pretrained for a checkpoint)")
+    text_cfg = _text_config(target_hf_config)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.target)
+    mask_id, trainable = resolve_mask_token(cfg.drafter.mask_token_id, tok, int(text_cfg.vocab_size))
+    geometry = geometry_from_hf(
+        target_hf_config, num_layers=cfg.drafter.num_layers, block_size=cfg.drafter.block_size,
+        target_layer_ids=cfg.layer_ids(int(text_cfg.num_hidden_layers)), mask_token_id=mask_id,
+        trainable_mask=trainable, target=cfg.target.model_dump(mode="json"))
+    embed, head = load_target_embeddings(cfg.target)
+    model = DFlashDrafter(geometry, attn_impl=attn_impl)
+    model.set_frozen(embed.float(), head.float())
+    model.init_weights(cfg.training.seed if seed is None else seed)
+    return model.to(device)
+
+
+def num_trainable_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
