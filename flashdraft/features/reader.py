@@ -1,0 +1,236 @@
+"""Training-side reader: an IterableDataset over committed feature shards, local or S3.
+
+* Byte-range reads: one shard header per part, then one range GET per sample, crc32-checked; a thread pool keeps
+  `prefetch` samples in flight, decoding off the training thread.
+* Order: per (seed, epoch) the parts are permuted, each part's samples permuted, and a shuffle buffer mixes
+  neighbouring parts; all of this is computed in index space, so it is deterministic, costs no I/O, and resuming
+  from `state_dict()` skips exactly the samples already consumed without reading them.
+* Disjoint split: position j of the epoch order goes to global worker j % (world_size * loader workers); with
+  `even=True` the order is cut to a multiple of world_size so every data-parallel rank sees the same count.
+* Follow mode (streaming): parts are consumed in commit order as they appear, each `reuse` times, until the
+  producer's end-of-stream marker; a `WindowConsumer` deletes fully used parts.
+
+Use it with `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads); with more
+loader workers, state_dict() only sees the main process, so exact resume needs num_workers=0.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from flashdraft.config import RunConfig
+from flashdraft.features.manifest import check_provenance, committed_parts, expected_provenance
+from flashdraft.features.shard import (
+    HEADER_PROBE,
+    Sample,
+    ShardHeader,
+    decode_sample,
+    header_length,
+    parse_header,
+    sample_range,
+)
+from flashdraft.features.window import WindowConsumer, WindowTimeout
+from flashdraft.store import ObjectStore, open_store
+
+log = logging.getLogger(__name__)
+
+
+def read_header(store: ObjectStore, key: str) -> ShardHeader:
+    head = store.get(key, 0, HEADER_PROBE)
+    end = header_length(head, store.url(key))
+    if len(head) < end:
+        head = store.get(key, 0, end)
+    return parse_header(head, store.url(key))
+
+
+def shuffle_buffer(items: list, size: int, rng: random.Random) -> list:
+    """The order a streaming shuffle buffer of `size` would produce (index space, no data)."""
+    if size <= 1:
+        return list(items)
+    buf, out = [], []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = rng.randrange(size)
+        out.append(buf[j])
+        buf[j] = item
+    rng.shuffle(buf)
+    return out + buf
+
+
+class FeatureReader(torch.utils.data.IterableDataset):
+    """Yields `Sample(sample_id, input_ids int64 [T], loss_mask bool [T], features bf16 [T, n*H])`."""
+
+    def __init__(self, store: ObjectStore, *, expected_provenance: dict | None = None, seed: int = 0,
+                 shuffle: bool = True, shuffle_buffer: int = 256, rank: int = 0, world_size: int = 1,
+                 even: bool = True, prefetch: int = 8, threads: int = 4, follow: bool = False, reuse: int = 1,
+                 window: WindowConsumer | None = None, poll_s: float = 1.0, timeout_s: float | None = 3600.0):
+        super().__init__()
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world_size {world_size}")
+        self.store, self.expected = store, expected_provenance
+        self.seed, self.shuffle, self.buffer = seed, shuffle, shuffle_buffer
+        self.rank, self.world_size, self.even = rank, world_size, even
+        self.prefetch, self.threads = prefetch, threads
+        self.follow, self.reuse, self.window = follow, reuse, window
+        self.poll_s, self.timeout_s = poll_s, timeout_s
+        self.epoch = 0
+        self._consumed = 0          # samples this worker yielded in the current epoch (or stream)
+        self._resume_from = 0
+        self._headers: dict[str, ShardHeader] = {}
+
+    # -- state ----------------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._consumed, self._resume_from = epoch, 0, 0
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self._consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"reader state was saved with seed {state['seed']}, this reader has seed {self.seed}")
+        self.epoch = int(state["epoch"])
+        self._consumed = self._resume_from = int(state["consumed"])
+
+    # -- index space ----------------------------------------------------------------------------------------
+    def header(self, key: str) -> ShardHeader:
+        if key not in self._headers:
+            h = read_header(self.store, key)
+            if self.expected is not None:
+                check_provenance(self.expected, h.provenance, self.store.url(key))
+            self._headers[key] = h
+        return self._headers[key]
+
+    def _worker(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        n, w = (info.num_workers, info.id) if info is not None else (1, 0)
+        return self.rank * n + w, self.world_size * n
+
+    def epoch_order(self, epoch: int | None = None) -> list[tuple[str, int]]:
+        """The full (part key, sample index) order of an epoch, before the split across workers."""
+        keys = committed_parts(self.store)
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(self.header, keys))
+        rng = random.Random(f"{self.seed}:{self.epoch if epoch is None else epoch}")
+        if self.shuffle:
+            rng.shuffle(keys)
+        order = []
+        for key in keys:
+            idx = list(range(len(self._headers[key].samples)))
+            if self.shuffle:
+                rng.shuffle(idx)
+            order.extend((key, i) for i in idx)
+        if self.shuffle:
+            order = shuffle_buffer(order, self.buffer, rng)
+        if self.even:
+            order = order[: len(order) - len(order) % self.world_size]
+        return order
+
+    def worker_order(self, epoch: int | None = None) -> list[tuple[str, int]]:
+        worker, total = self._worker()
+        return self.epoch_order(epoch)[worker::total]
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (offline mode)."""
+        if self.follow:
+            raise TypeError("a follow-mode reader has no length")
+        return len(self.epoch_order()[self.rank::self.world_size])
+
+    # -- data -----------------------------------------------------------------------------------------------
+    def fetch(self, key: str, index: int) -> Sample:
+        header = self.header(key)
+        start, end = sample_range(header, index)
+        return decode_sample(header, index, self.store.get(key, start, end), self.store.url(key))
+
+    def _stream(self, items: Iterator) -> Iterator[Sample]:
+        """Fetch (key, index) items ahead on threads, yield in order. A callable item runs when it reaches the
+        front, i.e. after every earlier fetch finished (used to release a consumed part)."""
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="feature-reader") as pool:
+            pending: deque = deque()
+
+            def pop() -> Iterator[Sample]:
+                head = pending.popleft()
+                if callable(head):
+                    head()
+                    return
+                sample = head.result()
+                self._consumed += 1
+                yield sample
+
+            for item in items:
+                pending.append(item if callable(item) else pool.submit(self.fetch, *item))
+                while len(pending) >= self.prefetch or (pending and callable(pending[0])):
+                    yield from pop()
+            while pending:
+                yield from pop()
+
+    def __iter__(self) -> Iterator[Sample]:
+        if self.follow:
+            yield from self._stream(self._follow_order())
+            return
+        skip = self._resume_from
+        self._consumed, self._resume_from = skip, 0
+        yield from self._stream(iter(self.worker_order()[skip:]))
+        self.epoch += 1
+        self._consumed = 0
+
+    def _follow_order(self) -> Iterator:
+        """Parts in commit order as they appear, `reuse` passes each, then a release of the part; stops at the
+        end-of-stream marker."""
+        worker, total = self._worker()
+        seen: set[str] = set()
+        skip = self._resume_from
+        self._resume_from = 0
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while True:
+            ended = self.window.check() if self.window is not None else False
+            new = [k for k in committed_parts(self.store) if k not in seen]
+            if not new:
+                if ended:
+                    return
+                if deadline is not None and time.monotonic() > deadline:
+                    raise WindowTimeout(f"no new feature shard for {self.timeout_s} s and no end-of-stream marker")
+                time.sleep(self.poll_s)
+                continue
+            deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+            for key in new:
+                seen.add(key)
+                n = len(self.header(key).samples)
+                for p in range(self.reuse):
+                    idx = list(range(n))
+                    if self.shuffle:
+                        random.Random(f"{self.seed}:{key}:{p}").shuffle(idx)
+                    if self.even:
+                        idx = idx[: n - n % self.world_size]
+                    mine = idx[worker::total]
+                    take = mine[skip:] if skip < len(mine) else []
+                    skip = max(0, skip - len(mine))
+                    yield from ((key, i) for i in take)
+                yield lambda key=key: self._release(key)
+
+    def _release(self, key: str) -> None:
+        self._headers.pop(key, None)
+        if self.window is not None:
+            self.window.part_done(key)
+
+
+def open_reader(cfg: RunConfig, *, rank: int = 0, world_size: int = 1, follow: bool | None = None,
+                **kwargs) -> FeatureReader:
+    """The reader a trainer uses: the run's store, provenance checked against `cfg`, streaming per `cfg.mode`."""
+    store = open_store(cfg.storage, cfg.run_id)
+    streaming = cfg.mode.kind == "streaming" if follow is None else follow
+    kwargs.setdefault("seed", cfg.training.seed)
+    if streaming:
+        kwargs.setdefault("reuse", cfg.mode.reuse)
+        kwargs.setdefault("window", WindowConsumer(store, workers=world_size, worker=rank))
+    return FeatureReader(store, expected_provenance=expected_provenance(cfg), rank=rank, world_size=world_size,
+                         follow=streaming, **kwargs)
