@@ -39,6 +39,7 @@ from flashdraft.features.manifest import (
     shard_prefix,
 )
 from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
+from flashdraft.features.window import WindowProducer
 from flashdraft.records import iter_responses
 from flashdraft.store import ObjectStore, open_store
 
@@ -156,11 +157,11 @@ class ShardWriter(threading.Thread):
     """Encodes batches and commits parts off the compute thread; a bounded queue gives backpressure."""
 
     def __init__(self, store: ObjectStore, shard: int, first_part: int, codec: Codec, layer_ids: list[int],
-                 hidden: int, provenance: dict, shard_bytes: int, depth: int):
+                 hidden: int, provenance: dict, shard_bytes: int, depth: int, window: WindowProducer | None = None):
         super().__init__(name=f"extract-writer-{shard}", daemon=True)
         self.store, self.shard, self.part = store, shard, first_part
         self.codec, self.layer_ids, self.hidden, self.provenance = codec, layer_ids, hidden, provenance
-        self.shard_bytes = shard_bytes
+        self.shard_bytes, self.window = shard_bytes, window
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.pending: list[tuple[str, int, bytes]] = []
@@ -204,6 +205,8 @@ class ShardWriter(threading.Thread):
         data = build_shard(self.codec, self.layer_ids, self.hidden, self.provenance, self.pending)
         tokens = sum(t for _, t, _ in self.pending)
         meta = {"samples": len(self.pending), "tokens": tokens, "provenance": self.provenance}
+        if self.window is not None:
+            self.window.wait_for_room(len(data))
         if self.fault_part == self.part:
             self.store.put(key, data)
             log.error("fault injection (%s): exiting after writing %s without its commit record", FAULT_ENV, key)
@@ -221,7 +224,25 @@ def extraction_device() -> str:
 
 
 def run_extract(cfg: RunConfig, shard: int) -> dict:
-    """Extract generation shard `shard` into committed feature shards; returns a JSON-able summary."""
+    """Extract generation shard `shard` into committed feature shards; returns a JSON-able summary.
+
+    In streaming mode (`mode.kind=streaming`) each part waits for room in the window; the job that completes
+    the last shard writes the end-of-stream marker, and a failure writes the failure marker for the trainer."""
+    if cfg.mode.kind != "streaming":
+        return _extract(cfg, shard, None)
+    store = open_store(cfg.storage, cfg.run_id)
+    window = WindowProducer(store, cfg.mode)
+    try:
+        summary = _extract(cfg, shard, window)
+    except Exception as exc:
+        window.fail(f"extract shard {shard}: {type(exc).__name__}: {exc}")
+        raise
+    if all(store.is_committed(done_key(k)) for k in range(cfg.data.num_shards)):
+        window.finish()
+    return summary
+
+
+def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     from tqdm import tqdm
 
     from flashdraft.target import load_hf_config, load_tokenizer, tokenizer_fingerprint
@@ -247,7 +268,7 @@ def run_extract(cfg: RunConfig, shard: int) -> dict:
         torch.set_num_threads(cfg.training.num_threads)
     source = _feature_source(cfg, layer_ids, device) if todo else None
     writer = ShardWriter(store, shard, first_part, codec_from_config(cfg), layer_ids, hidden, provenance,
-                         cfg.features.shard_bytes, cfg.features.queue_depth)
+                         cfg.features.shard_bytes, cfg.features.queue_depth, window)
     writer.start()
     t0, tokens = time.perf_counter(), 0
     try:

@@ -1,0 +1,80 @@
+"""Streaming window: a producer thread and a follow-mode consumer keep the stored bytes within the window."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from feature_fixtures import part_bytes
+
+from flashdraft.config import ModeConfig
+from flashdraft.features.manifest import part_key
+from flashdraft.features.reader import FeatureReader
+from flashdraft.features.window import STREAM_PREFIX, StreamFailed, WindowConsumer, WindowProducer
+from flashdraft.store import ObjectStore
+
+
+def _stored_bytes(store: ObjectStore) -> int:
+    return sum(store.size(k) for k in store.list("features/") if not k.startswith(STREAM_PREFIX)
+               and not k.endswith(".commit"))
+
+
+def test_peak_stored_bytes_stay_within_the_window(tiny_cfg, tmp_path):
+    store = ObjectStore(f"file://{tmp_path}/stream")
+    parts = [part_bytes(tiny_cfg, 0, p, 3) for p in range(10)]
+    biggest = max(len(d) for d, _ in parts)
+    mode = ModeConfig(kind="streaming", window_bytes=3 * biggest, window_shards=3, reuse=2)
+    peak, produced, stop = [0], [0], threading.Event()
+
+    def monitor():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _stored_bytes(store))
+            time.sleep(0.002)
+
+    def produce():
+        producer = WindowProducer(store, mode, poll_s=0.01, timeout_s=30)
+        for p, (data, meta) in enumerate(parts):
+            producer.wait_for_room(len(data))
+            store.commit(part_key(0, p), data, meta)
+            produced[0] += len(data)
+        producer.finish()
+
+    threads = [threading.Thread(target=monitor), threading.Thread(target=produce)]
+    for t in threads:
+        t.start()
+    consumer = WindowConsumer(store)
+    reader = FeatureReader(store, follow=True, reuse=mode.reuse, window=consumer, poll_s=0.01, timeout_s=30)
+    seen = []
+    for s in reader:
+        seen.append(s.sample_id)
+        time.sleep(0.005)  # a trainer slower than the producer: the window must hold the producer back
+    threads[1].join(timeout=30)
+    stop.set()
+    threads[0].join()
+    assert len(seen) == 10 * 3 * mode.reuse and len(set(seen)) == 30
+    assert produced[0] > 2 * mode.window_bytes
+    assert 0 < peak[0] <= mode.window_bytes
+    assert store.list_committed("features/shard-00000/") == []  # everything consumed was deleted
+
+
+def test_producer_failure_ends_the_consumer_with_its_message(tiny_cfg):
+    store = ObjectStore("memory://window-fail")
+    data, meta = part_bytes(tiny_cfg, 0, 0, 2)
+    store.commit(part_key(0, 0), data, meta)
+    WindowProducer(store, ModeConfig()).fail("extract shard 3: CUDA out of memory")
+    reader = FeatureReader(store, follow=True, window=WindowConsumer(store), poll_s=0.01, timeout_s=5)
+    with pytest.raises(StreamFailed, match="CUDA out of memory"):
+        list(reader)
+
+
+def test_consumer_stop_ends_a_waiting_producer(tiny_cfg):
+    store = ObjectStore("memory://window-stop")
+    data, meta = part_bytes(tiny_cfg, 0, 0, 2)
+    store.commit(part_key(0, 0), data, meta)
+    producer = WindowProducer(store, ModeConfig(window_shards=1), poll_s=0.01, timeout_s=10)
+    threading.Timer(0.1, lambda: WindowConsumer(store).stop("trainer reached max_steps")).start()
+    with pytest.raises(StreamFailed, match="max_steps"):
+        producer.wait_for_room(len(data))
+    with pytest.raises(StreamFailed, match="never fit"):
+        producer.wait_for_room(ModeConfig().window_bytes + 1)
