@@ -1,0 +1,133 @@
+"""Prep end to end on local files with the real tokenizer: quarantine counts, survivors, shards, errors, reruns."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from flashdraft.components.prep.formats import BAD_REASONS, content_key, normalize_row
+from flashdraft.components.prep.prep import PrepDriftError, run_prep
+from flashdraft.components.prep.sources import SourceError
+
+from flashdraft import layout
+from flashdraft.config import load_config
+from flashdraft.records import PROMPT_SCHEMA, parquet_bytes_to_table
+from flashdraft.store import open_store
+
+GOOD = [
+    {"messages": [{"role": "user", "content": "Name three primary colours."}]},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+                  {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]},
+    {"conversations": [{"from": "human", "value": "Write a haiku about rain."}, {"from": "gpt", "value": "..."}]},
+    {"instruction": "Sort these numbers", "input": "3, 1, 2", "output": "1, 2, 3"},
+    {"prompt": "Explain recursion in one sentence."},
+]
+# (raw JSONL line, reason) for every kind of bad row
+BAD = [
+    (b'{"prompt": "unterminated"', "invalid_json"),
+    (b"[1, 2, 3]", "invalid_json"),
+    (b'{"prompt": "caf\xe9 au lait"}', "undecodable_bytes"),
+    (b'{"text": "no recognised field"}', "unknown_format"),
+    (b'{"messages": [{"content": "who am I?"}]}', "missing_role"),
+    (b'{"messages": [{"role": "narrator", "content": "Once upon a time"}]}', "unknown_role"),
+    (b'{"messages": [{"role": "user", "content": "   "}]}', "empty_content"),
+    (b'{"messages": [{"role": "user", "content": {"text": "hi"}}]}', "non_string_content"),
+    (b'{"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}', "wrong_role_order"),
+    (b'{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}', "wrong_role_order"),
+    (json.dumps({"prompt": "word " * 400}).encode(), "too_long"),
+]
+
+
+def _cfg(tmp_path, sources, **over):
+    overrides = {"storage.root": f"file://{tmp_path}/runs", "data.sources": sources, "data.max_samples": None,
+                 "data.eval_count": 1, "data.num_shards": 2, "data.max_prompt_tokens": 96, **over}
+    return load_config(preset="tiny", overrides=overrides)
+
+
+def _all_prompt_rows(cfg, summary):
+    store = open_store(cfg.storage, cfg.run_id)
+    rows = []
+    for key in summary["shard_keys"] + [summary["eval_key"]]:
+        rows += parquet_bytes_to_table(store.get_verified(key), PROMPT_SCHEMA).to_pylist()
+    return rows
+
+
+def test_every_bad_row_is_quarantined_with_its_reason_and_every_good_row_survives(tmp_path):
+    lines = [json.dumps(GOOD[0]).encode(), BAD[0][0], json.dumps(GOOD[1]).encode()]
+    lines += [b for b, _ in BAD[1:]] + [json.dumps(g).encode() for g in GOOD[2:]]
+    lines += [json.dumps(GOOD[0]).encode(), b""]  # an exact duplicate and a blank line
+    src = tmp_path / "mixed.jsonl"
+    src.write_bytes(b"\n".join(lines))
+    cfg = _cfg(tmp_path, [{"uri": str(src)}])
+
+    summary = run_prep(cfg)
+
+    expected = {reason: sum(r == reason for _, r in BAD) for reason in BAD_REASONS}
+    assert summary["bad_rows"] == expected
+    assert summary["quarantined"] == len(BAD)
+    assert summary["duplicates"] == 1
+    assert summary["kept"] == len(GOOD)
+    assert summary["num_train"] + summary["num_eval"] == len(GOOD)
+    survivors = {r["sample_id"] for r in _all_prompt_rows(cfg, summary)}
+    assert survivors == {content_key(normalize_row(g)[0]) for g in GOOD}
+
+    store = open_store(cfg.storage, cfg.run_id)
+    entries = [json.loads(x) for x in store.get_verified(layout.PROMPTS_QUARANTINE).decode().splitlines()]
+    line_of = {b: n for n, b in enumerate(lines, start=1)}
+    assert sorted((e["row"], e["reason"]) for e in entries) == sorted((line_of[b], r) for b, r in BAD)
+    assert all(e["source"] == str(src) and e["detail"] for e in entries)
+    assert "| &nbsp;&nbsp;too_long | 1 |" in summary["markdown"]
+
+
+def test_json_and_parquet_sources_and_their_bad_rows(tmp_path):
+    js = tmp_path / "rows.json"
+    js.write_text(json.dumps({"data": [GOOD[3], {"instruction": 7}]}))
+    pqf = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([b"Describe a cloud.", b"bad \xff bytes"], pa.binary())}), pqf)
+    cfg = _cfg(tmp_path, [{"uri": str(js)}, {"uri": f"file://{pqf}", "format": "prompt"}], **{"data.eval_count": 0})
+    summary = run_prep(cfg)
+    assert summary["bad_rows"]["non_string_content"] == 1
+    assert summary["bad_rows"]["undecodable_bytes"] == 1
+    assert summary["sources"][str(js)] == {"read": 2, "kept": 1, "non_string_content": 1}
+    texts = {json.loads(r["messages"])[0]["content"] for r in _all_prompt_rows(cfg, summary)}
+    assert texts == {"Sort these numbers\n\n3, 1, 2", "Describe a cloud."}
+
+
+def test_demo_prep_shards_split_and_manifest(tiny_cfg):
+    cfg = tiny_cfg.with_overrides({"data.num_shards": 3, "data.max_samples": 50, "data.eval_count": 5})
+    summary = run_prep(cfg)
+    assert summary["num_shards"] == 3 and summary["num_eval"] == 5 and summary["num_train"] == 45
+    assert summary["shard_rows"] == [15, 15, 15]
+    rows = _all_prompt_rows(cfg, summary)
+    assert len({r["sample_id"] for r in rows}) == 50
+    assert all(0 < r["prompt_tokens"] <= cfg.data.max_prompt_tokens for r in rows)
+    manifest = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.PROMPTS_MANIFEST)
+    assert set(manifest["summary"]) >= {"tokenizer_sha", "chat_template_sha", "prompt_tokens", "sources"}
+    assert manifest["summary"]["sources"] == {"builtin:demo": {"read": 302, "kept": 302}}
+
+
+def test_shuffle_is_deterministic_and_rerun_is_a_noop_but_changed_config_is_an_error(tmp_path):
+    a = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/a"})
+    b = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/b"})
+    sa, sb = run_prep(a), run_prep(b)
+    ids = [[r["sample_id"] for r in _all_prompt_rows(c, s)] for c, s in ((a, sa), (b, sb))]
+    assert ids[0] == ids[1]
+    c = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/c", "data.seed": 1})
+    assert [r["sample_id"] for r in _all_prompt_rows(c, run_prep(c))] != ids[0]
+
+    assert run_prep(a)["skipped"] is True
+    with pytest.raises(PrepDriftError, match="different data config"):
+        run_prep(a.with_overrides({"data.max_prompt_tokens": 100}))
+
+
+def test_unreadable_or_empty_sources_are_clear_errors(tmp_path):
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"definitely not parquet")
+    all_bad = tmp_path / "bad.jsonl"
+    all_bad.write_bytes(b"{oops\n[]\n")
+    cases = [(str(tmp_path / "missing.jsonl"), "file not found"), (str(broken), "not a readable Parquet"),
+             (str(all_bad), "zero valid rows"), (str(tmp_path / "x.csv"), "unknown file type"),
+             ("builtin:nope", "only builtin source")]
+    for uri, message in cases:
+        with pytest.raises(SourceError, match=message):
+            run_prep(_cfg(tmp_path, [{"uri": uri}]))
