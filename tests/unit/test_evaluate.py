@@ -4,29 +4,14 @@ the store, committed metrics with tau/acceptance/throughput, the lossless check,
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import pytest
+from evaluate_fixtures import commit_drafter
 from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.prep.prep import run_prep
 
 from flashdraft import layout
 from flashdraft.store import open_store
-
-
-def commit_drafter(cfg, seed: int, step: int = 1) -> str:
-    """A (randomly initialised) drafter saved where the trainer commits checkpoints."""
-    from flashdraft.drafter.model import build_drafter
-    from flashdraft.target import load_hf_config
-
-    store = open_store(cfg.storage, cfg.run_id)
-    prefix = f"{layout.CHECKPOINTS}/step-{step:08d}"
-    with tempfile.TemporaryDirectory() as tmp:
-        build_drafter(cfg, load_hf_config(cfg.target), seed=seed).save_pretrained(tmp)
-        for f in sorted(Path(tmp).iterdir()):
-            store.commit(f"{prefix}/{f.name}", f.read_bytes())
-    return store.url(prefix)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,24 @@
+"""Test helper shared by the evaluate and report tests: a drafter checkpoint committed where the trainer puts
+its checkpoints, so `run_evaluate` can run without a training run."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from flashdraft import layout
+from flashdraft.store import open_store
+
+
+def commit_drafter(cfg, seed: int, step: int = 1) -> str:
+    """A randomly initialised drafter saved under checkpoints/step-<step>/ of the run; returns its URI."""
+    from flashdraft.drafter.model import build_drafter
+    from flashdraft.target import load_hf_config
+
+    store = open_store(cfg.storage, cfg.run_id)
+    prefix = f"{layout.CHECKPOINTS}/step-{step:08d}"
+    with tempfile.TemporaryDirectory() as tmp:
+        build_drafter(cfg, load_hf_config(cfg.target), seed=seed).save_pretrained(tmp)
+        for f in sorted(Path(tmp).iterdir()):
+            store.commit(f"{prefix}/{f.name}", f.read_bytes())
+    return store.url(prefix)
