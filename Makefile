@@ -94,7 +94,8 @@ HELM         := $(TOOLS)/helm
 CHART        := helm/flashdraft
 RELEASE      ?= flashdraft
 NAMESPACE    ?= flashdraft
-# Extra `flashdraft compile` options for the chart's pipeline, e.g. COMPILE_ARGS="--config my-cluster.yaml".
+# The chart's pipeline: this preset with the pools/storage of $(VALUES); COMPILE_ARGS e.g. "--set mode.kind=streaming".
+CLUSTER_PRESET ?= qwen3.6-27b
 COMPILE_ARGS ?=
 
 tools: $(HELM)
@@ -107,9 +108,14 @@ $(HELM):
 	$(HELM) version --short
 
 # The chart ships the pipeline compiled for the same REGISTRY/TAG as the images (exported above) into
-# files/pipeline.yaml, which is not committed.
-chart-pipeline: install
-	$(BIN)/flashdraft compile --output $(CHART)/files/pipeline.yaml $(COMPILE_ARGS)
+# files/pipeline.yaml (not committed), with the node pools and storage of $(VALUES) as its defaults.
+chart-pipeline: tools install
+	mkdir -p build
+	$(HELM) template $(RELEASE) $(CHART) -n $(NAMESPACE) -f $(VALUES) --set pipeline.upload.enabled=false \
+	  --show-only templates/configmap-defaults.yaml \
+	  | $(BIN)/python helm/run_config.py $(CLUSTER_PRESET) build/chart-run-config.yaml
+	$(BIN)/flashdraft compile --config build/chart-run-config.yaml --output $(CHART)/files/pipeline.yaml \
+	  $(COMPILE_ARGS)
 
 # helm lint + template with the default values and every ci/ values file, then offline schema validation of
 # every rendered manifest (kubernetes-validate --strict: unknown fields fail).

@@ -293,13 +293,40 @@ def test_chart_readme_documents_every_value():
     assert not missing, f"chart README does not document: {missing}"
 
 
+def _chart_run_config(helm: str, chart: Path, values: Path) -> str:
+    """What `make chart-pipeline` does: the defaults ConfigMap rendered from `values`, as a full run config."""
+    sys.path.insert(0, str(ROOT / "helm"))
+    from run_config import chart_run_config
+
+    configmap = _helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(values),
+                      "--show-only", "templates/configmap-defaults.yaml").stdout
+    return chart_run_config(configmap, "qwen3.6-27b")
+
+
+def test_chart_values_replace_the_presets_pools_in_the_compile_config(helm, chart, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(_chart_run_config(helm, chart, CHART / "ci" / "custom-pools-values.yaml"))
+    cfg = load_config(config)
+    preset = load_config(preset="qwen3.6-27b")
+    # Replaced as a whole: the preset's nvidia.com/gpu.product label must not survive into another cluster.
+    assert cfg.pools.inference.node_selector == {"pool.example.com/name": "pro6000-spot",
+                                                 "cloud.example.com/preemptible": "true"}
+    assert cfg.pools.trainer.gpu_type == "h200" and cfg.pools.inference.accelerator_count == 2
+    assert cfg.storage.endpoint_url.startswith(f"http://{RELEASE}-objectstore.")
+    # Everything that is not a pool or storage setting stays the preset's.
+    assert cfg.target == preset.target and cfg.training == preset.training
+
+
 def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, tmp_path):
     pipeline = pytest.importorskip("flashdraft.pipelines.pipeline", reason="the pipeline module is not built yet")
-    cfg = load_config(preset="qwen3.6-27b")
+    values = CHART / "ci" / "custom-pools-values.yaml"
+    config = tmp_path / "run.yaml"
+    config.write_text(_chart_run_config(helm, chart, values))
     real = tmp_path / "flashdraft"
     shutil.copytree(chart, real)
-    pipeline.compile_pipeline(cfg, str(real / "files" / "pipeline.yaml"), "registry.example.com/ml", "3f9c2ab")
-    docs = render(helm, real, sets={"images.registry": "registry.example.com/ml", "images.tag": "3f9c2ab"})
+    pipeline.compile_pipeline(load_config(config), str(real / "files" / "pipeline.yaml"),
+                              "registry.example.com/ml", "3f9c2ab")
+    docs = render(helm, real, values)
     package = one(docs, "ConfigMap", f"{RELEASE}-pipeline")["data"]["pipeline.yaml"]
     assert len(package.encode()) < 900 * 1024, "compiled pipeline too close to the 1 MiB ConfigMap limit"
     assert package == (real / "files" / "pipeline.yaml").read_text()
@@ -310,3 +337,6 @@ def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, t
     spec_inputs = next(yaml.safe_load_all(package))["root"]["inputDefinitions"]["parameters"]
     unknown = set(params) - set(spec_inputs)
     assert not unknown, f"parameters.yaml keys unknown to the pipeline: {unknown}"
+    # The compiled defaults are the chart's pools, so the Kubeflow UI's run form starts from the cluster's labels.
+    for key in ("inference_node_selector", "trainer_tolerations", "trainer_gpus"):
+        assert spec_inputs[key]["defaultValue"] == params[key], key
