@@ -340,3 +340,15 @@ def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, t
     # The compiled defaults are the chart's pools, so the Kubeflow UI's run form starts from the cluster's labels.
     for key in ("inference_node_selector", "trainer_tolerations", "trainer_gpus"):
         assert spec_inputs[key]["defaultValue"] == params[key], key
+
+
+def test_readme_cluster_values_example_passes_the_schema(helm, chart, tmp_path):
+    block = re.search(r"```yaml\n# my-values.yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README's 'Running on a cluster' values example is gone"
+    values = tmp_path / "my-values.yaml"
+    values.write_text(block.group(1))
+    _helm(helm, "lint", "--strict", str(chart), "-f", str(values))
+    docs = render(helm, chart, values)
+    assert find(docs, "Secret") == []  # the example uses existingSecret
+    assert one(docs, "RoleBinding")["subjects"][-1] == {"kind": "ServiceAccount", "name": "default-editor",
+                                                        "namespace": NAMESPACE}
