@@ -241,6 +241,9 @@ def test_trainjob_verbs_only_when_multinode_is_on(helm, chart):
 
 
 def test_pipeline_role_is_least_privilege(helm, chart):
+    extra = one(render(helm, chart, sets={"rbac.extraRules[0].apiGroups[0]": "", "rbac.extraRules[0].resources[0]":
+                                          "pods", "rbac.extraRules[0].verbs[0]": "patch"}), "Role")
+    assert extra["rules"][-1] == {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
     role = one(render(helm, chart), "Role", f"{RELEASE}-pipeline")
     for rule in role["rules"]:
         assert not {"*", "create", "delete", "update"} & set(rule["verbs"]) or rule["resources"] == [
