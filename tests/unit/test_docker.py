@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata as md
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -30,8 +31,10 @@ STAGE_IMAGE = {
 # What each image must provide for the stages it runs, beyond the base dependencies.
 REQUIRED = {"base": {"kfp", "torch"}, "inference": {"vllm", "torch", "kfp"}, "trainer": {"torch", "kfp"}}
 
-sys.path.insert(0, str(ROOT / "docker"))
-from requirements import requirements  # noqa: E402
+_spec = importlib.util.spec_from_file_location("docker_requirements", ROOT / "docker" / "requirements.py")
+_docker_requirements = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_docker_requirements)
+requirements = _docker_requirements.requirements
 
 
 def _norm(name: str) -> str:
