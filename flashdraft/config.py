@@ -361,7 +361,7 @@ def load_config(
             raise ConfigError(f"config file {path}: invalid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping")
-        data = _deep_merge(data, loaded)
+        data = _merge_sections(RunConfig, data, loaded)
     if not data:
         raise ConfigError("no configuration: pass --preset NAME or --config FILE")
     if overrides:
@@ -369,10 +369,18 @@ def load_config(
     return validate_config(data, source=str(config or f"preset {preset}"))
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def _merge_sections(model: type[BaseModel], base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Merge a config file over a preset section by section; a value that is itself a mapping (a node selector,
+    GPU overrides) is replaced whole, so a file can remove labels a preset set."""
     out = copy.deepcopy(base)
     for k, v in top.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        field = model.model_fields.get(k)
+        sub = field.annotation if field is not None else None
+        is_section = isinstance(sub, type) and issubclass(sub, BaseModel)
+        if is_section and isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge_sections(sub, out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
     return out
 
 

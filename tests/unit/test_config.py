@@ -52,6 +52,14 @@ def test_yaml_file_merges_over_preset(tmp_path):
     assert cfg.target.source == "tiny"  # untouched preset values survive the merge
 
 
+def test_yaml_file_replaces_mappings_whole(tmp_path):
+    f = tmp_path / "pools.yaml"
+    f.write_text("pools:\n  trainer:\n    node_selector: {pool: b200-spot}\n")
+    cfg = load_config(f, preset="qwen3.6-27b")
+    assert cfg.pools.trainer.node_selector == {"pool": "b200-spot"}  # the preset's GPU label is gone
+    assert cfg.pools.trainer.accelerator_count == 8  # sibling fields of the section still merge
+
+
 @pytest.mark.parametrize(("override", "field", "why"), [
     ("features.layer_ids=[1,2,3,4,8]", "features.layer_ids", "target has 8 layers"),
     ("features.layer_ids=[1,2,3]", "features.layer_ids", "num_features=5"),
