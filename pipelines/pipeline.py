@@ -47,6 +47,7 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
         "prep": comp(stages.prep, pool_of["prep"]),
         "generate": comp(stages.generate, pool_of["generate"]),
         "extract": comp(stages.extract, pool_of["extract"]),
+        "stream_end": comp(stages.stream_end, "cpu"),
         "train": comp(stages.train, pool_of["train"]),
         # The launcher pod only talks to the Kubernetes API; the TrainJob's pods use the trainer image.
         "train_multinode": comp(stages.train_multinode, "cpu"),
@@ -57,12 +58,14 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
 
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
-                   local_streaming: bool = False, parallelism: int = 0) -> Any:
+                   local: bool = False, parallelism: int = 0) -> Any:
     """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode and num_nodes.
 
-    local_streaming: kfp.local runs sibling tasks one after another, so in streaming mode the train task runs the
-    extraction producers itself (background process) instead of a concurrent extract loop. parallelism: shards in
-    flight per ParallelFor (0 = all; KFP needs a literal).
+    local: the build for kfp.local, which differs in three honest ways. It runs sibling tasks one after another,
+    so in streaming mode the train task runs the extraction producers itself (background process) instead of a
+    concurrent extract loop. GPU counts are literals: kfp.local cannot resolve a pipeline parameter used as a
+    resource inside a ParallelFor (and ignores resources anyway). No retries: a local failure is not a preemption.
+    parallelism: shards in flight per ParallelFor (0 = all; KFP needs a literal).
     """
     images = stage_images(registry, tag)
     c = _components(images, cfg)
@@ -91,27 +94,32 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     ):
         params = {
             "cpu": PoolParams(cpu_node_selector, cpu_tolerations, None),
-            "inference": PoolParams(inference_node_selector, inference_tolerations, inference_gpus),
-            "trainer": PoolParams(trainer_node_selector, trainer_tolerations, trainer_gpus),
+            "inference": PoolParams(inference_node_selector, inference_tolerations,
+                                    pools.inference.accelerator_count if local else inference_gpus),
+            "trainer": PoolParams(trainer_node_selector, trainer_tolerations,
+                                  pools.trainer.accelerator_count if local else trainer_gpus),
         }
         cfg_args = {"config_yaml": config_yaml, "overrides": overrides}
 
         def placed(stage: str, task: Any, pool: str | None = None) -> Any:
             pool = pool or pools.stage_pool[stage]
-            return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name).set_display_name(stage)
+            return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name,
+                         retries=not local).set_display_name(stage)
 
         report = placed("report", c["report"](**cfg_args))
         with dsl.ExitHandler(report, name="run"):
             gate = placed("plan", c["plan"](**cfg_args, compiled_mode=cfg.mode.kind,
                                             compiled_num_nodes=cfg.training.num_nodes))
             prep = placed("prep", c["prep"](**cfg_args)).after(gate)
-            with dsl.ParallelFor(prep.outputs["shards"], parallelism=parallelism, name="generate-shards") as shard:
+            with dsl.ParallelFor(prep.output, parallelism=parallelism, name="generate-shards") as shard:
                 gen = placed("generate", c["generate"](**cfg_args, shard=shard))
             extracted: Any = []
-            if not (streaming and local_streaming):
-                with dsl.ParallelFor(prep.outputs["shards"], parallelism=parallelism, name="extract-shards") as s:
+            if not (streaming and local):
+                with dsl.ParallelFor(prep.output, parallelism=parallelism, name="extract-shards") as s:
                     ext = placed("extract", c["extract"](**cfg_args, shard=s)).after(gen)
-                if not streaming:
+                if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
+                    placed("stream-end", c["stream_end"](**cfg_args), pool="cpu").after(ext).ignore_upstream_failure()
+                else:
                     extracted = dsl.Collected(ext.output)
             if multinode:
                 train = placed("train-launcher", c["train_multinode"](
@@ -120,7 +128,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                     s3_secret_name=s3_secret_name, runtime_ref=trainjob_runtime), pool="cpu")
             else:
                 train = placed("train", c["train"](**cfg_args, extracted=extracted,
-                                                   run_producers=streaming and local_streaming))
+                                                   run_producers=streaming and local))
             # streaming: the trainer runs beside the extract loop, once responses exist.
             train.after(gen)
             evaluate = placed("evaluate", c["evaluate"](**cfg_args, trained=train.outputs["Output"]))

@@ -23,6 +23,7 @@ RETRIES = {"num_retries": 3, "backoff_duration": "120s", "backoff_factor": 2.0, 
 TIMEOUT_S = {
     "plan": 900, "prep": 4 * 3600, "generate": 24 * 3600, "extract": 24 * 3600, "train": 7 * 24 * 3600,
     "evaluate": 6 * 3600, "export": 3600, "report": 1800, "train-launcher": 7 * 24 * 3600,
+    "stream-end": 900,
 }
 # Keys of the Kubernetes Secret (created by the Helm chart) mapped to the env names boto3/s3fs read.
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
@@ -37,8 +38,10 @@ class PoolParams:
     gpus: Any  # None for the CPU pool
 
 
-def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, s3_secret_name: Any) -> Any:
-    """Apply every Kubernetes setting for `stage` to `task`; returns the task."""
+def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, s3_secret_name: Any,
+          retries: bool = True) -> Any:
+    """Apply every Kubernetes setting for `stage` to `task`; returns the task. `retries=False` for kfp.local
+    (which honours retries and their backoff, but a local failure is not a preemption: fail fast)."""
     kubernetes.add_node_selector_json(task, params.node_selector)
     kubernetes.add_toleration_json(task, params.tolerations)
     task.set_cpu_request(pool.cpu_request).set_memory_request(pool.memory_request)
@@ -47,7 +50,7 @@ def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, s3_secret
     if stage in SHM_STAGES:
         kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
                                    size_limit=pool.shm_size)
-    if stage in GPU_STAGES:
+    if retries and stage in GPU_STAGES:
         task.set_retry(**RETRIES)
     kubernetes.set_timeout(task, TIMEOUT_S[stage])
     # Every stage writes to the object store outside KFP's view; a cache hit would skip real work.

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,13 @@ def to_json(summary: dict[str, Any]) -> str:
 
 
 def finish(summary: dict[str, Any], metrics: Any) -> str:
-    """Log the summary's top-level numbers as KFP metrics (shown in the UI) and return it as JSON."""
+    """Log the summary's numbers (top level and one level down, e.g. drafter_tau) as KFP metrics shown in the UI,
+    and return the summary as JSON."""
     for key, value in summary.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            metrics.log_metric(key, float(value))
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, leaf in items:
+            if isinstance(leaf, int | float) and not isinstance(leaf, bool):
+                metrics.log_metric(f"{key}_{sub}" if sub else key, float(leaf))
     return to_json(summary)
 
 
@@ -81,29 +85,92 @@ def train_in_pod(cfg: RunConfig) -> dict[str, Any]:
     return open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("train"))
 
 
+class WindowMonitor(threading.Thread):
+    """Samples the committed feature parts in the store: peak bytes/parts held at once, and every part ever seen
+    (its bytes summed = bytes produced). Parts stay until trained on `mode.reuse` times, so sampling every
+    `interval_s` sees each of them."""
+
+    def __init__(self, cfg: RunConfig, interval_s: float = 0.1):
+        super().__init__(daemon=True, name="window-monitor")
+        from flashdraft.store import open_store
+
+        self.store, self.interval_s = open_store(cfg.storage, cfg.run_id), interval_s
+        self.peak_bytes = self.peak_parts = 0
+        self.seen: dict[str, int] = {}
+        self._halt = threading.Event()
+
+    def sample(self) -> None:
+        from flashdraft.features.window import stored_parts
+
+        parts = stored_parts(self.store)
+        self.seen.update(parts)
+        self.peak_bytes = max(self.peak_bytes, sum(parts.values()))
+        self.peak_parts = max(self.peak_parts, len(parts))
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.sample()
+            except FileNotFoundError:  # a part deleted between listing and reading its record
+                pass
+            self._halt.wait(self.interval_s)
+
+    def stop(self) -> dict[str, int]:
+        self._halt.set()
+        self.join()
+        return {"produced_bytes": sum(self.seen.values()), "produced_parts": len(self.seen),
+                "peak_stored_bytes": self.peak_bytes, "peak_stored_parts": self.peak_parts}
+
+
 def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
     """Local streaming: extraction producers in a background process, the trainer in this one, concurrently.
 
-    The producer process runs `flashdraft extract --shard K` for every shard (the same CLI a cluster pod runs); it
-    waits whenever the bounded window is full. If it fails, the window gets a failure marker so the trainer stops
-    with a clear error instead of waiting forever; if the trainer fails, the producer is stopped.
+    The producer process extracts every shard through `run_extract` (the code a cluster extract pod runs), waiting
+    whenever the bounded window is full; a producer failure becomes the window's FAILED marker, so the trainer
+    stops with the cause; a trainer failure stops the producer. A monitor records produced vs peak stored bytes.
     """
-    from flashdraft.features import window
+    from flashdraft import layout
+    from flashdraft.store import open_store
 
+    monitor = WindowMonitor(cfg)
+    monitor.start()
     with tempfile.TemporaryDirectory() as tmp:
-        config_path = _write_config(cfg, tmp)
-        producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers", config_path])
+        producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers", _write_config(cfg, tmp)])
         try:
             summary = train_in_pod(cfg)
         except BaseException:
             producer.terminate()
             producer.wait(timeout=60)
+            monitor.stop()
             raise
         rc = producer.wait()
-        if rc != 0:
-            raise RuntimeError(f"streaming extraction producers exited with status {rc}")
-    summary["streaming"] = window.window_stats(cfg)
-    return summary
+    stats = {**monitor.stop(), "window_bytes": cfg.mode.window_bytes, "window_shards": cfg.mode.window_shards,
+             "reuse": cfg.mode.reuse}
+    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("stream"), stats)
+    if rc != 0:
+        raise RuntimeError(f"streaming extraction producers exited with status {rc}")
+    log.info("streaming: produced %d bytes in %d parts; peak stored %d bytes (window %d)", stats["produced_bytes"],
+             stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes)
+    return {**summary, "streaming": stats}
+
+
+def end_stream(cfg: RunConfig) -> dict[str, Any]:
+    """After the streaming extract loop: EOS when every shard is extracted, else FAILED naming the missing ones.
+
+    Runs even when extract tasks failed (after their retries), so the trainer never waits for a dead producer.
+    """
+    from flashdraft.features.manifest import done_key
+    from flashdraft.features.window import WindowProducer
+    from flashdraft.store import open_store
+
+    store = open_store(cfg.storage, cfg.run_id)
+    producer = WindowProducer(store, cfg.mode)
+    missing = [s for s in range(cfg.data.num_shards) if not store.is_committed(done_key(s))]
+    if missing:
+        producer.fail(f"extraction did not complete shard(s) {missing}")
+        raise RuntimeError(f"streaming: extraction did not complete shard(s) {missing}; the trainer was told")
+    producer.finish()
+    return {"shards": cfg.data.num_shards, "state": "EOS"}
 
 
 def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
@@ -114,19 +181,21 @@ def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
 
 
 def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path: str) -> str:
-    """Exit handler body: the run report (always), copied into the task's HTML/Markdown artifacts."""
+    """Exit handler body: the run report (whatever stages ran), copied into the task's HTML/Markdown artifacts."""
     from flashdraft.components.evaluate.report import run_report
 
-    try:
-        paths = run_report(cfg)
-    except Exception as exc:  # a failed run may lack what the full report needs: still leave a summary
-        log.exception("report failed; writing the status summary only")
-        paths = {"error": f"{type(exc).__name__}: {exc}"}
-    status_md = f"# flashdraft run `{cfg.run_id}`: {state}\n\n" + (f"Error: {error}\n" if error else "")
-    md = status_md + _read_text(paths.get("summary_md"))
+    header = f"# flashdraft run `{cfg.run_id}`: {state}\n\n" + (f"Error: {error}\n\n" if error else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            result = run_report(cfg, out_dir=tmp)
+        except Exception as exc:  # the summary of a failed run must still be written
+            log.exception("report failed; writing the status summary only")
+            result = {"report_error": f"{type(exc).__name__}: {exc}"}
+        md = header + _read_text(result.pop("markdown_path", None))
+        html = _read_text(result.pop("html_path", None)) or f"<pre>{md}</pre>"
     Path(md_path).write_text(md)
-    Path(html_path).write_text(_read_text(paths.get("report_html")) or f"<pre>{md}</pre>")
-    return to_json({"state": state, "error": error, **paths})
+    Path(html_path).write_text(html)
+    return to_json({"state": state, "error": error, **result})
 
 
 def _read_text(path: str | None) -> str:

@@ -7,7 +7,6 @@ with the right base image. Only small things leave a body: a JSON summary string
 """
 
 # No `from __future__ import annotations`: KFP reads these annotations as real types.
-from typing import NamedTuple  # noqa: UP035
 
 from kfp import dsl
 from kfp.dsl import HTML, Markdown, Metrics, Output
@@ -25,16 +24,16 @@ def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_nu
     return runtime.finish(run_plan(cfg), metrics)
 
 
-def prep(config_yaml: str, overrides: dict) -> NamedTuple("PrepOutputs", [("shards", list[int]), ("summary", str)]):
-    """Prompts into shards; the shard list drives the ParallelFor fan-outs."""
-    from collections import namedtuple
+def prep(config_yaml: str, overrides: dict) -> list[int]:
+    """Prompts into shards; returns the shard ids that drive the ParallelFor fan-outs.
 
+    A single output on purpose: kfp.local resolves ParallelFor items only from a task's default `Output`.
+    """
     from flashdraft.components.prep.prep import run_prep
     from flashdraft.pipelines import runtime
 
     summary = run_prep(runtime.stage_config(config_yaml, overrides))
-    out = namedtuple("PrepOutputs", ["shards", "summary"])
-    return out(list(range(int(summary["num_shards"]))), runtime.to_json(summary))
+    return list(range(int(summary["num_shards"])))
 
 
 def generate(config_yaml: str, overrides: dict, shard: int) -> str:
@@ -51,6 +50,13 @@ def extract(config_yaml: str, overrides: dict, shard: int) -> str:
     from flashdraft.pipelines import runtime
 
     return runtime.to_json(run_extract(runtime.stage_config(config_yaml, overrides), int(shard)))
+
+
+def stream_end(config_yaml: str, overrides: dict) -> str:
+    """Streaming: after the extract loop (even a failed one), tell the trainer the stream ended or failed."""
+    from flashdraft.pipelines import runtime
+
+    return runtime.to_json(runtime.end_stream(runtime.stage_config(config_yaml, overrides)))
 
 
 def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers: bool,

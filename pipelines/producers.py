@@ -1,0 +1,39 @@
+"""Streaming extraction producers for a local run: `python -m flashdraft.pipelines.producers CONFIG.yaml`.
+
+kfp.local runs sibling tasks one after another, so the local train task starts this in a background process: it
+extracts every shard in order through `run_extract` (which waits whenever the bounded window is full), then ends
+the stream. Any failure becomes the window's FAILED marker, so the trainer stops with the cause instead of waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from flashdraft.pipelines.runtime import end_stream
+
+from flashdraft.config import load_config
+
+
+def main(config_path: str) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s producers: %(message)s")
+    cfg = load_config(config_path)
+    from flashdraft.components.extract.extract import run_extract
+
+    from flashdraft.features.window import WindowProducer
+    from flashdraft.store import open_store
+
+    try:
+        for shard in range(cfg.data.num_shards):
+            run_extract(cfg, shard)
+    except BaseException as exc:
+        WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).fail(
+            f"extraction producer: {type(exc).__name__}: {exc}")
+        logging.exception("extraction producer failed")
+        return 1
+    end_stream(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
