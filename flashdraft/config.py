@@ -160,6 +160,10 @@ class EvalConfig(_Section):
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=0.0, ge=0)
     extra_prompts: str | None = Field(default=None, description="optional JSONL of extra eval prompts")
+    lossless_tie_margin: float = Field(
+        default=0.0, ge=0,
+        description="lossless check: a divergence where the target's own top-2 logit gap is below this is a "
+                    "numerical tie (bf16 block vs single-token kernels), reported but not failing; 0 = strict")
 
 
 class StorageConfig(_Section):

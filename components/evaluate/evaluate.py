@@ -47,15 +47,19 @@ def summarize(gens: Sequence[Generation]) -> dict[str, Any]:
 
 
 def lossless_mismatches(prompts: Sequence[EvalPrompt], reference: Sequence[Generation],
-                        candidate: Sequence[Generation], label: str) -> list[dict[str, Any]]:
-    """One entry per prompt whose candidate tokens differ from the reference, with the first differing index."""
+                        candidate: Sequence[Generation], label: str, tie_margin: float = 0.0) -> list[dict[str, Any]]:
+    """One entry per prompt whose candidate tokens differ from the reference: the first differing index, the
+    target's top-2 logit gap there, and `tie` when that gap is below `tie_margin` (numerical noise can flip it)."""
     bad = []
     for p, ref, got in zip(prompts, reference, candidate, strict=True):
         if ref.tokens != got.tokens:
             first = next((i for i, (a, b) in enumerate(zip(ref.tokens, got.tokens, strict=False)) if a != b),
                          min(len(ref.tokens), len(got.tokens)))
+            margin = ref.margins[first] if first < len(ref.margins) else None
             bad.append({"drafter": label, "prompt_id": p.prompt_id, "first_mismatch": first,
-                        "reference_len": len(ref.tokens), "speculative_len": len(got.tokens)})
+                        "reference_len": len(ref.tokens), "speculative_len": len(got.tokens),
+                        "margin": None if margin is None else round(margin, 6),
+                        "tie": margin is not None and margin < tie_margin})
     return bad
 
 
@@ -73,16 +77,16 @@ def _eos_ids(tok, model) -> set[int]:
 
 
 def trained_drafter_prefix(store: ObjectStore) -> str:
-    """The newest trainer checkpoint folder holding a committed drafter (`checkpoints/<step>/`)."""
-    from flashdraft.drafter.model import CONFIG_FILE, WEIGHTS_FILE
+    """The checkpoint folder the trainer's `checkpoints/latest.json` names (committed after all its files)."""
+    from flashdraft.components.train.checkpoint import LATEST, latest_checkpoint
 
-    committed = set(store.list_committed(layout.CHECKPOINTS + "/"))
-    folders = sorted(k.rsplit("/", 1)[0] for k in committed
-                     if k.endswith("/" + CONFIG_FILE) and k.rsplit("/", 1)[0] + "/" + WEIGHTS_FILE in committed)
-    if not folders:
-        raise FileNotFoundError(f"no trained drafter under {store.url(layout.CHECKPOINTS)}/ (a committed "
-                                f"{CONFIG_FILE} + {WEIGHTS_FILE}): run `flashdraft train` first")
-    return folders[-1]
+    latest = latest_checkpoint(store)
+    if latest is None:
+        raise FileNotFoundError(f"no trained drafter: {store.url(LATEST)} is not committed; run `flashdraft train` "
+                                "first")
+    if not latest.get("final"):
+        log.warning("evaluate: training has not finished; using its newest checkpoint %s", latest["prefix"])
+    return latest["prefix"]
 
 
 def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str) -> tuple[Proposer, str, Proposer]:
@@ -133,12 +137,14 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
         metrics[name] = summarize(runs[name])
         if metrics["target"]["tokens_per_s"] and metrics[name]["tokens_per_s"]:
             metrics[name]["speedup"] = round(metrics[name]["tokens_per_s"] / metrics["target"]["tokens_per_s"], 3)
-    mismatches: list[dict[str, Any]] = []
+    diffs: list[dict[str, Any]] = []
     if temp == 0:
         for name in drafters:
-            mismatches += lossless_mismatches(prompts, runs["target"], runs[name], name)
+            diffs += lossless_mismatches(prompts, runs["target"], runs[name], name, cfg.eval.lossless_tie_margin)
+    mismatches = [d for d in diffs if not d["tie"]]
     metrics["lossless"] = {"checked": temp == 0, "passed": temp == 0 and not mismatches,
-                           "prompts": len(prompts), "mismatches": mismatches}
+                           "prompts": len(prompts), "mismatches": mismatches,
+                           "ties": [d for d in diffs if d["tie"]], "tie_margin": cfg.eval.lossless_tie_margin}
     metrics["prompts"] = [
         {"id": p.prompt_id, "source": p.source, "prompt_tokens": len(p.input_ids),
          "new_tokens": len(runs["target"][i].tokens),

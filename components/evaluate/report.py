@@ -13,7 +13,6 @@ import html
 import io
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -72,32 +71,25 @@ def drafter_uris(store: ObjectStore) -> list[str]:
     return uris
 
 
-def _numbers(values: Iterable[Any]) -> list[float] | None:
-    values = list(values)
-    return [float(v) for v in values] if values and all(isinstance(v, int | float) for v in values) else None
-
-
 def training_curves(train: dict[str, Any] | None) -> dict[str, Any]:
-    """Loss curve [(step, loss)] and final per-position accuracy from metrics/train.json, whichever exist."""
-    if not train:
+    """From metrics/train.json (the trainer's summary): loss per step, accuracy per block position per step, and
+    the final (last-10%-of-steps) accuracy per position. Missing pieces are simply absent."""
+    if not train or not isinstance(train.get("history"), list):
         return {}
-    history = next((train[k] for k in ("history", "log", "steps", "curve") if isinstance(train.get(k), list)), [])
-    rows = [r for r in history if isinstance(r, dict)]
+    rows = [r for r in train["history"] if isinstance(r, dict) and isinstance(r.get("loss"), int | float)]
     out: dict[str, Any] = {}
-    loss = [(r.get("step", i), r["loss"]) for i, r in enumerate(rows) if isinstance(r.get("loss"), int | float)]
-    if loss:
-        out["loss"] = loss
-    acc_key = next((k for k in ("acc_per_position", "accuracy_per_position", "per_position_accuracy")
-                    if _numbers(train.get(k) or []) is not None), None)
-    if acc_key:
-        out["accuracy_per_position"] = _numbers(train[acc_key])
-    else:
-        for r in reversed(rows):
-            k = next((k for k in ("acc_per_position", "accuracy_per_position", "per_position_accuracy")
-                      if _numbers(r.get(k) or []) is not None), None)
-            if k:
-                out["accuracy_per_position"] = _numbers(r[k])
-                break
+    if rows:
+        out["loss"] = [(r.get("step", i + 1), float(r["loss"])) for i, r in enumerate(rows)]
+        with_acc = [r for r in rows if isinstance(r.get("acc_by_pos"), list)]
+        if with_acc:
+            out["accuracy_curves"] = {
+                k + 1: [(r.get("step", i + 1), float(r["acc_by_pos"][k])) for i, r in enumerate(with_acc)]
+                for k in range(len(with_acc[0]["acc_by_pos"]))}
+    final = train.get("final") or {}
+    if isinstance(final.get("acc_by_pos"), list):
+        out["final_accuracy"] = [float(x) for x in final["acc_by_pos"]]
+    if isinstance(final.get("loss"), int | float):
+        out["final_loss"] = float(final["loss"])
     return out
 
 
@@ -134,8 +126,8 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
         out["stored_objects"] = float(data["stored"]["objects"])
         if data["stored"]["bytes_per_token"] is not None:
             out["stored_bytes_per_token"] = float(data["stored"]["bytes_per_token"])
-    if data["train"].get("loss"):
-        out["final_train_loss"] = float(data["train"]["loss"][-1][1])
+    if "final_loss" in data["train"]:
+        out["final_train_loss"] = data["train"]["final_loss"]
     return out
 
 
@@ -167,12 +159,16 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
         ax.set(xlabel="optimizer step", ylabel="loss", title="Training loss")
         ax.grid(alpha=0.3)
         out["train_loss"] = _png(fig)
-    if train.get("accuracy_per_position"):
-        acc = train["accuracy_per_position"]
+    if train.get("accuracy_curves"):
         fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.bar(range(1, len(acc) + 1), acc, color="#2ca02c")
-        ax.set(xlabel="block position k", ylabel="accuracy", title="Training accuracy per block position",
-               ylim=(0, 1))
+        curves = train["accuracy_curves"]
+        colors = plt.get_cmap("viridis")
+        for k, points in curves.items():
+            steps, acc = zip(*points, strict=True)
+            ax.plot(steps, acc, color=colors((k - 1) / max(1, len(curves) - 1)), label=f"k={k}")
+        ax.set(xlabel="optimizer step", ylabel="accuracy", title="Training accuracy per block position", ylim=(0, 1))
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
         out["train_accuracy"] = _png(fig)
     rows = [(n, ev[n]["acceptance_per_position"]) for n in ("drafter", "baseline")
             if isinstance(ev.get(n), dict) and ev[n].get("acceptance_per_position")]
@@ -220,15 +216,16 @@ def _fmt(v: Any) -> str:
 
 
 def throughput_rows(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any]]:
-    """(metrics file, key, value) for every rate a stage reported (keys mentioning per_s or throughput), one
-    level of nesting deep, e.g. evaluate's target.tokens_per_s."""
+    """(metrics file, key, value) for every rate a stage reported (keys ending in per_s, or naming a
+    throughput), one level of nesting deep, e.g. evaluate's target.tokens_per_s."""
     rows = []
     for name in sorted(metrics):
         for key, value in metrics[name].items():
             items = value.items() if isinstance(value, dict) else [(None, value)]
             for sub, v in items:
                 full = f"{key}.{sub}" if sub else key
-                if isinstance(v, int | float) and not isinstance(v, bool) and ("per_s" in full or "throughput" in full):
+                is_rate = full.endswith("per_s") or "per_s_" in full or "throughput" in full
+                if isinstance(v, int | float) and not isinstance(v, bool) and is_rate:
                     rows.append((name, full, v))
     return rows
 
@@ -255,6 +252,9 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
         elif lossless.get("passed"):
             note = (f"PASSED: speculative greedy output equals the target's greedy output on all "
                     f"{lossless['prompts']} prompts")
+            if lossless.get("ties"):
+                note += (f" (except {len(lossless['ties'])} divergence(s) at numerical ties, top-2 logit gap < "
+                         f"{lossless['tie_margin']}: " + ", ".join(t["prompt_id"] for t in lossless["ties"]) + ")")
         else:
             note = "FAILED on " + ", ".join(f"{m['prompt_id']} ({m['drafter']}, token {m['first_mismatch']})"
                                            for m in lossless.get("mismatches", []))
@@ -281,8 +281,16 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
     rates = throughput_rows(data["metrics"])
     out.append(("Per-stage throughput", [["metrics", "measure", "value"]] + [[a, b, _fmt(c)] for a, b, c in rates]
                 if rates else f"no stage reported a throughput ({NOT_RUN})"))
-    if not data["train"]:
+    train = data["train"]
+    if not train:
         out.append(("Training", f"train: {NOT_RUN} (no metrics/train.json with a loss history)"))
+    else:
+        summary = data["metrics"].get("train", {})
+        rows = [["steps", _fmt(summary.get("steps"))], ["tokens", _fmt(summary.get("tokens"))],
+                ["final loss (last 10% of steps)", _fmt(train.get("final_loss"))]]
+        if train.get("final_accuracy"):
+            rows.append(["final accuracy by position", " ".join(f"{a:.2f}" for a in train["final_accuracy"])])
+        out.append(("Training", rows))
     out.append(("Drafter", [[u] for u in data["drafters"]] if data["drafters"] else f"export: {NOT_RUN}"))
     return out
 

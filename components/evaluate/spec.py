@@ -36,6 +36,7 @@ class Generation:
     seconds: float
     accepted: list[int] = field(default_factory=list)  # a per cycle (bonus excluded; tau counts a + 1)
     block_size: int = 0                                 # drafted tokens per cycle + 1 (0: plain decode)
+    margins: list[float] = field(default_factory=list)  # plain decode: top-1 minus top-2 logit per token
 
 
 AcceptRule = Callable[[torch.Tensor, torch.Tensor], int]
@@ -71,6 +72,11 @@ def rejection_accept(draft: torch.Tensor, logits: torch.Tensor, temperature: flo
     return draft.numel(), int(torch.multinomial(probs[draft.numel()], 1, generator=generator))
 
 
+def _margin(logits: torch.Tensor) -> float:
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
 def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
     tokens = tokens[:max_new_tokens]
     for i, t in enumerate(tokens):
@@ -95,11 +101,14 @@ def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_i
     ids = torch.tensor([list(prompt_ids)], device=device)
     out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
     tokens = [_pick(out.logits[0, -1], temperature, generator)]
+    margins = [_margin(out.logits[0, -1])]
     while len(tokens) < max_new_tokens and tokens[-1] not in eos_ids:
         out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), cache=cache, use_cache=True,
                     logits_to_keep=1)
         tokens.append(_pick(out.logits[0, -1], temperature, generator))
-    return Generation(tokens=_finish(tokens, max_new_tokens, eos_ids), seconds=time.perf_counter() - start)
+        margins.append(_margin(out.logits[0, -1]))
+    tokens = _finish(tokens, max_new_tokens, eos_ids)
+    return Generation(tokens=tokens, seconds=time.perf_counter() - start, margins=margins[: len(tokens)])
 
 
 @torch.inference_mode()

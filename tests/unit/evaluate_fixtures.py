@@ -1,12 +1,13 @@
-"""Test helper shared by the evaluate and report tests: a drafter checkpoint committed where the trainer puts
-its checkpoints, so `run_evaluate` can run without a training run."""
+"""Test helper shared by the evaluate and report tests: a drafter checkpoint committed the way the trainer
+commits one (files, then checkpoints/latest.json), so `run_evaluate` can run without a training run."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
-from flashdraft import layout
+from flashdraft.components.train.checkpoint import LATEST, step_prefix
+
 from flashdraft.store import open_store
 
 
@@ -16,9 +17,10 @@ def commit_drafter(cfg, seed: int, step: int = 1) -> str:
     from flashdraft.target import load_hf_config
 
     store = open_store(cfg.storage, cfg.run_id)
-    prefix = f"{layout.CHECKPOINTS}/step-{step:08d}"
+    prefix = step_prefix(step)
     with tempfile.TemporaryDirectory() as tmp:
         build_drafter(cfg, load_hf_config(cfg.target), seed=seed).save_pretrained(tmp)
         for f in sorted(Path(tmp).iterdir()):
             store.commit(f"{prefix}/{f.name}", f.read_bytes())
+    store.commit_json(LATEST, {"step": step, "prefix": prefix, "final": True})
     return store.url(prefix)

@@ -34,7 +34,8 @@ def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
     stored = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("evaluate"))
     assert stored == metrics
     assert metrics["drafter_uri"] == uri
-    assert metrics["lossless"] == {"checked": True, "passed": True, "prompts": 3, "mismatches": []}
+    assert metrics["lossless"] == {"checked": True, "passed": True, "prompts": 3, "mismatches": [], "ties": [],
+                                   "tie_margin": 0.0}
     ids = [p["id"] for p in metrics["prompts"]]
     assert ids[1:] == ["user-1", "extra-3"] and ids[0] not in ids[1:]
     for name in ("drafter", "baseline"):
@@ -56,7 +57,7 @@ def test_evaluate_rerun_is_a_noop(evaluated):
 
 def test_evaluate_without_a_trained_drafter_names_what_is_missing(tiny_cfg):
     run_prep(tiny_cfg)
-    with pytest.raises(FileNotFoundError, match="no trained drafter under .*checkpoints.*flashdraft train"):
+    with pytest.raises(FileNotFoundError, match="no trained drafter: .*checkpoints/latest.json is not committed"):
         run_evaluate(tiny_cfg)
 
 

@@ -8,6 +8,7 @@ import torch
 from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
 from flashdraft.components.evaluate.prompts import EvalPrompt
 from flashdraft.components.evaluate.spec import (
+    Generation,
     greedy_accept,
     rejection_accept,
     speculative_generate,
@@ -86,6 +87,18 @@ def test_broken_acceptance_rule_fails_the_lossless_check(tiny):
     bad = lossless_mismatches([EvalPrompt("p-broken", list(prompt), "test")], [reference], [got], "drafter")
     assert [m["prompt_id"] for m in bad] == ["p-broken"]
     assert bad[0]["first_mismatch"] == 2  # slot 1 (the corrupted one) is the first wrongly accepted token
+
+
+def test_divergence_at_a_numerical_tie_is_reported_but_only_a_tie_below_the_margin(tiny):
+    _, _, _, reference = tiny
+    assert len(reference.margins) == len(reference.tokens) and min(reference.margins) >= 0
+    prompt = [EvalPrompt("p", [0], "test")]
+    ref = Generation(tokens=[1, 2, 3], seconds=1.0, margins=[5.0, 0.001, 4.0])
+    at_tie, at_confident = Generation(tokens=[1, 9, 3], seconds=1.0), Generation(tokens=[7, 2, 3], seconds=1.0)
+    strict = lossless_mismatches(prompt, [ref], [at_tie], "drafter")
+    assert strict[0]["first_mismatch"] == 1 and strict[0]["margin"] == 0.001 and not strict[0]["tie"]
+    assert lossless_mismatches(prompt, [ref], [at_tie], "drafter", tie_margin=0.01)[0]["tie"]
+    assert not lossless_mismatches(prompt, [ref], [at_confident], "drafter", tie_margin=0.01)[0]["tie"]
 
 
 def test_rejection_sampling_preserves_the_target_distribution():
