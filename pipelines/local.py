@@ -8,8 +8,10 @@ extraction producers inside the train task and GPU counts are literals (see `bui
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,18 @@ def localize(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def _hide_shadowing_docker() -> None:
+    """kfp.local imports docker-py when it is importable. Run from the repo root (`python -m pytest`), this repo's
+    `docker/` folder (Dockerfiles) is importable as a namespace package named `docker`, and kfp then fails with
+    an AttributeError; mark it unimportable so kfp takes its documented no-docker path."""
+    spec = importlib.util.find_spec("docker") if "docker" not in sys.modules else None
+    if spec is not None and spec.origin in (None, "namespace"):
+        sys.modules["docker"] = None  # type: ignore[assignment]
+
+
 def run_local(cfg: RunConfig, workdir: str) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, report path, tau, planned vs stored bytes."""
+    _hide_shadowing_docker()
     from flashdraft.pipelines.pipeline import build_pipeline
     from kfp import local
 

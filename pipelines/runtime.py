@@ -122,33 +122,59 @@ class WindowMonitor(threading.Thread):
                 "peak_stored_bytes": self.peak_bytes, "peak_stored_parts": self.peak_parts}
 
 
+def _watch_producer(producer: subprocess.Popen, cfg: RunConfig) -> threading.Thread:
+    """A producer killed hard (OOM, SIGKILL) leaves no marker; its exit status becomes the FAILED marker so the
+    trainer stops with the cause instead of waiting for parts that will never come."""
+    from flashdraft.features.window import WindowProducer
+    from flashdraft.store import open_store
+
+    def watch() -> None:
+        rc = producer.wait()
+        if rc != 0:
+            WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).fail(
+                f"extraction producer process exited with status {rc}")
+
+    thread = threading.Thread(target=watch, daemon=True, name="producer-watch")
+    thread.start()
+    return thread
+
+
 def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
     """Local streaming: extraction producers in a background process, the trainer in this one, concurrently.
 
     The producer process extracts every shard through `run_extract` (the code a cluster extract pod runs), waiting
-    whenever the bounded window is full; a producer failure becomes the window's FAILED marker, so the trainer
-    stops with the cause; a trainer failure stops the producer. A monitor records produced vs peak stored bytes.
+    whenever the bounded window is full; a producer failure (even a hard kill) becomes the window's FAILED marker,
+    so the trainer stops with the cause; a trainer failure stops the producer. A monitor records produced vs peak
+    stored bytes (metrics/stream.json).
     """
     from flashdraft import layout
+    from flashdraft.features import window
     from flashdraft.store import open_store
 
     monitor = WindowMonitor(cfg)
     monitor.start()
     with tempfile.TemporaryDirectory() as tmp:
         producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers", _write_config(cfg, tmp)])
+        watcher = _watch_producer(producer, cfg)
         try:
             summary = train_in_pod(cfg)
         except BaseException:
             producer.terminate()
-            producer.wait(timeout=60)
+            watcher.join(timeout=60)
             monitor.stop()
             raise
-        rc = producer.wait()
+        store = open_store(cfg.storage, cfg.run_id)
+        # The trainer may finish first (training.max_steps): a producer still waiting for room would wait forever.
+        stopped_early = producer.poll() is None and not store.exists(window.EOS_KEY)
+        if stopped_early:
+            log.info("streaming: the trainer finished before the producers; stopping them")
+            window.WindowConsumer(store).stop("the trainer finished (training.max_steps reached)")
+        watcher.join()
     stats = {**monitor.stop(), "window_bytes": cfg.mode.window_bytes, "window_shards": cfg.mode.window_shards,
-             "reuse": cfg.mode.reuse}
-    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("stream"), stats)
-    if rc != 0:
-        raise RuntimeError(f"streaming extraction producers exited with status {rc}")
+             "reuse": cfg.mode.reuse, "stopped_early": stopped_early}
+    store.commit_json(layout.metrics_key("stream"), stats)
+    if producer.returncode != 0 and not stopped_early:
+        raise RuntimeError(f"streaming extraction producers exited with status {producer.returncode}")
     log.info("streaming: produced %d bytes in %d parts; peak stored %d bytes (window %d)", stats["produced_bytes"],
              stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes)
     return {**summary, "streaming": stats}
