@@ -124,7 +124,7 @@ def test_multi_turn_turns_are_generated_in_order_and_all_masked(tmp_path):
     for m in multi["loss_mask"]:
         spans += bool(m) and not inside
         inside = bool(m)
-    assert spans == 3 and sum(r_["loss_mask"].count(1) for r_ in rows.values()) == done["generated_tokens"]
+    assert spans == 3 and sum(r["loss_mask"].count(1) for r in rows.values()) == done["generated_tokens"]
     from flashdraft.target import load_tokenizer
 
     text = load_tokenizer(cfg.target).decode(multi["input_ids"])
