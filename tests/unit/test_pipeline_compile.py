@@ -136,3 +136,12 @@ def test_compile_cli_writes_both_documents(tmp_path, monkeypatch):
     assert len(docs) == 2
     images = {e["container"]["image"] for e in docs[0]["deploymentSpec"]["executors"].values()}
     assert images == {f"reg.local/x/flashdraft-{n}:t1" for n in ("base", "inference", "trainer")}
+
+
+def test_streaming_stream_end_runs_after_the_extract_loop_even_on_failure(tmp_path, monkeypatch):
+    _, _, docs = _compile(tmp_path, monkeypatch, ["mode.kind=streaming"])
+    tasks = _all_tasks(docs[0])
+    end = tasks["stream-end"]
+    assert end["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    (loop,) = end["dependentTasks"]
+    assert "extract" in docs[0]["components"][tasks[loop]["componentRef"]["name"]]["dag"]["tasks"]
