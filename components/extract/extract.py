@@ -95,12 +95,19 @@ class HFFeatureSource:
     """Packed prefill through a truncated HF target with hooks on the configured layers."""
 
     def __init__(self, cfg: RunConfig, layer_ids: list[int], device: str):
+        from transformers.utils import logging as hf_logging
+
         from flashdraft.target import load_causal_lm
 
         target = cfg.target
         if device.startswith("cuda"):
             target = target.model_copy(update={"dtype": "bfloat16"})
-        self.model = load_causal_lm(target, device=device, num_layers=max(layer_ids) + 1)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the skipped deeper layers would be reported as "unexpected" weights
+        try:
+            self.model = load_causal_lm(target, device=device, num_layers=max(layer_ids) + 1)
+        finally:
+            hf_logging.set_verbosity(verbosity)
         self.layer_ids = layer_ids
         self.device = device
 
@@ -114,6 +121,9 @@ class HFFeatureSource:
             cap.forward(input_ids=ids[None], position_ids=pos[None])
             feats = cap.features()[0]  # [N, n*H]
         return split_checked(feats, batch, len(self.layer_ids))
+
+    def close(self) -> None:
+        self.model = None
 
 
 def split_checked(feats: torch.Tensor, batch: list[Row], num_layers: int) -> list[torch.Tensor]:
@@ -282,6 +292,8 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     finally:
         writer.queue.put(None)
         writer.join()
+        if source is not None:
+            source.close()
     if writer.error is not None:
         raise ExtractionError(f"shard writer failed: {writer.error}") from writer.error
     elapsed = time.perf_counter() - t0

@@ -7,7 +7,8 @@ import torch
 from flashdraft.features.codecs import Codec
 from flashdraft.features.manifest import expected_provenance, part_key
 from flashdraft.features.shard import build_shard, encode_sample
-from flashdraft.store import ObjectStore
+from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
+from flashdraft.store import ObjectStore, open_store
 
 _PROVENANCE: dict[str, dict] = {}
 
@@ -45,3 +46,19 @@ def commit_parts(store: ObjectStore, cfg, layout: dict[int, list[int]]) -> list[
             store.commit(part_key(shard, part), data, meta)
             keys.append(part_key(shard, part))
     return keys
+
+
+def write_responses(cfg, shard=0, n=12, seed=0, chunk=5):
+    """Committed response chunks as the generation stage writes them (random ids, varied lengths)."""
+    g = torch.Generator().manual_seed(seed + shard)
+    store = open_store(cfg.storage, cfg.run_id)
+    rows = []
+    for i in range(n):
+        p, r = int(torch.randint(4, 30, (1,), generator=g)), int(torch.randint(1, 20, (1,), generator=g))
+        ids = torch.randint(0, 49152, (p + r,), generator=g).tolist()
+        rows.append({"sample_id": f"s{shard}-{i:03d}", "input_ids": ids, "loss_mask": [0] * p + [1] * r,
+                     "prompt_len": p, "response_text": "x", "finish_reason": "stop"})
+    for c in range(0, n, chunk):
+        key = f"responses/shard-{shard:05d}/chunk-{c // chunk:05d}.parquet"
+        store.commit(key, table_to_parquet_bytes(rows_to_table(rows[c:c + chunk], RESPONSE_SCHEMA)))
+    return rows
