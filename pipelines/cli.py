@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
         output: Annotated[Path, typer.Option("--output", "-o", help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
         config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
         registry: RegistryOpt = None, tag: TagOpt = None,
+        parallelism: Annotated[int, typer.Option(help="Shards in flight per ParallelFor (0 = all). In streaming "
+                                                      "mode each concurrent extract pod may add one part beyond "
+                                                      "the window.")] = 0,
     ) -> None:
         """Compile the Kubeflow pipeline (PipelineSpec + Kubernetes platform spec) with this config's defaults.
 
@@ -46,7 +49,7 @@ def register(app: typer.Typer) -> None:
         from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
 
         cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
-        compile_pipeline(cfg, str(output), registry, tag)
+        compile_pipeline(cfg, str(output), registry, tag, parallelism)
         images = stage_images(registry, tag)
         typer.echo(f"compiled {output} (mode {cfg.mode.kind}, images {', '.join(sorted(set(images.values())))})")
 
@@ -126,5 +129,7 @@ def register(app: typer.Typer) -> None:
         result = run_local(cfg, str(workdir))
         for key in ("report", "tau", "planned_bytes", "stored_bytes", "wall_s"):
             typer.echo(f"{key}: {result.get(key)}")
+        for key, value in result.get("streaming", {}).items():  # produced vs peak stored, window bound
+            typer.echo(f"streaming.{key}: {value}")
         if result.get("state") != "SUCCEEDED":
             raise _fail(f"local run {result.get('state')}: {result.get('error', '')}")

@@ -137,8 +137,9 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     return flashdraft_pipeline
 
 
-def compile_pipeline(cfg: RunConfig, output: str, registry: str | None = None, tag: str | None = None) -> str:
+def compile_pipeline(cfg: RunConfig, output: str, registry: str | None = None, tag: str | None = None,
+                     parallelism: int = 0) -> str:
     """Write the compiled pipeline (PipelineSpec + kubernetes platform spec: two YAML documents) to `output`."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(cfg, registry, tag), package_path=output)
+    compiler.Compiler().compile(build_pipeline(cfg, registry, tag, parallelism=parallelism), package_path=output)
     return output
