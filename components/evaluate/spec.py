@@ -111,25 +111,39 @@ def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_i
     return Generation(tokens=tokens, seconds=time.perf_counter() - start, margins=margins[: len(tokens)])
 
 
+def croppable(cache) -> bool:
+    """Whether rejected positions can be cut from this cache. Linear-attention (recurrent) layers, as in the
+    hybrid Qwen3.5/3.6 targets, fold every token into their state, so they cannot roll back."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", []))
+
+
 @torch.inference_mode()
 def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], layer_ids: Sequence[int],
                          max_new_tokens: int, eos_ids: set[int], temperature: float = 0.0,
-                         generator: torch.Generator | None = None,
-                         accept: AcceptRule = greedy_accept) -> Generation:
+                         generator: torch.Generator | None = None, accept: AcceptRule = greedy_accept,
+                         reuse_cache: bool | None = None) -> Generation:
     """Speculative decode: target prefill (its token is the first output), then draft/verify cycles.
 
-    `accept` is the greedy acceptance rule; it is a parameter so a test can plug in a wrong one and see the
-    lossless check catch it.
+    Verification runs the block against the KV cache and crops the rejected positions, or, when the cache
+    cannot be cropped (`reuse_cache=False`, or automatically for recurrent layers), re-runs the whole verified
+    sequence plus the block each cycle: slower, equally exact. `accept` is the greedy acceptance rule; it is a
+    parameter so a test can plug in a wrong one and see the lossless check catch it.
     """
     device = next(model.parameters()).device
     start = time.perf_counter()
     cache = _new_cache(model)
     accepted: list[int] = []
     block_size = 0
+    verified = torch.tensor(list(prompt_ids), device=device)  # x_0..x_{S-1}: tokens with features
     with capture_layers(model, layer_ids) as cap:
-        out = model(input_ids=torch.tensor([list(prompt_ids)], device=device), cache=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(input_ids=verified[None], cache=cache, use_cache=True, logits_to_keep=1)
         context = cap.features()[0]                       # [S, n*H] for positions 0..S-1
+        if reuse_cache is None:
+            reuse_cache = croppable(cache)
+        if not reuse_cache:
+            cache = None
         tokens = [_pick(out.logits[0, -1], temperature, generator)]
         done = tokens[-1] in eos_ids
         while len(tokens) < max_new_tokens and not done:
@@ -137,9 +151,12 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             draft = drafter.propose_block(context, last).to(device=device, dtype=torch.long).reshape(-1)
             block = torch.cat([torch.tensor([last], device=device), draft])
             block_size = block.numel()
-            out = model(input_ids=block[None], cache=cache, use_cache=True)
-            logits = out.logits[0]                        # [B, V]: the target's distribution after each position
-            features = cap.features()[0]                  # [B, n*H]
+            if reuse_cache:
+                out = model(input_ids=block[None], cache=cache, use_cache=True)
+            else:
+                out = model(input_ids=torch.cat([verified, block])[None], use_cache=False, logits_to_keep=block_size)
+            logits = out.logits[0, -block_size:]          # [B, V]: the target's distribution after each position
+            features = cap.features()[0][-block_size:]    # [B, n*H]
             if temperature == 0:
                 choice = logits.argmax(-1)
                 n_ok = accept(draft, choice)
@@ -148,8 +165,9 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
                 n_ok, nxt = rejection_accept(draft, logits, temperature, generator)
             # Keep [last, d_1..d_n] in the cache and the context; the new token has no features until verified.
             drop = draft.numel() - n_ok
-            if drop:
+            if reuse_cache and drop:
                 cache.crop(-drop)
+            verified = torch.cat([verified, block[: n_ok + 1]])
             context = torch.cat([context, features[: n_ok + 1]])
             new = draft[:n_ok].tolist() + [nxt]
             tokens.extend(new)

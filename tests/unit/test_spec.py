@@ -60,12 +60,15 @@ def test_greedy_accept_counts_the_matching_prefix():
     assert greedy_accept(torch.tensor([9, 6, 7]), target) == 0
 
 
-@pytest.mark.parametrize("wrong_from, expected_accept", [(None, 7), (2, 2), (0, 0)])
-def test_speculative_greedy_is_lossless_and_accepts_what_matches(tiny, wrong_from, expected_accept):
+@pytest.mark.parametrize("wrong_from, expected_accept, reuse_cache",
+                         [(None, 7, True), (2, 2, True), (0, 0, True), (3, 3, False)])
+def test_speculative_greedy_is_lossless_and_accepts_what_matches(tiny, wrong_from, expected_accept, reuse_cache):
+    """KV cache cropped after partial acceptance, or (reuse_cache=False) the recompute path for recurrent
+    targets: either way the output is the target's own."""
     cfg, model, prompt, reference = tiny
     block = cfg.drafter.block_size
     drafter = ScriptedDrafter(reference.tokens, len(prompt), block, wrong_from)
-    got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set())
+    got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set(), reuse_cache=reuse_cache)
     assert got.tokens == reference.tokens
     assert drafter.feature_width == cfg.features.num_features * cfg.target.hidden_size
     assert all(reference.tokens[s - len(prompt)] == last for s, last in drafter.calls)
