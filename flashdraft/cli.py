@@ -17,6 +17,8 @@ _COMMAND_MODULES = [
     "flashdraft.components.prep.cli",
     "flashdraft.components.extract.cli",
     "flashdraft.components.generate.cli",
+    "flashdraft.components.train.cli",
+    "flashdraft.components.export.cli",
     "flashdraft.components.evaluate.cli",
     "flashdraft.pipelines.cli",
 ]

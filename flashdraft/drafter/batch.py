@@ -46,7 +46,11 @@ class PackedBatch:
                 self.positions[self.anchors])
 
 
-def pack(samples: list[dict], block_size: int, max_anchors: int, *, seed: int, epoch: int) -> PackedBatch:
+def pack(samples: list[dict], block_size: int, max_anchors: int, *, seed: int, epoch: int,
+         max_tokens: int | None = None) -> PackedBatch:
+    """One row from consecutive samples (each truncated to `max_tokens` first, when given)."""
+    if max_tokens is not None:
+        samples = [truncate(s, max_tokens) for s in samples]
     feats, ids, pos, doc, anchors = [], [], [], [], []
     offset = 0
     for d, s in enumerate(samples):
@@ -67,17 +71,38 @@ def pack(samples: list[dict], block_size: int, max_anchors: int, *, seed: int, e
                        block_size, len(samples))
 
 
+def truncate(sample: dict, max_tokens: int) -> dict:
+    """A sample longer than the row budget keeps its first `max_tokens` tokens (features and mask alike)."""
+    if int(sample["input_ids"].numel()) <= max_tokens:
+        return sample
+    return {**sample, "input_ids": sample["input_ids"][:max_tokens], "loss_mask": sample["loss_mask"][:max_tokens],
+            "features": sample["features"][:max_tokens]}
+
+
+def group_sizes(lengths: Iterable[int], tokens_per_batch: int) -> list[int]:
+    """Greedy in-order packing by length only: how many consecutive samples go into each row. Being a function of
+    lengths alone, every rank can count its micro-batches (and a resume can find its place) without reading data."""
+    sizes: list[int] = []
+    count = used = 0
+    for T in lengths:
+        T = min(int(T), tokens_per_batch)
+        if count and used + T > tokens_per_batch:
+            sizes.append(count)
+            count = used = 0
+        count += 1
+        used += T
+    if count:
+        sizes.append(count)
+    return sizes
+
+
 def token_budget_groups(samples: Iterable[dict], tokens_per_batch: int) -> Iterator[list[dict]]:
-    """Greedy in-order grouping: add samples while the row stays within the budget. A sample longer than the
-    budget is truncated to it (its tail cannot host a block anyway once cut) and travels alone."""
+    """The same greedy packing as `group_sizes`, on a live stream of samples (streaming mode)."""
     group: list[dict] = []
     used = 0
     for s in samples:
+        s = truncate(s, tokens_per_batch)
         T = int(s["input_ids"].numel())
-        if T > tokens_per_batch:
-            s = {**s, "input_ids": s["input_ids"][:tokens_per_batch], "loss_mask": s["loss_mask"][:tokens_per_batch],
-                 "features": s["features"][:tokens_per_batch]}
-            T = tokens_per_batch
         if group and used + T > tokens_per_batch:
             yield group
             group, used = [], 0

@@ -47,10 +47,10 @@ class _FusedLinearCE(torch.autograd.Function):
         ce = torch.empty(M, device=hidden.device, dtype=acc_dtype)
         correct = torch.empty(M, device=hidden.device, dtype=torch.bool)
         grad = torch.empty_like(hidden) if needs_grad else None
-        w = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
+        w = weight  # never copied: on GPU the head is bf16 and large; the hidden chunk is cast instead
         for s in range(0, M, chunk):
             e = min(M, s + chunk)
-            logits = (hidden[s:e] @ w.T).to(acc_dtype)
+            logits = (hidden[s:e].to(w.dtype) @ w.T).to(acc_dtype)
             lse = torch.logsumexp(logits, dim=-1)
             lab = labels[s:e]
             ce[s:e] = lse - logits.gather(1, lab[:, None]).squeeze(1)

@@ -1,0 +1,35 @@
+"""`flashdraft export`: write the trained drafter in the z-lab format (vLLM, SGLang) and optionally speculators."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+
+
+def export(
+    config: ConfigOpt = None,
+    preset: PresetOpt = None,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Local folder (default ./exports/<run_id>).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16, float16 or float32.")] = "bfloat16",
+    speculators: Annotated[bool, typer.Option("--speculators", help="Also write the speculators format.")] = False,
+) -> None:
+    """Export the latest training checkpoint to the object store (export/) and a local folder."""
+    from flashdraft.components.export.export import ExportError, run_export
+
+    cfg = run_config(config, preset, set_)
+    try:
+        summary = run_export(cfg, out_dir=out, dtype=dtype, speculators=speculators)
+    except ExportError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(summary, indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

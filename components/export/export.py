@@ -1,0 +1,95 @@
+"""`run_export(cfg)`: the final (else latest) training checkpoint -> serving formats, in the object store under
+`export/<format>/` (committed) and in a local folder. Formats are described in zlab.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import torch
+from flashdraft.components.export.zlab import (
+    MASK_PT,
+    MASK_ST,
+    speculators_config,
+    split_mask,
+    zlab_config,
+)
+from safetensors.torch import save as save_bytes
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.store import open_store
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class ExportError(RuntimeError):
+    """Nothing to export, or an unusable checkpoint; the message says which."""
+
+
+def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
+    g = drafter.config_dict()
+    body, mask = split_mask(drafter.weights())
+    files = {"config.json": json.dumps(zlab_config(g, dtype), indent=2).encode(),
+             "model.safetensors": save_bytes({k: v.to(DTYPES[dtype]).contiguous() for k, v in body.items()})}
+    if mask is not None:
+        m = mask.to(DTYPES[dtype]).contiguous()
+        files[MASK_ST] = save_bytes({"mask_embedding": m})
+        buf = io.BytesIO()
+        torch.save(m, buf)  # vLLM's optional mask override is a torch file; we never read it back
+        files[MASK_PT] = buf.getvalue()
+    return files
+
+
+def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -> dict[str, bytes]:
+    g = drafter.config_dict()
+    body, mask = split_mask(drafter.weights())
+    tensors = {**body, "embed_tokens.weight": drafter.embed_weight, "lm_head.weight": drafter.lm_head_weight}
+    if mask is not None:
+        tensors["mask_embedding"] = mask
+    cfg = speculators_config(g, dtype, verifier_architectures)
+    return {"config.json": json.dumps(cfg, indent=2).encode(),
+            "model.safetensors": save_bytes({k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in tensors.items()})}
+
+
+def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str = "bfloat16",
+               speculators: bool = False) -> dict:
+    """Export the trained drafter. out_dir default: ./exports/<run_id>; dtype: bfloat16 (z-lab checkpoints'
+    dtype), float16 or float32 (bit-exact with training)."""
+    from flashdraft.components.train.checkpoint import latest_checkpoint
+
+    from flashdraft.drafter.model import DFlashDrafter
+    from flashdraft.target import load_hf_config
+
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    store = open_store(cfg.storage, cfg.run_id)
+    latest = latest_checkpoint(store)
+    if latest is None:
+        raise ExportError(f"no training checkpoint in {store.url(layout.CHECKPOINTS)}: run `flashdraft train` first")
+    if not latest["final"]:
+        log.warning("exporting %s: training has not finished (step %d)", latest["prefix"], latest["step"])
+    drafter = DFlashDrafter.from_pretrained(store, prefix=latest["prefix"], target=cfg.target)
+    out = Path(out_dir) if out_dir is not None else Path("exports") / cfg.run_id
+    formats = {"zlab": _files_zlab(drafter, dtype)}
+    if speculators:
+        archs = list(getattr(load_hf_config(cfg.target), "architectures", None) or [])
+        formats["speculators"] = _files_speculators(drafter, dtype, archs)
+    summary = {"checkpoint": latest["prefix"], "step": latest["step"], "final": latest["final"], "dtype": dtype,
+               "mask_token_id": drafter.geometry.mask_token_id, "trainable_mask": drafter.geometry.trainable_mask,
+               "target_layer_ids": drafter.geometry.target_layer_ids, "formats": {}}
+    for name, files in formats.items():
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for fname, data in files.items():
+            (folder / fname).write_bytes(data)
+            store.commit(f"{layout.EXPORT}/{name}/{fname}", data)
+        summary["formats"][name] = {"local": str(folder.resolve()), "store": store.url(f"{layout.EXPORT}/{name}/"),
+                                    "bytes": {f: len(d) for f, d in files.items()}}
+        log.info("exported %s to %s and %s", name, folder, store.url(f"{layout.EXPORT}/{name}/"))
+    store.commit_json(layout.metrics_key("export"), summary)
+    return summary

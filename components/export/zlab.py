@@ -1,0 +1,95 @@
+"""Checkpoint formats that serving stacks load.
+
+z-lab / SpecForge format (vLLM `--speculative-config '{"method": "dflash", ...}'`, SGLang `DFLASH`):
+  config.json        a Qwen3 config + architectures ["DFlashDraftModel"], block_size, num_target_layers,
+                     dflash_config {mask_token_id, target_layer_ids}; every layer full (bidirectional) attention.
+                     A "flashdraft" key records the target and mask-embedding facts for our own loader.
+  model.safetensors  layers.*, fc.weight, hidden_norm.weight, norm.weight; no embedding, no LM head.
+  When the mask embedding is trainable (no free row in the target vocabulary): mask_embedding.pt (a bare [H]
+  tensor: vLLM's optional override of the mask row) and mask_embedding.safetensors (the same, for readers that
+  refuse pickle); dflash_config.mask_token_id then names the placeholder row the override replaces.
+
+speculators format (`vllm serve <folder>`): config with speculators_model_type "dflash", a Qwen3
+transformer_layer_config and aux_hidden_state_layer_ids = z-lab ids + 1 (vLLM capture semantics); weights are the
+z-lab weights plus embed_tokens.weight and lm_head.weight.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MASK_PT, MASK_ST = "mask_embedding.pt", "mask_embedding.safetensors"
+
+
+def qwen3_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
+    return {
+        "model_type": "qwen3", "hidden_size": g["hidden_size"], "intermediate_size": g["intermediate_size"],
+        "num_hidden_layers": g["num_layers"], "num_attention_heads": g["num_heads"],
+        "num_key_value_heads": g["num_kv_heads"], "head_dim": g["head_dim"], "hidden_act": "silu",
+        "rms_norm_eps": g["rms_norm_eps"], "rope_theta": g["rope_theta"], "rope_scaling": None,
+        "max_position_embeddings": g["max_position_embeddings"], "vocab_size": g["vocab_size"],
+        "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+        "initializer_range": g["initializer_range"], "use_sliding_window": False, "sliding_window": None,
+        "layer_types": ["full_attention"] * g["num_layers"], "torch_dtype": dtype,
+    }
+
+
+def zlab_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
+    return {
+        "architectures": ["DFlashDraftModel"], **qwen3_config(g, dtype), "block_size": g["block_size"],
+        "num_target_layers": g["num_target_layers"],
+        "dflash_config": {"mask_token_id": g["mask_token_id"], "target_layer_ids": list(g["target_layer_ids"]),
+                          "block_size": g["block_size"]},
+        "flashdraft": {"target": g.get("target", {}), "trainable_mask": g["trainable_mask"]},
+    }
+
+
+def speculators_config(g: dict[str, Any], dtype: str, verifier_architectures: list[str]) -> dict[str, Any]:
+    return {
+        "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash", "speculators_version": "0.9.0",
+        "transformer_layer_config": qwen3_config(g, dtype), "draft_vocab_size": g["vocab_size"],
+        "block_size": g["block_size"], "target_hidden_size": g["hidden_size"], "mask_token_id": g["mask_token_id"],
+        "aux_hidden_state_layer_ids": [i + 1 for i in g["target_layer_ids"]], "sample_from_anchor": False,
+        "torch_dtype": dtype,
+        "speculators_config": {
+            "algorithm": "dflash", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": g["block_size"] - 1}],
+            "verifier": {"name_or_path": g.get("target", {}).get("model"), "architectures": verifier_architectures},
+        },
+    }
+
+
+def split_mask(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    body = {k: v for k, v in weights.items() if k != "mask_embedding"}
+    return body, weights.get("mask_embedding")
+
+
+def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A z-lab folder -> (DrafterGeometry fields, trainable weights by our names)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    c = json.loads((folder / "config.json").read_text())
+    if "DFlashDraftModel" not in c.get("architectures", []):
+        raise ValueError(f"{folder}/config.json: architectures {c.get('architectures')} is not DFlashDraftModel")
+    dflash, extra = c["dflash_config"], c.get("flashdraft", {})
+    weights = load_file(str(folder / "model.safetensors"))
+    trainable = (folder / MASK_ST).is_file()
+    if trainable:
+        weights["mask_embedding"] = load_file(str(folder / MASK_ST))["mask_embedding"]
+    geometry = {
+        "hidden_size": c["hidden_size"], "num_heads": c["num_attention_heads"],
+        "num_kv_heads": c["num_key_value_heads"],
+        "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+        "intermediate_size": c["intermediate_size"], "rope_theta": c["rope_theta"], "rms_norm_eps": c["rms_norm_eps"],
+        "vocab_size": c["vocab_size"], "num_layers": c["num_hidden_layers"],
+        "block_size": c.get("block_size") or dflash["block_size"], "target_layer_ids": dflash["target_layer_ids"],
+        "num_target_layers": c["num_target_layers"], "mask_token_id": dflash["mask_token_id"],
+        "trainable_mask": trainable, "max_position_embeddings": c.get("max_position_embeddings", 32768),
+        "initializer_range": c.get("initializer_range", 0.02), "target": extra.get("target", {}),
+    }
+    return geometry, weights

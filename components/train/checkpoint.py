@@ -1,0 +1,129 @@
+"""Training checkpoints in the object store: safetensors + JSON, never pickle.
+
+Layout under `checkpoints/`:
+
+    step-00000100/drafter_config.json     the drafter geometry (DFlashDrafter.from_pretrained reads this folder)
+    step-00000100/model.safetensors       trainable weights (z-lab names)
+    step-00000100/optimizer.safetensors   AdamW state tensors, keyed "<param fqn>/<exp_avg|exp_avg_sq|step>"
+    step-00000100/optimizer.json          param groups (hyper-parameters and fqn order)
+    step-00000100/trainer_state.json      step, data position, lr schedule, metrics so far
+    step-00000100/rng-rank-00000.safetensors  per-rank torch (and CUDA) RNG states
+    latest.json                           {"step", "prefix", "final"}: committed last, so it only ever names a
+                                          checkpoint whose every file is committed
+
+Full (unsharded) state dicts come from `torch.distributed.checkpoint.state_dict`, which works the same for a
+plain module, DDP and FSDP2 (gathered to rank 0 on save, broadcast from rank 0 on load).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from flashdraft import layout
+from flashdraft.drafter.model import CONFIG_FILE, WEIGHTS_FILE
+from flashdraft.store import ObjectStore
+
+LATEST = f"{layout.CHECKPOINTS}/latest.json"
+
+
+def step_prefix(step: int) -> str:
+    return f"{layout.CHECKPOINTS}/step-{step:08d}"
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if _distributed() else 0
+
+
+def _barrier() -> None:
+    if _distributed():
+        torch.distributed.barrier()
+
+
+def _flatten_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    for fqn, state in osd["state"].items():
+        for name, value in state.items():
+            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"{fqn}/{name}"] = t.detach().cpu().contiguous()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd["param_groups"]]
+    return tensors, {"param_groups": groups}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        fqn, name = key.rsplit("/", 1)
+        state.setdefault(fqn, {})[name] = t
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    out = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    drafter_config: dict, trainer_state: dict, *, final: bool = False) -> str:
+    """Collective: every rank calls it. Rank 0 writes model/optimizer/state, each rank its RNG state, then rank 0
+    commits latest.json after a barrier."""
+    step = int(trainer_state["step"])
+    prefix = step_prefix(step)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    rank = _rank()
+    if rank == 0:
+        weights = {k: v.detach().float().cpu().contiguous() for k, v in msd.items()}
+        opt_tensors, opt_meta = _flatten_optimizer(osd)
+        store.commit(f"{prefix}/{WEIGHTS_FILE}", save_bytes(weights))
+        store.commit(f"{prefix}/optimizer.safetensors", save_bytes(opt_tensors))
+        store.commit_json(f"{prefix}/optimizer.json", opt_meta)
+        store.commit_json(f"{prefix}/{CONFIG_FILE}", drafter_config)
+        store.commit_json(f"{prefix}/trainer_state.json", trainer_state)
+    store.commit(f"{prefix}/rng-rank-{rank:05d}.safetensors", save_bytes(_rng_state()))
+    _barrier()
+    if rank == 0:
+        store.commit_json(LATEST, {"step": step, "prefix": prefix, "final": final})
+    _barrier()
+    return prefix
+
+
+def latest_checkpoint(store: ObjectStore) -> dict | None:
+    return store.get_json_verified(LATEST) if store.is_committed(LATEST) else None
+
+
+def load_checkpoint(store: ObjectStore, prefix: str, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model, optimizer and this rank's RNG; returns trainer_state. Checksums are verified."""
+    weights = load_bytes(store.get_verified(f"{prefix}/{WEIGHTS_FILE}"))
+    osd = _unflatten_optimizer(load_bytes(store.get_verified(f"{prefix}/optimizer.safetensors")),
+                               store.get_json_verified(f"{prefix}/optimizer.json"))
+    opts = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, weights, options=opts)
+    set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    rng_key = f"{prefix}/rng-rank-{_rank():05d}.safetensors"
+    if store.is_committed(rng_key):
+        rng = load_bytes(store.get_verified(rng_key))
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return store.get_json_verified(f"{prefix}/trainer_state.json")
+

@@ -1,0 +1,52 @@
+"""`flashdraft train`: run training here, or re-launch this same command under torchrun when
+training.nproc_per_node > 1 (each rank then runs `run_train`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import typer
+
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+
+
+def torchrun_command(cfg, config, preset, sets) -> list[str]:
+    t = cfg.training
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={t.nproc_per_node}",
+           f"--nnodes={t.num_nodes}"]
+    if t.num_nodes > 1:  # the launcher (k8s Job / JobSet) provides the rendezvous through the environment
+        cmd += [f"--node_rank={os.environ.get('NODE_RANK', '0')}",
+                f"--master_addr={os.environ['MASTER_ADDR']}", f"--master_port={os.environ.get('MASTER_PORT', '29500')}"]
+    else:
+        cmd.append("--standalone")
+    cmd += ["-m", "flashdraft.cli", "train"]
+    if config:
+        cmd += ["--config", str(config)]
+    if preset:
+        cmd += ["--preset", preset]
+    for s in sets or []:
+        cmd += ["--set", s]
+    return cmd
+
+
+def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
+    """Train the drafter on the run's feature shards (resumes from the latest checkpoint)."""
+    cfg = run_config(config, preset, set_)
+    if cfg.training.world_size > 1 and "LOCAL_RANK" not in os.environ:
+        raise typer.Exit(subprocess.call(torchrun_command(cfg, config, preset, set_)))
+    from flashdraft.components.train.trainer import TrainError, run_train
+
+    try:
+        summary = run_train(cfg)
+    except TrainError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    if int(os.environ.get("RANK", "0")) == 0:
+        typer.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
