@@ -1,0 +1,90 @@
+"""Export round trip: the z-lab folder reloads into DFlashDrafter with identical logits; config fields and weight
+names are what vLLM/SGLang expect; speculators ids are z-lab ids + 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from flashdraft.components.export.export import run_export
+from flashdraft.components.train.checkpoint import latest_checkpoint, save_checkpoint
+from safetensors import safe_open
+
+from flashdraft.drafter.model import DFlashDrafter, build_drafter
+from flashdraft.store import open_store
+from flashdraft.target import load_hf_config
+
+
+def _checkpointed_drafter(cfg):
+    """A seeded drafter with perturbed norms, saved as the run's final checkpoint (no training needed)."""
+    model = build_drafter(cfg, load_hf_config(cfg.target), seed=5)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    opt = torch.optim.AdamW(model.parameters())
+    save_checkpoint(open_store(cfg.storage, cfg.run_id), model, opt, model.config_dict(),
+                    {"step": 7, "history": []}, final=True)
+    return model.eval()
+
+
+def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
+    model = _checkpointed_drafter(tiny_cfg)
+    summary = run_export(tiny_cfg, out_dir=tmp_path / "out", dtype="float32", speculators=True)
+    folder = tmp_path / "out" / "zlab"
+    assert summary["step"] == 7 and summary["final"]
+    loaded = DFlashDrafter.from_pretrained(folder, target=tiny_cfg.target)
+    feats = torch.randn(20, 5 * 256)
+    g = model.geometry
+    from flashdraft.drafter.attention import BlockLayout
+
+    anchors = torch.tensor([4, 9, 12])
+    ids = torch.randint(0, 1000, (20,))
+    args = (feats, BlockLayout(20, g.block_size, anchors), torch.arange(20), ids[anchors], anchors)
+    assert torch.equal(model.logits(model(*args)), loaded.logits(loaded(*args)))
+    assert torch.equal(model.propose_block(feats, 3), loaded.propose_block(feats, 3))
+
+    c = json.loads((folder / "config.json").read_text())
+    assert c["architectures"] == ["DFlashDraftModel"] and c["model_type"] == "qwen3"
+    assert c["block_size"] == g.block_size and c["num_target_layers"] == 8
+    assert c["dflash_config"] == {"mask_token_id": g.mask_token_id, "target_layer_ids": [1, 2, 3, 4, 5],
+                                  "block_size": g.block_size}
+    assert c["num_hidden_layers"] == g.num_layers and c["layer_types"] == ["full_attention"] * g.num_layers
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
+            "layers.0.mlp.gate_proj.weight"} <= names
+    assert not any("embed" in n or "lm_head" in n or n == "mask_embedding" for n in names)
+    # the tiny target has no free vocabulary row: the trainable mask embedding travels in its own files
+    assert g.trainable_mask
+    assert (folder / "mask_embedding.safetensors").is_file() and (folder / "mask_embedding.pt").is_file()
+    # committed to the store too
+    store = open_store(tiny_cfg.storage, tiny_cfg.run_id)
+    assert store.is_committed("export/zlab/model.safetensors") and store.is_committed("export/zlab/config.json")
+
+    s = json.loads((tmp_path / "out" / "speculators" / "config.json").read_text())
+    assert s["aux_hidden_state_layer_ids"] == [2, 3, 4, 5, 6] and s["speculators_model_type"] == "dflash"
+    assert s["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == g.block_size - 1
+    with safe_open(str(tmp_path / "out" / "speculators" / "model.safetensors"), "pt") as f:
+        assert {"embed_tokens.weight", "lm_head.weight", "fc.weight"} <= set(f.keys())
+
+
+def test_bf16_export_and_cli(tiny_cfg, tmp_path):
+    _checkpointed_drafter(tiny_cfg)
+    cmd = [sys.executable, "-m", "flashdraft.cli", "export", "--preset", "tiny", "--set",
+           f"storage.root={tiny_cfg.storage.root}", "--out", str(tmp_path / "cli")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with safe_open(str(tmp_path / "cli" / "zlab" / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+    assert latest_checkpoint(open_store(tiny_cfg.storage, tiny_cfg.run_id))["step"] == 7
+
+
+def test_export_without_checkpoint_fails_clearly(tiny_cfg, tmp_path):
+    from flashdraft.components.export.export import ExportError
+
+    with pytest.raises(ExportError, match="flashdraft train"):
+        run_export(tiny_cfg, out_dir=tmp_path)
