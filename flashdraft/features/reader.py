@@ -5,13 +5,15 @@
 * Order: per (seed, epoch) the parts are permuted, each part's samples permuted, and a shuffle buffer mixes
   neighbouring parts; all of this is computed in index space, so it is deterministic, costs no I/O, and resuming
   from `state_dict()` skips exactly the samples already consumed without reading them.
-* Disjoint split: position j of the epoch order goes to global worker j % (world_size * loader workers); with
-  `even=True` the order is cut to a multiple of world_size so every data-parallel rank sees the same count.
+* Disjoint split: rank r takes positions r, r + world_size, ... of the epoch order (with `even=True` cut to a
+  multiple of world_size, so every data-parallel rank sees the same count), and DataLoader workers split that
+  share again, so a rank's samples do not depend on its worker count.
 * Follow mode (streaming): parts are consumed in commit order as they appear, each `reuse` times, until the
   producer's end-of-stream marker; a `WindowConsumer` deletes fully used parts.
 
-Use it with `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads); with more
-loader workers, state_dict() only sees the main process, so exact resume needs num_workers=0.
+Use it with `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads). With more
+loader workers, state_dict() only sees the main process (exact resume needs num_workers=0), and follow mode's
+window release counts ranks, so streaming also needs num_workers=0.
 """
 
 from __future__ import annotations
@@ -110,10 +112,11 @@ class FeatureReader(torch.utils.data.IterableDataset):
             self._headers[key] = h
         return self._headers[key]
 
-    def _worker(self) -> tuple[int, int]:
+    def _split(self, items: list) -> list:
+        """This rank's share (every world_size-th item), then this loader worker's share of it."""
         info = torch.utils.data.get_worker_info()
         n, w = (info.num_workers, info.id) if info is not None else (1, 0)
-        return self.rank * n + w, self.world_size * n
+        return items[self.rank::self.world_size][w::n]
 
     def epoch_order(self, epoch: int | None = None) -> list[tuple[str, int]]:
         """The full (part key, sample index) order of an epoch, before the split across workers."""
@@ -136,8 +139,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
         return order
 
     def worker_order(self, epoch: int | None = None) -> list[tuple[str, int]]:
-        worker, total = self._worker()
-        return self.epoch_order(epoch)[worker::total]
+        return self._split(self.epoch_order(epoch))
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (offline mode)."""
@@ -186,7 +188,6 @@ class FeatureReader(torch.utils.data.IterableDataset):
     def _follow_order(self) -> Iterator:
         """Parts in commit order as they appear, `reuse` passes each, then a release of the part; stops at the
         end-of-stream marker."""
-        worker, total = self._worker()
         seen: set[str] = set()
         skip = self._resume_from
         self._resume_from = 0
@@ -211,7 +212,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
                         random.Random(f"{self.seed}:{key}:{p}").shuffle(idx)
                     if self.even:
                         idx = idx[: n - n % self.world_size]
-                    mine = idx[worker::total]
+                    mine = self._split(idx)
                     take = mine[skip:] if skip < len(mine) else []
                     skip = max(0, skip - len(mine))
                     yield from ((key, i) for i in take)

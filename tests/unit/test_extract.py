@@ -95,3 +95,22 @@ def test_features_verify_passes_then_flags_a_corrupted_shard(cfg):
     bad = CliRunner().invoke(app, args + ["-n", "6"])
     assert bad.exit_code == 1
     assert "checksum mismatch" in bad.output
+
+
+def test_extract_on_real_smollm2_matches_hf(tmp_path):
+    from flashdraft.config import load_config
+
+    cfg = load_config(preset="smollm2-local", overrides={"storage.root": f"file://{tmp_path}/runs",
+                                                         "features.codec": "fp8-zstd"})
+    rows = write_responses(cfg, n=3)
+    assert run_extract(cfg, 0)["samples"] == 3
+    store = open_store(cfg.storage, cfg.run_id)
+    samples = [s for k in committed_parts(store) for s in iter_shard(store.get_verified(k), k)]
+    model = load_causal_lm(cfg.target)
+    with torch.inference_mode():
+        hs = model(input_ids=torch.tensor([rows[0]["input_ids"]]), output_hidden_states=True).hidden_states
+    t = len(rows[0]["input_ids"])
+    got = samples[0].features.float().reshape(t, 5, -1)
+    for k, i in enumerate(cfg.layer_ids()):
+        ref = hs[i + 1][0]
+        assert float((got[:, k] - ref).norm() / ref.norm()) < 0.05  # fp8: a few % relative error

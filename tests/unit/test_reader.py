@@ -91,3 +91,16 @@ def test_single_sample_byte_range_fetch_on_s3(s3_storage, tiny_cfg):
     one = reader.fetch(keys[0], 4)
     assert one.sample_id == whole[4] == "0-0-4"
     assert one.features.shape[1] == 5 * 256
+
+
+def test_dataloader_workers_split_disjointly(tiny_cfg, tmp_path):
+    s = ObjectStore(f"file://{tmp_path}/dl")
+    commit_parts(s, tiny_cfg, LAYOUT)
+    per_rank = []
+    for rank in range(2):
+        reader = FeatureReader(s, seed=2, rank=rank, world_size=2)
+        loader = torch.utils.data.DataLoader(reader, batch_size=None, num_workers=2, collate_fn=lambda x: x)
+        per_rank.append([x.sample_id for x in loader])
+    flat = per_rank[0] + per_rank[1]
+    assert len(flat) == len(set(flat)) == TOTAL - TOTAL % 2
+    assert len(per_rank[0]) == len(per_rank[1])
