@@ -71,3 +71,24 @@ def test_bad_extra_prompt_line_is_named(tiny_cfg, tmp_path):
     cfg = tiny_cfg.with_overrides({"eval.extra_prompts": str(bad)})
     with pytest.raises(ValueError, match=r"bad.jsonl line 2: expected an object with a 'prompt'"):
         extra_prompts(cfg, load_tokenizer(cfg.target))
+
+
+def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evaluated):
+    from flashdraft.components.evaluate.evaluate import evaluate_prompts
+    from flashdraft.components.evaluate.prompts import load_eval_prompts
+    from flashdraft.components.evaluate.spec import greedy_accept
+
+    from flashdraft.drafter.model import build_drafter
+    from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
+
+    cfg, _, _ = evaluated
+    tok, model = load_tokenizer(cfg.target), load_causal_lm(cfg.target)
+    prompts = load_eval_prompts(cfg, open_store(cfg.storage, cfg.run_id), tok)[:2]
+    drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=5, tokenizer=tok)
+
+    def one_too_many(draft, choice):
+        return min(draft.numel(), greedy_accept(draft, choice) + 1)
+
+    metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": drafter}, cfg.layer_ids(), accept=one_too_many)
+    assert metrics["lossless"]["checked"] and not metrics["lossless"]["passed"]
+    assert sorted(m["prompt_id"] for m in metrics["lossless"]["mismatches"]) == sorted(p.prompt_id for p in prompts)
