@@ -11,7 +11,7 @@ VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
 .PHONY: install test test-fast test-vllm bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
-        helm-install lint vllm-venv clean
+        helm-install lint vllm-venv bench-venv clean
 
 $(BIN)/flashdraft: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,20 @@ vllm-venv: $(VLLM_VENV)/.ready
 
 test-vllm: install vllm-venv
 	FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) -q -m vllm tests
+
+# The peer for benchmarks/bench_train.py: speculators 0.9.0 (its DFlash model + eager loss) in its own venv; its
+# declared deps pull torchvision/torchaudio/vLLM-era pins, so only the packages its imports need are installed.
+BENCH_VENV ?= .venv-bench
+
+$(BENCH_VENV)/.ready:
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q torch==2.13.0
+	$(BENCH_VENV)/bin/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
+	$(BENCH_VENV)/bin/pip install -q transformers==5.19.0 pydantic pydantic-settings loguru==0.7.3 safetensors \
+	  tqdm rich typer click psutil protobuf "numpy<2.5" openai "datasets>=4,<=5.1.0"
+	touch $@
+
+bench-venv: $(BENCH_VENV)/.ready
 
 # Every benchmarks/bench_*.py in turn (each prints its own table; vLLM parts need `make vllm-venv`).
 bench: install
