@@ -180,8 +180,9 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
     log.info("evaluate: %d prompts, drafter %s, device %s, %d threads", len(prompts), trained_uri, device,
              torch.get_num_threads())
     metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": trained, "baseline": baseline}, layer_ids)
+    # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
-                   host_cpus=os.cpu_count())
+                   host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2))
     store.commit_json(METRICS_KEY, metrics)
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s",
              metrics["drafter"].get("tau", 0), metrics["baseline"].get("tau", 0),

@@ -264,6 +264,7 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
             ["block size", _fmt((ev.get("drafter") or {}).get("block_size"))],
             ["temperature", _fmt(ev.get("temperature"))],
             ["device", f"{ev.get('device')} ({ev.get('threads')} threads)"],
+            ["host", f"{_fmt(ev.get('host_cpus'))} CPUs, load average {_fmt(ev.get('host_load_1m'))} after decoding"],
             ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
     else:
         out.append(("Speculative decoding", f"evaluate: {NOT_RUN}"))
