@@ -82,6 +82,9 @@ class DataConfig(_Section):
     eval_count: int = Field(default=8, ge=0, description="held-out prompts for evaluation")
     num_shards: int = Field(default=1, ge=1)
     seed: int = 0
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra apply_chat_template arguments for every prompt the target reads "
+        "(prep's length filter, generation), e.g. {enable_thinking: false} for Qwen3")
     # Planning inputs: expected tokens per sample (prompt + response) before any data exists.
     expected_tokens_per_sample: int = Field(default=800, ge=1)
     expected_samples: int | None = Field(default=None, ge=1)

@@ -10,6 +10,7 @@ generated too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 _SENTINEL = "\u2063FDREPLY{}\u2063"
 
@@ -20,28 +21,32 @@ class Reply:
     stopped: bool           # ended on a stop token (vs the length limit)
 
 
-def render(tok, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+def render(tok, messages: list[dict[str, str]], add_generation_prompt: bool,
+           template_kwargs: dict[str, Any] | None = None) -> str:
+    """The chat template as text; `template_kwargs` is `data.chat_template_kwargs` (e.g. enable_thinking)."""
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                   **(template_kwargs or {}))
 
 
 def encode(tok, text: str) -> list[int]:
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def prompt_token_count(tok, messages: list[dict[str, str]], regenerate_turns: list[int]) -> int:
+def prompt_token_count(tok, messages: list[dict[str, str]], regenerate_turns: list[int],
+                       template_kwargs: dict[str, Any] | None = None) -> int:
     """Tokens the target reads before its last reply, with earlier replies still empty: the length-filter
     measure of a prompt (for one turn it is exactly the generation prompt)."""
-    return len(encode(tok, render(tok, messages[: regenerate_turns[-1]], add_generation_prompt=True)))
+    return len(encode(tok, render(tok, messages[: regenerate_turns[-1]], True, template_kwargs)))
 
 
-def build_turn(tok, messages: list[dict[str, str]], turn: int, replies: dict[int, Reply]
-               ) -> tuple[list[int], list[int]]:
+def build_turn(tok, messages: list[dict[str, str]], turn: int, replies: dict[int, Reply],
+               template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:
     """Token ids (and loss mask) of the generation prompt for assistant turn `turn`, with the target's earlier
     replies (`replies`, keyed by message index) spliced in as their exact ids."""
     conv = [dict(m) for m in messages[:turn]]
     for idx in replies:
         conv[idx]["content"] = _SENTINEL.format(idx)
-    text = render(tok, conv, add_generation_prompt=True)
+    text = render(tok, conv, True, template_kwargs)
     ids: list[int] = []
     mask: list[int] = []
     stop_pending: int | None = None  # the previous reply's stop token, expected to open the next text piece

@@ -47,6 +47,7 @@ def generation_fingerprint(cfg: RunConfig, tok_fp: dict[str, str], prompts_sha: 
             "target_seed": t.seed if t.source == "tiny" else None, **tok_fp, "backend": g.backend,
             "temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k, "seed": g.seed,
             "max_response_tokens": cfg.data.max_response_tokens, "chunk_size": g.chunk_size,
+            "chat_template_kwargs": cfg.data.chat_template_kwargs,
             "prompts_sha256": prompts_sha}
 
 
@@ -70,7 +71,8 @@ def _finish_reason(replies: list[Reply]) -> str:
     return "stop"
 
 
-def generate_chunk(backend, tok, rows: list[dict], seed: int) -> tuple[list[dict], dict[str, int]]:
+def generate_chunk(backend, tok, rows: list[dict], seed: int, template_kwargs: dict[str, Any] | None = None
+                   ) -> tuple[list[dict], dict[str, int]]:
     """Answer every prompt of a chunk, turn by turn; returns RESPONSE_SCHEMA rows and token counts."""
     convs = [json.loads(r["messages"]) for r in rows]
     turns = [list(r["regenerate_turns"]) for r in rows]
@@ -78,7 +80,7 @@ def generate_chunk(backend, tok, rows: list[dict], seed: int) -> tuple[list[dict
     prompt_tokens = 0
     for t in range(max(len(x) for x in turns)):
         active = [j for j in range(len(rows)) if len(turns[j]) > t]
-        prompts = [build_turn(tok, convs[j], turns[j][t], replies[j])[0] for j in active]
+        prompts = [build_turn(tok, convs[j], turns[j][t], replies[j], template_kwargs)[0] for j in active]
         prompt_tokens += sum(len(p) for p in prompts)
         outs = backend.generate(prompts, [_sample_seed(seed, rows[j]["sample_id"], t) for j in active])
         for j, out in zip(active, outs, strict=True):
@@ -86,7 +88,8 @@ def generate_chunk(backend, tok, rows: list[dict], seed: int) -> tuple[list[dict
     records = []
     for j, row in enumerate(rows):
         last = turns[j][-1]
-        ids, mask = build_turn(tok, convs[j], last, {k: v for k, v in replies[j].items() if k != last})
+        earlier = {k: v for k, v in replies[j].items() if k != last}
+        ids, mask = build_turn(tok, convs[j], last, earlier, template_kwargs)
         final = replies[j][last]
         ids, mask = ids + final.ids, mask + [1] * len(final.ids)
         records.append({"sample_id": row["sample_id"], "input_ids": ids, "loss_mask": mask,
@@ -154,7 +157,8 @@ def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
         try:
             for i in tqdm(todo, desc=f"generate shard {shard}", unit="chunk"):
                 t = time.time()
-                records, stats = generate_chunk(backend, tok, chunks[i], cfg.generation.seed)
+                records, stats = generate_chunk(backend, tok, chunks[i], cfg.generation.seed,
+                                                cfg.data.chat_template_kwargs)
                 seconds = time.time() - t
                 meta = {"fingerprint": fingerprint, **stats, "seconds": round(seconds, 4)}
                 store.commit(layout.response_chunk_key(shard, i),

@@ -71,7 +71,7 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
                 if sample_id in seen:
                     counts["duplicate"] += 1
                     continue
-                n_tokens = prompt_token_count(tok, messages, regen)
+                n_tokens = prompt_token_count(tok, messages, regen, cfg.data.chat_template_kwargs)
                 if n_tokens > cfg.data.max_prompt_tokens:
                     raise BadRow("too_long", f"{n_tokens} prompt tokens > data.max_prompt_tokens="
                                              f"{cfg.data.max_prompt_tokens}")

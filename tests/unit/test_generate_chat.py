@@ -47,3 +47,14 @@ def test_prompt_token_count_measures_up_to_the_last_turn(tok):
     single = CONV[:2] + [{"role": "assistant", "content": ""}]
     assert prompt_token_count(tok, single, [2]) == len(build_turn(tok, single, 2, {})[0])
     assert prompt_token_count(tok, CONV, [2, 4]) > prompt_token_count(tok, single, [2])
+
+
+def test_chat_template_kwargs_reach_the_template():
+    tok = load_tokenizer(load_config(preset="tiny").target)
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% if enable_thinking is false %}<no-think>"
+                         "{% endif %}{% endif %}")
+    plain = build_turn(tok, CONV, 2, {})[0]
+    no_think = build_turn(tok, CONV, 2, {}, {"enable_thinking": False})[0]
+    assert tok.decode(no_think).endswith("<assistant><no-think>") and not tok.decode(plain).endswith("<no-think>")
+    assert prompt_token_count(tok, CONV, [2], {"enable_thinking": False}) == len(no_think)
