@@ -13,7 +13,7 @@ from flashdraft.components.train.trainer import run_train
 
 from flashdraft.config import load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def test_trained_drafter_beats_the_untrained_baseline(tmp_path):
