@@ -39,7 +39,7 @@ from flashdraft.features.manifest import (
     shard_prefix,
 )
 from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
-from flashdraft.features.window import WindowProducer
+from flashdraft.features.window import WindowProducer, released_part
 from flashdraft.records import iter_responses
 from flashdraft.store import ObjectStore, open_store
 
@@ -148,8 +148,15 @@ def _resume_point(store: ObjectStore, shard: int, rows: list[Row]) -> tuple[int,
     """(next part index, samples already committed) from the contiguous committed parts of this shard."""
     done_parts = {k for k in committed_parts(store) if k.startswith(shard_prefix(shard))}
     part, skip = 0, 0
-    while part_key(shard, part) in done_parts:
+    while True:
         key = part_key(shard, part)
+        if key not in done_parts:
+            released = released_part(store, key)  # streaming: already consumed and deleted by the trainer
+            if released is None:
+                break
+            skip += released["samples"]
+            part += 1
+            continue
         head = store.get(key, 0, HEADER_PROBE)
         end = header_length(head, key)
         header = parse_header(head if len(head) >= end else store.get(key, 0, end), key)
@@ -298,7 +305,7 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
         raise ExtractionError(f"shard writer failed: {writer.error}") from writer.error
     elapsed = time.perf_counter() - t0
 
-    parts = [{"key": k, **_part_stats(store, k)} for k in committed_parts(store) if k.startswith(shard_prefix(shard))]
+    parts = [{"key": k, **stats} for k, stats in _part_stats(store, shard, writer.part)]
     summary = {"shard": shard, "backend": cfg.features.backend, "device": device, "codec": codec_from_config(
         cfg).params(), "layer_ids": layer_ids, "samples": sum(p["samples"] for p in parts),
         "tokens": sum(p["tokens"] for p in parts), "bytes": sum(p["bytes"] for p in parts), "parts": parts,
@@ -313,9 +320,19 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     return summary
 
 
-def _part_stats(store: ObjectStore, key: str) -> dict:
-    rec = store.read_commit(key)
-    return {"samples": rec.meta["samples"], "tokens": rec.meta["tokens"], "bytes": rec.size, "sha256": rec.sha256}
+def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[str, dict]]:
+    """(key, {samples, tokens, bytes, sha256}) of parts 0..num_parts-1, stored or (streaming) released."""
+    out = []
+    for p in range(num_parts):
+        key = part_key(shard, p)
+        rec = store.read_commit(key)
+        stats = released_part(store, key) if rec is None else {
+            "samples": rec.meta["samples"], "tokens": rec.meta["tokens"], "bytes": rec.size, "sha256": rec.sha256}
+        if stats is None:
+            raise ExtractionError(f"{store.url(key)} vanished before the shard completed (neither committed nor "
+                                  "released by the streaming consumer)")
+        out.append((key, stats))
+    return out
 
 
 def _feature_source(cfg: RunConfig, layer_ids: list[int], device: str):

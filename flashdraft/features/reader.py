@@ -42,6 +42,7 @@ from flashdraft.features.window import WindowConsumer, WindowTimeout
 from flashdraft.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
+_FLUSH = object()  # follow-mode marker: drain in-flight fetches before waiting for new shards
 
 
 def read_header(store: ObjectStore, key: str) -> ShardHeader:
@@ -169,6 +170,10 @@ class FeatureReader(torch.utils.data.IterableDataset):
                 yield sample
 
             for item in items:
+                if item is _FLUSH:  # the source is about to wait: finish (and release) everything in flight
+                    while pending:
+                        yield from pop()
+                    continue
                 pending.append(item if callable(item) else pool.submit(self.fetch, *item))
                 while len(pending) >= self.prefetch or (pending and callable(pending[0])):
                     yield from pop()
@@ -200,6 +205,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
                     return
                 if deadline is not None and time.monotonic() > deadline:
                     raise WindowTimeout(f"no new feature shard for {self.timeout_s} s and no end-of-stream marker")
+                yield _FLUSH  # a held-back release would keep the producer waiting for room: deadlock
                 time.sleep(self.poll_s)
                 continue
             deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s

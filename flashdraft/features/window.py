@@ -6,7 +6,8 @@ instead of the whole dataset (the point of the PRO 6000 / B200 split: tens of TB
 * Producer (extract): `WindowProducer.wait_for_room(nbytes)` blocks before a part is written while the committed
   parts already stored plus this one would exceed `mode.window_bytes` or `mode.window_shards`.
 * Consumer (follow-mode reader): `WindowConsumer.part_done(key)` records that one reader worker finished its
-  `mode.reuse` passes over a part; once every worker has, the part is uncommitted and deleted.
+  `mode.reuse` passes over a part; once every worker has, the part is uncommitted and deleted, leaving a small
+  `released/` tombstone so a restarted producer resumes after it instead of producing it again.
 * Markers under `features/_stream/` end the other side cleanly: `EOS` (producer finished: the consumer stops
   after the last part), `FAILED` (producer failure: the consumer raises with the message), `STOP` (the consumer
   stopped: a waiting producer raises instead of waiting forever). Every wait has a timeout.
@@ -57,6 +58,18 @@ def _marker_message(store: ObjectStore, key: str) -> str:
         return ""
 
 
+def _released_key(key: str) -> str:
+    return f"{STREAM_PREFIX}/released/{key.replace('/', '__')}"
+
+
+def released_part(store: ObjectStore, key: str) -> dict | None:
+    """Stats of a part the consumer already used up and deleted ({samples, tokens, bytes, sha256}), else None."""
+    try:
+        return store.get_json(_released_key(key))
+    except FileNotFoundError:
+        return None
+
+
 class WindowProducer:
     def __init__(self, store: ObjectStore, mode: ModeConfig, poll_s: float = 1.0, timeout_s: float | None = 3600.0):
         self.store, self.mode, self.poll_s, self.timeout_s = store, mode, poll_s, timeout_s
@@ -102,6 +115,11 @@ class WindowConsumer:
         self.store.put(f"{marker}/worker-{self.worker:05d}", b"")
         if len(self.store.list(marker + "/")) < self.workers:
             return False
+        rec = self.store.read_commit(key)
+        if rec is not None:  # a tombstone, so a resumed producer knows this part existed
+            self.store.put_json(_released_key(key), {"samples": rec.meta.get("samples"),
+                                                     "tokens": rec.meta.get("tokens"), "bytes": rec.size,
+                                                     "sha256": rec.sha256})
         self.store.uncommit(key)
         for k in self.store.list(marker + "/"):
             self.store.delete(k)

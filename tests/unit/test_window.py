@@ -9,7 +9,7 @@ import pytest
 from feature_fixtures import part_bytes
 
 from flashdraft.config import ModeConfig
-from flashdraft.features.manifest import part_key
+from flashdraft.features.manifest import committed_parts, part_key
 from flashdraft.features.reader import FeatureReader
 from flashdraft.features.window import STREAM_PREFIX, StreamFailed, WindowConsumer, WindowProducer
 from flashdraft.store import ObjectStore
@@ -78,3 +78,30 @@ def test_consumer_stop_ends_a_waiting_producer(tiny_cfg):
         producer.wait_for_room(len(data))
     with pytest.raises(StreamFailed, match="never fit"):
         producer.wait_for_room(ModeConfig().window_bytes + 1)
+
+
+def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(tiny_cfg):
+    from feature_fixtures import write_responses
+    from flashdraft.components.extract.extract import run_extract
+
+    from flashdraft.features.manifest import done_key
+    from flashdraft.features.window import EOS_KEY
+
+    cfg = tiny_cfg.with_overrides({"mode.kind": "streaming", "mode.window_shards": 2, "mode.reuse": 1,
+                                   "features.shard_bytes": 30_000, "features.batch_tokens": 64,
+                                   "data.num_shards": 1})
+    rows = write_responses(cfg, n=10)
+    store = ObjectStore(cfg.storage.root).child(cfg.run_id)
+    reader = FeatureReader(store, follow=True, window=WindowConsumer(store), poll_s=0.02, timeout_s=120)
+    seen = []
+    consumer = threading.Thread(target=lambda: seen.extend(s.sample_id for s in reader))
+    consumer.start()
+    summary = run_extract(cfg, 0)
+    consumer.join(timeout=120)
+    assert store.exists(EOS_KEY) and sorted(seen) == sorted(r["sample_id"] for r in rows)
+    assert summary["samples"] == len(rows) and len(summary["parts"]) > 2  # more parts than the window holds
+    # A producer restarted after the trainer released every part must not produce them again.
+    store.uncommit(done_key(0))
+    again = run_extract(cfg, 0)
+    assert again["resumed_from_sample"] == len(rows) and again["new_tokens"] == 0
+    assert committed_parts(store) == [] and again["parts"] == summary["parts"]
