@@ -56,7 +56,7 @@ $(BENCH_VENV)/.ready:
 	$(BENCH_VENV)/bin/pip install -q torch==2.13.0
 	$(BENCH_VENV)/bin/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(BENCH_VENV)/bin/pip install -q transformers==5.19.0 pydantic pydantic-settings loguru==0.7.3 safetensors \
-	  tqdm rich typer click psutil protobuf "numpy<2.5" openai "datasets>=4,<=5.1.0"
+	  tqdm rich typer click psutil protobuf "numpy<2.5" openai httpx aiohttp "datasets>=4,<=5.1.0"
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.ready

@@ -149,3 +149,16 @@ def test_two_gloo_processes_under_torchrun(tiny_cfg):
     assert summary["world_size"] == 2 and summary["steps"] == 4
     assert summary["history"][-1]["anchors"] == 2 * 16 * 4  # both ranks' rows counted
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 4
+
+
+def test_streaming_mode_follows_the_window_until_end_of_stream(tiny_cfg):
+    from flashdraft.features.manifest import committed_parts
+    from flashdraft.features.window import WindowProducer
+
+    cfg = train_cfg(tiny_cfg, **{"mode.kind": "streaming", "mode.reuse": 2, "training.max_steps": 50})
+    write_shards(cfg, rule_sequences(48, seed=3))
+    store = open_store(cfg.storage, cfg.run_id)
+    WindowProducer(store, cfg.mode).finish()  # the producer is done: the reader stops after the last part
+    summary = run_train(cfg)
+    assert summary["steps"] == 48 * 2 // 16  # every sample twice (reuse), 16 per row, then the stream ended
+    assert committed_parts(store) == []  # fully used parts were released from the window
