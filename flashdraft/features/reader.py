@@ -1,7 +1,9 @@
 """Training-side reader: an IterableDataset over committed feature shards, local or S3.
 
-* Byte-range reads: one shard header per part, then one range GET per sample, crc32-checked; a thread pool keeps
-  `prefetch` samples in flight, decoding off the training thread.
+* Reads: one header range read per part, then either one range GET per sample (crc32-checked) or, when this
+  worker takes every sample of a part (one rank, one loader worker; `whole_parts=None` decides), one GET per
+  part, sha256-verified, held until its last planned sample is decoded (memory: the parts the shuffle buffer
+  spans). A thread pool keeps `prefetch` samples in flight, decoding off the training thread.
 * Order: per (seed, epoch) the parts are permuted, each part's samples permuted, and a shuffle buffer mixes
   neighbouring parts; all of this is computed in index space, so it is deterministic, costs no I/O, and resuming
   from `state_dict()` skips exactly the samples already consumed without reading them.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -69,13 +72,47 @@ def shuffle_buffer(items: list, size: int, rng: random.Random) -> list:
     return out + buf
 
 
+class _PartCache:
+    """Whole parts read with one GET each (sha256-verified against the commit record), kept only until this
+    worker has decoded every sample it planned to take from them."""
+
+    def __init__(self, store: ObjectStore):
+        self.store = store
+        self.lock = threading.Lock()
+        self.slots: dict[str, dict] = {}
+
+    def plan(self, items: list[tuple[str, int]]) -> None:
+        with self.lock:
+            for key, _ in items:
+                slot = self.slots.setdefault(key, {"lock": threading.Lock(), "data": None, "remaining": 0})
+                slot["remaining"] += 1
+
+    def get(self, key: str) -> bytes | None:
+        with self.lock:
+            slot = self.slots.get(key)
+        if slot is None:
+            return None
+        with slot["lock"]:
+            if slot["data"] is None:
+                slot["data"] = self.store.get_verified(key)
+            return slot["data"]
+
+    def used(self, key: str) -> None:
+        with self.lock:
+            slot = self.slots[key]
+            slot["remaining"] -= 1
+            if slot["remaining"] == 0:
+                del self.slots[key]
+
+
 class FeatureReader(torch.utils.data.IterableDataset):
     """Yields `Sample(sample_id, input_ids int64 [T], loss_mask bool [T], features bf16 [T, n*H])`."""
 
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None = None, seed: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 256, rank: int = 0, world_size: int = 1,
                  even: bool = True, prefetch: int = 8, threads: int = 4, follow: bool = False, reuse: int = 1,
-                 window: WindowConsumer | None = None, poll_s: float = 1.0, timeout_s: float | None = 3600.0):
+                 window: WindowConsumer | None = None, poll_s: float = 1.0, timeout_s: float | None = 3600.0,
+                 whole_parts: bool | None = None):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -89,6 +126,8 @@ class FeatureReader(torch.utils.data.IterableDataset):
         self._consumed = 0          # samples this worker yielded in the current epoch (or stream)
         self._resume_from = 0
         self._headers: dict[str, ShardHeader] = {}
+        self.whole_parts = whole_parts
+        self._parts: _PartCache | None = None
 
     # -- state ----------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -152,7 +191,27 @@ class FeatureReader(torch.utils.data.IterableDataset):
     def fetch(self, key: str, index: int) -> Sample:
         header = self.header(key)
         start, end = sample_range(header, index)
-        return decode_sample(header, index, self.store.get(key, start, end), self.store.url(key))
+        data = self._parts.get(key) if self._parts is not None else None
+        if data is None:  # range read (also for a direct fetch of a sample no iteration planned)
+            return decode_sample(header, index, self.store.get(key, start, end), self.store.url(key))
+        try:
+            return decode_sample(header, index, memoryview(data)[start:end], self.store.url(key))
+        finally:
+            self._parts.used(key)
+
+    def _plan(self, items: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Decide the read strategy for this worker and register whole-part reads for `items`."""
+        if self._parts is None and self._use_whole_parts():
+            self._parts = _PartCache(self.store)
+        if self._parts is not None:
+            self._parts.plan(items)
+        return items
+
+    def _use_whole_parts(self) -> bool:
+        if self.whole_parts is not None:
+            return self.whole_parts
+        info = torch.utils.data.get_worker_info()
+        return self.world_size == 1 and (info is None or info.num_workers == 1)
 
     def _stream(self, items: Iterator) -> Iterator[Sample]:
         """Fetch (key, index) items ahead on threads, yield in order. A callable item runs when it reaches the
@@ -186,7 +245,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
             return
         skip = self._resume_from
         self._consumed, self._resume_from = skip, 0
-        yield from self._stream(iter(self.worker_order()[skip:]))
+        yield from self._stream(iter(self._plan(self.worker_order()[skip:])))
         self.epoch += 1
         self._consumed = 0
 
@@ -221,7 +280,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
                     mine = self._split(idx)
                     take = mine[skip:] if skip < len(mine) else []
                     skip = max(0, skip - len(mine))
-                    yield from ((key, i) for i in take)
+                    yield from self._plan([(key, i) for i in take])
                 yield lambda key=key: self._release(key)
 
     def _release(self, key: str) -> None:

@@ -9,7 +9,7 @@ from feature_fixtures import commit_parts, provenance
 from flashdraft.features.manifest import ProvenanceError, part_key
 from flashdraft.features.reader import FeatureReader, open_reader
 from flashdraft.features.shard import ShardFormatError
-from flashdraft.store import ObjectStore
+from flashdraft.store import ChecksumError, ObjectStore
 
 LAYOUT = {0: [7, 5], 1: [6], 2: [4, 4, 3]}
 TOTAL = sum(sum(v) for v in LAYOUT.values())
@@ -24,6 +24,13 @@ def store(tiny_cfg):
 
 def ids(reader):
     return [s.sample_id for s in reader]
+
+
+def test_whole_part_and_byte_range_reads_give_the_same_stream(store):
+    a = [(s.sample_id, s.features) for s in FeatureReader(store, seed=9, whole_parts=True)]
+    b = [(s.sample_id, s.features) for s in FeatureReader(store, seed=9, whole_parts=False)]
+    assert [x for x, _ in a] == [x for x, _ in b]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
 
 
 def test_order_is_deterministic_per_seed_and_epoch_and_complete(store, tiny_cfg):
@@ -68,7 +75,9 @@ def test_corrupted_sample_is_reported_with_its_shard(store):
     data[-5] ^= 0x10
     store.put(key, bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-00001/part-00000.fds: sample \d+ .* crc32"):
-        ids(FeatureReader(store, shuffle=False))
+        ids(FeatureReader(store, shuffle=False, whole_parts=False))  # byte ranges: per-sample crc32
+    with pytest.raises(ChecksumError, match="shard-00001/part-00000.fds"):
+        ids(FeatureReader(store, shuffle=False))  # whole parts: sha256 of the commit record
 
 
 def test_provenance_mismatch_is_refused_with_the_fields(tiny_cfg):
