@@ -144,11 +144,7 @@ class VLLMBackend:
             proc.stdin.flush()
         replies: list[Reply] = []
         for proc in self.workers:
-            for out in self._read(proc)["outputs"]:
-                reply = _to_reply(out["ids"], self.stop_ids)
-                if out["finish"] == "length" and reply.stopped:
-                    log.warning("vllm reported length but the reply ends with a stop token")
-                replies.append(reply)
+            replies += [_to_reply(out["ids"], self.stop_ids) for out in self._read(proc)["outputs"]]
         return replies
 
     def close(self) -> None:

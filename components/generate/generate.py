@@ -103,7 +103,7 @@ def generate_chunk(backend, tok, rows: list[dict], seed: int, template_kwargs: d
     return records, stats
 
 
-def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str, int]:
+def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str]:
     try:
         manifest = store.get_json_verified(layout.PROMPTS_MANIFEST)
     except NotCommittedError:
@@ -114,7 +114,7 @@ def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str, int]
         raise ValueError(f"--shard {shard} is out of range: prep made {n_shards} shard(s) (0..{n_shards - 1})")
     key = layout.prompt_shard_key(shard)
     table = parquet_bytes_to_table(store.get_verified(key), PROMPT_SCHEMA)
-    return table.to_pylist(), store.read_commit(key).sha256, manifest["max_prompt_tokens"]
+    return table.to_pylist(), store.read_commit(key).sha256
 
 
 def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
     from .backends import make_backend
 
     store = open_store(cfg.storage, cfg.run_id)
-    rows, prompts_sha, _ = _load_prompts(store, shard)
+    rows, prompts_sha = _load_prompts(store, shard)
     tok = load_tokenizer(cfg.target)
     fingerprint = generation_fingerprint(cfg, tokenizer_fingerprint(tok), prompts_sha)
     done_key = layout.responses_done_key(shard)

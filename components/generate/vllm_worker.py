@@ -30,7 +30,7 @@ def _engine(init: dict):
     return LLM(model=init["model"], tokenizer=init["model"], dtype=init["dtype"], seed=init["seed"],
                tensor_parallel_size=init["tensor_parallel"], max_model_len=init["max_model_len"],
                enable_prefix_caching=init["enable_prefix_caching"], trust_remote_code=init["trust_remote_code"],
-               enforce_eager=init.get("enforce_eager", not on_gpu))
+               enforce_eager=not on_gpu)  # CPU: no graphs to capture, and torch.compile only costs start-up
 
 
 def _generate(llm, request: dict) -> list[dict]:
