@@ -122,15 +122,16 @@ class WindowMonitor(threading.Thread):
                 "peak_stored_bytes": self.peak_bytes, "peak_stored_parts": self.peak_parts}
 
 
-def _watch_producer(producer: subprocess.Popen, cfg: RunConfig) -> threading.Thread:
+def _watch_producer(producer: subprocess.Popen, cfg: RunConfig, stopping: threading.Event) -> threading.Thread:
     """A producer killed hard (OOM, SIGKILL) leaves no marker; its exit status becomes the FAILED marker so the
-    trainer stops with the cause instead of waiting for parts that will never come."""
+    trainer stops with the cause instead of waiting for parts that will never come. Not when this process
+    stopped it (`stopping`): then the trainer is already done or failed with its own error."""
     from flashdraft.features.window import WindowProducer
     from flashdraft.store import open_store
 
     def watch() -> None:
         rc = producer.wait()
-        if rc != 0:
+        if rc != 0 and not stopping.is_set():
             WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).fail(
                 f"extraction producer process exited with status {rc}")
 
@@ -155,10 +156,12 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
     monitor.start()
     with tempfile.TemporaryDirectory() as tmp:
         producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers", _write_config(cfg, tmp)])
-        watcher = _watch_producer(producer, cfg)
+        stopping = threading.Event()
+        watcher = _watch_producer(producer, cfg, stopping)
         try:
             summary = train_in_pod(cfg)
         except BaseException:
+            stopping.set()
             producer.terminate()
             watcher.join(timeout=60)
             monitor.stop()
@@ -167,6 +170,7 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
         # The trainer may finish first (training.max_steps): a producer still waiting for room would wait forever.
         stopped_early = producer.poll() is None and not store.exists(window.EOS_KEY)
         if stopped_early:
+            stopping.set()
             log.info("streaming: the trainer finished before the producers; stopping them")
             window.WindowConsumer(store).stop("the trainer finished (training.max_steps reached)")
         watcher.join()

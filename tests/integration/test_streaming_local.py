@@ -1,0 +1,52 @@
+"""Streaming mode through the local pipeline: extraction and training run at once through a bounded window.
+
+Measures total feature bytes produced vs the peak held in the store, and checks the bound; a producer killed hard
+must end the run with a clear error instead of a trainer waiting forever.
+"""
+
+from __future__ import annotations
+
+import pytest
+from flashdraft.pipelines.local import run_local
+
+from flashdraft import layout
+from flashdraft.config import load_config
+from flashdraft.features.window import FAILED_KEY
+from flashdraft.store import open_store
+
+# One tiny-target sample is ~100-150 KB of features and a part holds one extraction batch, so 128-token batches
+# make parts of one or two samples; a 1 MB window then holds a few of the ~2.4 MB the run produces.
+STREAMING = {"mode.kind": "streaming", "mode.window_bytes": 1_000_000, "mode.window_shards": 4, "mode.reuse": 2,
+             "features.shard_bytes": 65536, "features.batch_tokens": 128, "data.max_samples": 18,
+             "data.eval_count": 2, "data.max_response_tokens": 16, "eval.num_prompts": 2, "eval.max_new_tokens": 16}
+
+
+def _cfg(tmp_path, **extra):
+    return load_config(preset="tiny", overrides={**STREAMING, "storage.root": f"file://{tmp_path}/store", **extra})
+
+
+@pytest.mark.slow
+def test_streaming_peak_stored_bytes_stay_within_the_window(tmp_path):
+    cfg = _cfg(tmp_path)
+    result = run_local(cfg, str(tmp_path / "kfp"))
+    assert result["state"] == "SUCCEEDED", result["error"]
+    stats = result["streaming"]
+    assert stats["produced_parts"] > cfg.mode.window_shards, "the run must produce more than the window holds"
+    assert stats["produced_bytes"] > cfg.mode.window_bytes
+    assert 0 < stats["peak_stored_bytes"] <= cfg.mode.window_bytes
+    assert stats["peak_stored_parts"] <= cfg.mode.window_shards
+    assert result["tau"] is not None and result["tau"] >= 1.0
+    store = open_store(cfg.storage, cfg.run_id)
+    assert store.get_json_verified(layout.metrics_key("stream")) == stats
+
+
+@pytest.mark.slow
+def test_streaming_producer_killed_ends_the_run_with_a_clear_error(tmp_path, monkeypatch):
+    # The extraction producer dies like an OOM kill at its third part: no Python exception, no marker of its own.
+    monkeypatch.setenv("FLASHDRAFT_FAULT_EXTRACT_KILL_AT_PART", "2")
+    cfg = _cfg(tmp_path)
+    result = run_local(cfg, str(tmp_path / "kfp"))
+    assert result["state"] == "FAILED"
+    assert "train" in result["error"]
+    failed = open_store(cfg.storage, cfg.run_id).get_json(FAILED_KEY)
+    assert "exited with status 137" in failed["message"]
