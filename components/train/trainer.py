@@ -253,8 +253,9 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
 
     accum, B = cfg.training.grad_accum, cfg.drafter.block_size
     bar = tqdm(total=total, initial=step, unit="step", desc="train", disable=env.rank != 0 or None)
-    log.info("training %d trainable params, %d optimizer steps, world size %d, strategy %s, device %s",
-             sum(p.numel() for p in params), total, env.world_size, cfg.training.strategy, env.device)
+    if env.rank == 0:
+        log.info("training %d trainable params, %d optimizer steps, world size %d, strategy %s, device %s",
+                 sum(p.numel() for p in params), total, env.world_size, cfg.training.strategy, env.device)
     model.train()
     stopped = False
     t_step = time.perf_counter()
@@ -305,8 +306,8 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     summary = train_summary(cfg, state, prefix, env, raw)
     if env.rank == 0:
         store.commit_json(layout.metrics_key("train"), summary)
-    log.info("trained %d steps: loss %.4f, slot-1 acc %.3f, %.0f tokens/s; checkpoint %s", step,
-             summary["final"]["loss"], summary["final"]["acc_by_pos"][0], summary["tokens_per_s"], prefix)
+        log.info("trained %d steps: loss %.4f, slot-1 acc %.3f, %.0f tokens/s; checkpoint %s", step,
+                 summary["final"]["loss"], summary["final"]["acc_by_pos"][0], summary["tokens_per_s"], prefix)
     return summary
 
 

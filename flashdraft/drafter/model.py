@@ -298,7 +298,7 @@ class DFlashDrafter(nn.Module):
         rope_kv = self._cos_sin(torch.cat([context_positions, block_pos]))
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_kv, layout, self.attn_impl)
-        return self.norm(x).view(N, B, -1)
+        return self.norm(x.view(N, B, -1))  # norm last: the output is not a view (FSDP2 hooks need that)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.to(self.lm_head_weight.dtype) @ self.lm_head_weight.T

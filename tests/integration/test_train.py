@@ -133,11 +133,13 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_under_torchrun(tiny_cfg):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy):
     cfg = train_cfg(tiny_cfg, **{"training.nproc_per_node": 2, "training.epochs": 2})
     write_shards(cfg, rule_sequences(64, seed=2))
     sets = ["storage.root=" + cfg.storage.root, "training.nproc_per_node=2", "training.epochs=2",
-            "training.tokens_per_step=768", "drafter.max_anchors=4", "drafter.block_size=4"]
+            "training.tokens_per_step=768", "drafter.max_anchors=4", "drafter.block_size=4",
+            f"training.strategy={strategy}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "flashdraft.cli", "train", "--preset", "tiny"]
     cmd += [a for s in sets for a in ("--set", s)]
@@ -146,7 +148,7 @@ def test_two_gloo_processes_under_torchrun(tiny_cfg):
     store = open_store(cfg.storage, cfg.run_id)
     summary = store.get_json_verified(layout.metrics_key("train"))
     # 64 samples, 32 per rank, 16 per row -> 2 rows per rank per epoch, 2 epochs
-    assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert summary["world_size"] == 2 and summary["steps"] == 4 and summary["strategy"] == strategy
     assert summary["history"][-1]["anchors"] == 2 * 16 * 4  # both ranks' rows counted
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 4
 
