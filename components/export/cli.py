@@ -24,7 +24,8 @@ def export(
 
     cfg = run_config(config, preset, set_)
     try:
-        summary = run_export(cfg, out_dir=out, dtype=dtype, speculators=speculators)
+        summary = run_export(cfg, out_dir=out if out is not None else Path("exports") / cfg.run_id, dtype=dtype,
+                             speculators=speculators)
     except ExportError as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

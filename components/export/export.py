@@ -58,8 +58,8 @@ def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -
 
 def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str = "bfloat16",
                speculators: bool = False) -> dict:
-    """Export the trained drafter. out_dir default: ./exports/<run_id>; dtype: bfloat16 (z-lab checkpoints'
-    dtype), float16 or float32 (bit-exact with training)."""
+    """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
+    `out_dir/<format>/`. dtype: bfloat16 (z-lab checkpoints' dtype), float16 or float32 (bit-exact)."""
     from flashdraft.components.train.checkpoint import latest_checkpoint
 
     from flashdraft.drafter.model import DFlashDrafter
@@ -74,7 +74,6 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
     if not latest["final"]:
         log.warning("exporting %s: training has not finished (step %d)", latest["prefix"], latest["step"])
     drafter = DFlashDrafter.from_pretrained(store, prefix=latest["prefix"], target=cfg.target)
-    out = Path(out_dir) if out_dir is not None else Path("exports") / cfg.run_id
     formats = {"zlab": _files_zlab(drafter, dtype)}
     if speculators:
         archs = list(getattr(load_hf_config(cfg.target), "architectures", None) or [])
@@ -83,13 +82,17 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
                "mask_token_id": drafter.geometry.mask_token_id, "trainable_mask": drafter.geometry.trainable_mask,
                "target_layer_ids": drafter.geometry.target_layer_ids, "formats": {}}
     for name, files in formats.items():
-        folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = Path(out_dir) / name if out_dir is not None else None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
         for fname, data in files.items():
-            (folder / fname).write_bytes(data)
+            if folder is not None:
+                (folder / fname).write_bytes(data)
             store.commit(f"{layout.EXPORT}/{name}/{fname}", data)
-        summary["formats"][name] = {"local": str(folder.resolve()), "store": store.url(f"{layout.EXPORT}/{name}/"),
+        summary["formats"][name] = {"local": str(folder.resolve()) if folder else None,
+                                    "store": store.url(f"{layout.EXPORT}/{name}/"),
                                     "bytes": {f: len(d) for f, d in files.items()}}
-        log.info("exported %s to %s and %s", name, folder, store.url(f"{layout.EXPORT}/{name}/"))
+        log.info("exported %s to %s%s", name, store.url(f"{layout.EXPORT}/{name}/"),
+                 f" and {folder}" if folder else "")
     store.commit_json(layout.metrics_key("export"), summary)
     return summary

@@ -88,3 +88,13 @@ def test_export_without_checkpoint_fails_clearly(tiny_cfg, tmp_path):
 
     with pytest.raises(ExportError, match="flashdraft train"):
         run_export(tiny_cfg, out_dir=tmp_path)
+
+
+def test_export_without_local_folder_writes_only_the_store(tiny_cfg, tmp_path, monkeypatch):
+    _checkpointed_drafter(tiny_cfg)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    summary = run_export(tiny_cfg)
+    assert summary["formats"]["zlab"]["local"] is None and list(cwd.iterdir()) == []
+    assert open_store(tiny_cfg.storage, tiny_cfg.run_id).is_committed("export/zlab/model.safetensors")
