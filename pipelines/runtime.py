@@ -152,10 +152,15 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
     from flashdraft.features import window
     from flashdraft.store import open_store
 
+    # Two torch processes share the cores: split the thread budget (oversubscribed OpenMP threads spin and crawl).
+    threads = cfg.training.num_threads or os.cpu_count() or 2
+    producer_cfg = cfg.with_overrides({"training.num_threads": max(1, threads // 2)})
+    cfg = cfg.with_overrides({"training.num_threads": max(1, threads - threads // 2)})
     monitor = WindowMonitor(cfg)
     monitor.start()
     with tempfile.TemporaryDirectory() as tmp:
-        producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers", _write_config(cfg, tmp)])
+        producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers",
+                                     _write_config(producer_cfg, tmp)])
         stopping = threading.Event()
         watcher = _watch_producer(producer, cfg, stopping)
         try:
