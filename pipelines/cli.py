@@ -21,7 +21,7 @@ TagOpt = Annotated[str | None, typer.Option(help="Image tag (else env FLASHDRAFT
 
 def _git_sha() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "dev"
