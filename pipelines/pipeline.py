@@ -89,7 +89,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         trainer_node_selector: dict = pools.trainer.node_selector,
         trainer_tolerations: list = pools.trainer.tolerations,
         trainer_gpus: int = pools.trainer.accelerator_count,
-        trainjob_namespace: str = "kubeflow",
+        trainjob_namespace: str = "",  # empty: the run's own namespace
         trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME,
     ):
         params = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from flashdraft.config import RunConfig, dump_config
@@ -23,6 +24,8 @@ PLURAL = "trainjobs"
 NODE_JOB = "node"
 CONFIG_ENV = "FLASHDRAFT_CONFIG_YAML"
 CONFIG_PATH = "/tmp/flashdraft-config.yaml"
+# An empty namespace parameter means the launcher pod's own (the run's profile namespace on multi-user Kubeflow).
+POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # torchrun takes nnodes/nproc/rank/master from the PET_* env the Trainer's torch plugin sets on every node.
 COMMAND = ["sh", "-c", f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
                        f"exec torchrun -m flashdraft.cli train --config {CONFIG_PATH}"]
@@ -92,6 +95,7 @@ def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, An
 
     del config_yaml, overrides  # `cfg` already has both applied; the job gets the resolved config
     config.load_incluster_config()
+    namespace = namespace or Path(POD_NAMESPACE_FILE).read_text().strip()
     api = client.CustomObjectsApi()
     body = render_trainjob(cfg, image=image, namespace=namespace, node_selector=node_selector,
                            tolerations=tolerations, gpus_per_node=gpus_per_node, s3_secret_name=s3_secret_name,
