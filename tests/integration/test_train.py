@@ -84,6 +84,7 @@ def train_cfg(tiny_cfg, **over):
     return tiny_cfg.with_overrides({**base, **over})
 
 
+@pytest.mark.slow  # ~100 optimizer steps: ~1-6 min on 2 cores depending on load
 def test_training_learns_the_rule(tiny_cfg):
     cfg = train_cfg(tiny_cfg, **{"training.epochs": 12, "training.checkpoint_every": 50})
     write_shards(cfg, rule_sequences(128, seed=0))
