@@ -10,8 +10,8 @@
   Scales are bfloat16 (float32's range, half its bytes), rounded up so no value saturates.
 * ``fp8-zstd``  fp8 followed by zstd over the fp8 bytes and the scales.
 
-Decoding is vectorised (zstd + one torch conversion per sample) and returns a bfloat16 tensor [T, n*H] with the
-layers concatenated in increasing id order, the drafter's fc input layout.
+Decoding is vectorised numpy (zstd, byte-plane interleave, an fp8 lookup table) and returns a bfloat16 tensor
+[T, n*H] with the layers concatenated in increasing id order, the drafter's fc input layout.
 """
 
 from __future__ import annotations
@@ -146,19 +146,30 @@ def _u8(q: torch.Tensor) -> torch.Tensor:
     return q.contiguous().view(torch.uint8).cpu()
 
 
-# fp8 e4m3 bit pattern -> the same value as bfloat16 bits (exact: bf16 has more exponent and mantissa bits).
-# A numpy gather through this table is ~5x faster than torch's float8 -> bfloat16 conversion on CPU.
-_FP8_TO_BF16 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.bfloat16).view(
-    torch.int16).numpy()
+# fp8 e4m3 bit pattern -> its value as float32 (exact). A numpy gather through this table is ~5x faster than
+# torch's float8 conversion on CPU.
+_FP8_TO_F32 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+_CHUNK_ELEMENTS = 1 << 15
 
 
 def dequantize_fp8(q: np.ndarray, scales: torch.Tensor, scale: str = "token") -> torch.Tensor:
-    """(fp8 bits uint8 [T, n, H], bf16 scales) -> bf16 [T, n, H]; a single rounding in the multiply."""
+    """(fp8 bits uint8 [T, n, H], bf16 scales) -> bf16 [T, n, H].
+
+    Pure numpy, so decoding in reader threads never contends for torch's intra-op thread pool with the trainer,
+    in cache-sized row chunks. fp8 (4 significant bits) x bf16 scale (8) is exact in float32, so rounding the
+    float32 product to bf16 (round-to-nearest-even on the bits) gives exactly torch's bf16 multiply."""
     t, n, h = q.shape
-    values = torch.from_numpy(_FP8_TO_BF16.take(q)).view(torch.bfloat16)
-    if scale == "token":
-        return values * scales.reshape(t, n, 1)
-    return (values.reshape(t, n, h // BLOCK, BLOCK) * scales.reshape(t, n, h // BLOCK, 1)).reshape(t, n, h)
+    s = scales.float().numpy().reshape(t, n, -1, 1)  # [T, n, 1 or H/64, 1]
+    out = np.empty((t, n, h), dtype=np.uint16)
+    rows = max(1, _CHUNK_ELEMENTS // (n * h))
+    for i in range(0, t, rows):
+        values = _FP8_TO_F32.take(q[i:i + rows])
+        view = values.reshape(values.shape[0], n, s.shape[2], -1)
+        view *= s[i:i + rows]
+        bits = values.view(np.uint32)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        out[i:i + rows] = bits >> 16
+    return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
 
 
 def relative_error_per_layer(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:

@@ -62,3 +62,16 @@ def test_decode_rejects_wrong_sizes_and_corrupt_frames():
         Codec("bf16-zstd").decode(bytes(blob[:-3]), *x.shape)
     with pytest.raises(CodecError, match="unknown codec"):
         Codec("int4")
+
+
+@pytest.mark.parametrize("scale", ["token", "block64"])
+def test_numpy_fp8_decode_equals_torch_bf16_multiply(scale):
+    from flashdraft.features.codecs import dequantize_fp8, quantize_fp8
+
+    x = _features(t=40, h=256)
+    q, s = quantize_fp8(x, scale)
+    got = dequantize_fp8(q.numpy(), s.view(torch.bfloat16), scale)
+    vals = q.view(torch.float8_e4m3fn).to(torch.bfloat16)
+    sb = s.view(torch.bfloat16)
+    ref = vals * sb[..., None] if scale == "token" else (vals.reshape(40, 3, 4, 64) * sb[..., None]).reshape(x.shape)
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
