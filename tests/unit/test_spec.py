@@ -108,10 +108,10 @@ def test_rejection_sampling_preserves_the_target_distribution():
     """With a one-hot draft, the first emitted token must follow the target's softmax exactly."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
-    n = 20000
+    n = 4000
     counts = torch.zeros(4)
     for _ in range(n):
         accepted, nxt = rejection_accept(torch.tensor([1]), logits, 1.0, gen)
         counts[1 if accepted else nxt] += 1
     expected = torch.softmax(logits[0], -1)
-    assert torch.allclose(counts / n, expected, atol=0.015)
+    assert torch.allclose(counts / n, expected, atol=0.03)  # > 4 standard errors at n=4000
