@@ -130,6 +130,9 @@ class DrafterConfig(_Section):
     max_anchors: int = Field(default=512, ge=1)
     mask_token_id: int | None = None
     loss_normalization: Literal["weights", "mask"] = "weights"
+    head_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="dtype of the frozen LM head in the loss GEMMs (softmax/CE stay fp32); "
+                                    "auto = bfloat16 on CUDA, float32 on CPU")
 
     @property
     def resolved_gamma(self) -> float:

@@ -9,10 +9,10 @@ full [slots x vocab] logits.
     does not depend on gamma or on how many late slots are valid.
   - "mask" (speculators): `sum(w * ce) / count(valid slots)`.
   The loss is normalised per micro-batch; gradient accumulation and DDP then average micro-batches/ranks.
-* Memory/time: `fused_linear_cross_entropy` walks the slots in chunks; per chunk it forms the logits once,
-  takes logsumexp, the label logit and the argmax (accuracy), and immediately computes the gradient w.r.t. the
-  hidden states `(softmax - onehot) * w @ W`, so the vocab-sized tensor of a chunk dies before the next one and
-  backward is a single multiply. The LM head is frozen, so no weight gradient is needed.
+* Memory/time: `fused_linear_cross_entropy` walks the slots in chunks of ~2**26 logits; per chunk it forms the
+  logits once, takes one max pass (stabiliser and argmax for accuracy), exponentiates in place, and immediately
+  computes the gradient w.r.t. the hidden states `(softmax - onehot) * w @ W`, so the vocab-sized tensor of a
+  chunk dies before the next one and backward is a single multiply. The LM head is frozen, so no weight gradient.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_CHUNK = 256
+CHUNK_ELEMENTS = 2**26
 
 
 def slot_weights(block_size: int, gamma: float, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -43,22 +43,26 @@ class _FusedLinearCE(torch.autograd.Function):
     def forward(ctx, hidden, weight, labels, row_weight, chunk):
         needs_grad = hidden.requires_grad
         M = hidden.shape[0]
-        acc_dtype = torch.promote_types(hidden.dtype, torch.float32)  # fp32 logits/CE even for bf16 inputs
+        acc_dtype = torch.promote_types(hidden.dtype, torch.float32)  # fp32 softmax/CE even for bf16 GEMMs
         ce = torch.empty(M, device=hidden.device, dtype=acc_dtype)
         correct = torch.empty(M, device=hidden.device, dtype=torch.bool)
         grad = torch.empty_like(hidden) if needs_grad else None
         w = weight  # never copied: on GPU the head is bf16 and large; the hidden chunk is cast instead
         for s in range(0, M, chunk):
             e = min(M, s + chunk)
-            logits = (hidden[s:e].to(w.dtype) @ w.T).to(acc_dtype)
-            lse = torch.logsumexp(logits, dim=-1)
             lab = labels[s:e]
-            ce[s:e] = lse - logits.gather(1, lab[:, None]).squeeze(1)
-            correct[s:e] = logits.argmax(-1) == lab
-            if needs_grad:
-                probs = logits.sub_(lse[:, None]).exp_()
-                probs[torch.arange(e - s, device=probs.device), lab] -= 1.0
-                probs.mul_(row_weight[s:e, None])
+            logits = (hidden[s:e].to(w.dtype) @ w.T).to(acc_dtype)
+            # one max pass gives both the stabiliser and the argmax; exp in place; no separate logsumexp
+            mx, am = logits.max(dim=-1)
+            target = logits.gather(1, lab[:, None]).squeeze(1)
+            probs = logits.sub_(mx[:, None]).exp_()
+            total = probs.sum(dim=-1)
+            ce[s:e] = mx + total.log() - target
+            correct[s:e] = am == lab
+            if needs_grad:  # d(w * CE)/d(logits) = w * (softmax - onehot)
+                rw = row_weight[s:e]
+                probs.mul_((rw / total)[:, None])
+                probs[torch.arange(e - s, device=probs.device), lab] -= rw
                 grad[s:e] = (probs.to(w.dtype) @ w).to(grad.dtype)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(ce, correct)
@@ -70,13 +74,19 @@ class _FusedLinearCE(torch.autograd.Function):
         return grad * grad_loss.to(grad.dtype), None, None, None, None
 
 
+def default_chunk(vocab_size: int) -> int:
+    """Rows per chunk so one chunk's fp32 logits stay near CHUNK_ELEMENTS (256 MB): big GEMMs, bounded memory."""
+    return max(16, CHUNK_ELEMENTS // vocab_size)
+
+
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                               row_weight: torch.Tensor, chunk: int = DEFAULT_CHUNK):
+                               row_weight: torch.Tensor, chunk: int | None = None):
     """(sum_i row_weight_i * CE(hidden_i @ weight.T, labels_i), per-row CE, per-row argmax==label), chunked.
     `row_weight` must already contain the normalisation."""
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
-        return _FusedLinearCE.apply(hidden, weight, labels, row_weight.to(acc_dtype), chunk)
+        return _FusedLinearCE.apply(hidden, weight, labels, row_weight.to(acc_dtype),
+                                    chunk or default_chunk(weight.shape[0]))
 
 
 @dataclass
@@ -88,7 +98,7 @@ class LossOutput:
 
 
 def dflash_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-                gamma: float, normalization: str = "weights", chunk: int = DEFAULT_CHUNK) -> LossOutput:
+                gamma: float, normalization: str = "weights", chunk: int | None = None) -> LossOutput:
     """hidden [N, B, H] from the drafter; labels/valid [N, B-1] from `block_labels`."""
     if normalization not in ("weights", "mask"):
         raise ValueError(f"drafter.loss_normalization={normalization!r}: use 'weights' or 'mask'")
