@@ -75,9 +75,9 @@ def test_corrupted_sample_is_reported_with_its_shard(store):
     data[-5] ^= 0x10
     store.put(key, bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-00001/part-00000.fds: sample \d+ .* crc32"):
-        ids(FeatureReader(store, shuffle=False, whole_parts=False))  # byte ranges: per-sample crc32
+        ids(FeatureReader(store, shuffle=False))  # byte ranges: per-sample crc32
     with pytest.raises(ChecksumError, match="shard-00001/part-00000.fds"):
-        ids(FeatureReader(store, shuffle=False))  # whole parts: sha256 of the commit record
+        ids(FeatureReader(store, shuffle=False, whole_parts=True))  # whole parts: sha256 of the commit record
 
 
 def test_provenance_mismatch_is_refused_with_the_fields(tiny_cfg):
