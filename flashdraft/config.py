@@ -154,7 +154,8 @@ class TrainingConfig(_Section):
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
     seed: int = 0
-    num_threads: int | None = Field(default=None, ge=1)
+    num_threads: int | None = Field(
+        default=None, ge=1, description="torch CPU threads for every CPU stage (generate, extract, train, evaluate)")
 
     @property
     def world_size(self) -> int:

@@ -151,6 +151,15 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
     return model.to(device).eval()
 
 
+def set_cpu_threads(cfg: RunConfig, device: str = "cpu") -> None:
+    """Pin torch's CPU thread pool to `training.num_threads` (all CPU stages share that budget): on a small
+    machine an oversubscribed OpenMP pool runs several times slower than a right-sized one."""
+    import torch
+
+    if cfg.training.num_threads and str(device).startswith("cpu"):
+        torch.set_num_threads(cfg.training.num_threads)
+
+
 def target_num_layers(cfg: RunConfig) -> int:
     if cfg.target.num_layers is not None:
         return cfg.target.num_layers

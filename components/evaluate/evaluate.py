@@ -161,7 +161,7 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
     """
     import torch
 
-    from flashdraft.target import load_causal_lm, load_tokenizer, target_num_layers
+    from flashdraft.target import load_causal_lm, load_tokenizer, set_cpu_threads, target_num_layers
 
     store = open_store(cfg.storage, cfg.run_id)
     if not force and store.is_committed(METRICS_KEY):
@@ -169,9 +169,8 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
         if done.get("lossless", {}).get("passed") or not done.get("lossless", {}).get("checked", True):
             log.info("evaluate: %s already committed; nothing to do", store.url(METRICS_KEY))
             return done
-    if cfg.training.num_threads:
-        torch.set_num_threads(cfg.training.num_threads)
     device = _device()
+    set_cpu_threads(cfg, device)
     tok = load_tokenizer(cfg.target)
     model = load_causal_lm(cfg.target, device)
     layer_ids = cfg.layer_ids(target_num_layers(cfg))

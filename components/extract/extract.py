@@ -300,7 +300,7 @@ def run_extract(cfg: RunConfig, shard: int) -> dict:
 def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     from tqdm import tqdm
 
-    from flashdraft.target import load_hf_config, load_tokenizer, tokenizer_fingerprint
+    from flashdraft.target import load_hf_config, load_tokenizer, set_cpu_threads, tokenizer_fingerprint
 
     store = open_store(cfg.storage, cfg.run_id)
     if store.is_committed(done_key(shard)):
@@ -319,8 +319,7 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
 
     device = extraction_device()
     torch.manual_seed(0)
-    if cfg.training.num_threads and device == "cpu":
-        torch.set_num_threads(cfg.training.num_threads)
+    set_cpu_threads(cfg, device)
     source = _feature_source(cfg, layer_ids, device) if todo else None
     writer = ShardWriter(store, shard, first_part, codec_from_config(cfg), layer_ids, hidden, provenance,
                          cfg.features.shard_bytes, cfg.features.queue_depth, window)

@@ -121,10 +121,11 @@ def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
     """Generate (or resume, or confirm) responses for prompt shard `shard`; returns the shard's DONE record."""
     from tqdm import tqdm
 
-    from flashdraft.target import load_tokenizer, tokenizer_fingerprint
+    from flashdraft.target import load_tokenizer, set_cpu_threads, tokenizer_fingerprint
 
     from .backends import make_backend
 
+    set_cpu_threads(cfg)
     store = open_store(cfg.storage, cfg.run_id)
     rows, prompts_sha = _load_prompts(store, shard)
     tok = load_tokenizer(cfg.target)

@@ -225,10 +225,10 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     from tqdm import tqdm
 
     from flashdraft.features.reader import open_reader
+    from flashdraft.target import set_cpu_threads
 
     env = setup_distributed()
-    if cfg.training.num_threads and env.device.type == "cpu":
-        torch.set_num_threads(cfg.training.num_threads)
+    set_cpu_threads(cfg, env.device.type)
     store = open_store(cfg.storage, cfg.run_id)
     latest = latest_checkpoint(store)
     if latest and latest["final"] and store.is_committed(layout.metrics_key("train")):
