@@ -24,8 +24,8 @@ $(BIN)/flashdraft: pyproject.toml
 
 install: $(BIN)/flashdraft
 
-test: install
-	$(PYTEST) -q -m "not vllm" tests
+test: install tools
+	$(PYTEST) -q -m "not vllm" --durations=25 tests
 
 test-fast: install
 	$(PYTEST) -q -m "not vllm and not slow and not integration" tests
