@@ -15,8 +15,8 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pret
 _COMMAND_MODULES = [
     "flashdraft.components.plan.cli",
     "flashdraft.components.prep.cli",
-    "flashdraft.components.extract.cli",
     "flashdraft.components.generate.cli",
+    "flashdraft.components.extract.cli",
     "flashdraft.components.train.cli",
     "flashdraft.components.export.cli",
     "flashdraft.components.evaluate.cli",
