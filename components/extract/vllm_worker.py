@@ -16,10 +16,9 @@ Protocol (JSON lines): first line the engine config -> `{"ready": true, "startup
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
+
+from flashdraft.vllm_protocol import serve
 
 
 class HiddenStateExtension:
@@ -86,20 +85,7 @@ def _extract(llm, request: dict) -> dict:
 
 
 def main() -> None:
-    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything vLLM prints lands on stderr
-
-    def send(obj: dict) -> None:
-        protocol.write(json.dumps(obj) + "\n")
-        protocol.flush()
-
-    t0 = time.time()
-    llm = _engine(json.loads(sys.stdin.readline()))
-    send({"ready": True, "startup_s": round(time.time() - t0, 2)})
-    for line in sys.stdin:
-        if line.strip():
-            t = time.time()
-            send({**_extract(llm, json.loads(line)), "seconds": round(time.time() - t, 4)})
+    serve(_engine, _extract)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 vLLM's `LLM(...)` must be created under a `__main__` guard (it spawns engine processes), and on CPU machines it
 lives in its own venv (`make vllm-venv`), so generation talks to it over a tiny JSON-lines protocol on
-stdin/stdout. This module imports only the standard library and vLLM, so it runs in an interpreter that has
+stdin/stdout (flashdraft.vllm_protocol). Only the standard library and vLLM are imported, so it runs in an interpreter that has
 neither pyarrow nor the rest of flashdraft's dependencies.
 
 Protocol: the first line is the engine config; the worker answers `{"ready": true, "startup_s": ...}`. Each
@@ -13,10 +13,9 @@ vLLM prints goes to stderr so stdout carries only protocol lines.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
+
+from flashdraft.vllm_protocol import serve
 
 
 def _engine(init: dict):
@@ -47,22 +46,7 @@ def _generate(llm, request: dict) -> list[dict]:
 
 
 def main() -> None:
-    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything else printed lands on stderr
-
-    def send(obj: dict) -> None:
-        protocol.write(json.dumps(obj) + "\n")
-        protocol.flush()
-
-    t0 = time.time()
-    llm = _engine(json.loads(sys.stdin.readline()))
-    send({"ready": True, "startup_s": round(time.time() - t0, 2)})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        t = time.time()
-        outputs = _generate(llm, json.loads(line))
-        send({"outputs": outputs, "seconds": round(time.time() - t, 4)})
+    serve(_engine, lambda llm, request: {"outputs": _generate(llm, request)})
 
 
 if __name__ == "__main__":
