@@ -2,8 +2,8 @@
 
 vLLM's `LLM(...)` must be created under a `__main__` guard (it spawns engine processes), and on CPU machines it
 lives in its own venv (`make vllm-venv`), so generation talks to it over a tiny JSON-lines protocol on
-stdin/stdout (flashdraft.vllm_protocol). Only the standard library and vLLM are imported, so it runs in an interpreter that has
-neither pyarrow nor the rest of flashdraft's dependencies.
+stdin/stdout (flashdraft.vllm_protocol). Only the standard library and vLLM are imported, so it runs in an
+interpreter that has neither pyarrow nor the rest of flashdraft's dependencies.
 
 Protocol: the first line is the engine config; the worker answers `{"ready": true, "startup_s": ...}`. Each
 further line is `{"prompts": [[ids]], "seeds": [...], "sampling": {...}}`, answered by
