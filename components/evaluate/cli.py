@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 
 def evaluate(
@@ -25,8 +25,7 @@ def evaluate(
     try:
         summary = run_evaluate(cfg, force=force)
     except (LosslessError, FileNotFoundError) as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+        raise fail(exc, 1) from None
     brief = {k: summary.get(k) for k in ("target", "drafter", "baseline", "lossless")}
     typer.echo(json.dumps(brief, indent=2))
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 
 def export(
@@ -27,8 +27,7 @@ def export(
         summary = run_export(cfg, out_dir=out if out is not None else Path("exports") / cfg.run_id, dtype=dtype,
                              speculators=speculators)
     except ExportError as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        raise fail(exc, 2) from None
     typer.echo(json.dumps(summary, indent=2))
 
 

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, fail, run_config
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +21,5 @@ def register(app: typer.Typer) -> None:
         try:
             done = run_generate(cfg, shard)
         except (GenerationDriftError, NotCommittedError, ValueError) as exc:
-            typer.secho(str(exc), fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
+            raise fail(exc, 1) from None
         typer.echo(json.dumps({k: v for k, v in done.items() if k != "fingerprint"}, sort_keys=True))

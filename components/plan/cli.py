@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 
 def plan(
@@ -28,8 +28,7 @@ def plan(
     try:
         report = make_plan(cfg)
     except (ConfigError, KeyError) as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        raise fail(exc, 2) from None
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

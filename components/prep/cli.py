@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 
 def register(app: typer.Typer) -> None:
@@ -18,6 +18,5 @@ def register(app: typer.Typer) -> None:
         try:
             summary = run_prep(cfg)
         except (SourceError, PrepDriftError) as exc:
-            typer.secho(str(exc), fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
+            raise fail(exc, 1) from None
         typer.echo(summary["markdown"])

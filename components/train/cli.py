@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 
 def torchrun_command(cfg, config, preset, sets) -> list[str]:
@@ -42,8 +42,7 @@ def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = Non
     try:
         summary = run_train(cfg)
     except TrainError as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        raise fail(exc, 2) from None
     if int(os.environ.get("RANK", "0")) == 0:
         typer.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}))
 
