@@ -15,11 +15,13 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -173,11 +175,22 @@ def rclone_s3(folder: Path):
         proc.wait(timeout=10)
 
 
-def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path, copies: int,
+def _rate(read, repeats: int) -> tuple[int, float]:
+    """(samples, median samples/s over `repeats` passes): one pass is noise on a 2-core machine."""
+    rates, n = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        n = read()
+        rates.append(n / (time.perf_counter() - t0))
+    return n, statistics.median(rates)
+
+
+def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path, copies: int, repeats: int,
                  codecs=("bf16-zstd", "fp8-zstd")) -> list[dict]:
-    """Samples/s over S3: FeatureReader (8 prefetch threads; whole-part GETs as one rank uses them, and per-sample
-    range GETs as with several ranks) on shards of each codec vs a map-style Dataset reading one bf16 safetensors
-    object per sample (num_workers=0)."""
+    """Samples/s over S3, median of `repeats` passes. Baseline: one bf16 safetensors object per sample, read by a
+    map-style Dataset (num_workers=0), and the same objects fetched by 8 threads (FeatureReader's concurrency).
+    Ours: FeatureReader (8 threads, 32 in flight) on shards of each codec, with the whole-part GETs one rank uses
+    by default and the per-sample range GETs each of several ranks uses."""
     ids = cfg.layer_ids()
     out = []
     with rclone_s3(work / "s3") as storage:
@@ -186,10 +199,13 @@ def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path
             for s, f in zip(samples, feats, strict=True):
                 s3.put(f"naive/{c}/{s['sample_id']}.safetensors", naive_file(s["input_ids"], s["loss_mask"], f))
         naive_keys = s3.list("naive/")
-        t0 = time.perf_counter()
-        for key in naive_keys:
-            st_load(s3.get(key))
-        naive_rate = len(naive_keys) / (time.perf_counter() - t0)
+        _, naive_rate = _rate(lambda: sum(1 for k in naive_keys if st_load(s3.get(k))), repeats)
+        with ThreadPoolExecutor(8) as pool:
+            _, naive_threads = _rate(lambda: sum(1 for _ in pool.map(lambda k: st_load(s3.get(k)), naive_keys)),
+                                     repeats)
+        out.append({"codec": "bf16", "reads": "1 object/sample, 8 threads", "samples": len(naive_keys),
+                    "ours_samples_s": naive_threads, "naive_samples_s": naive_rate,
+                    "ratio": naive_threads / naive_rate, "target": None})
         for name in codecs:
             codec = Codec(name)
             blobs = [(s["sample_id"], len(s["input_ids"]), encode_sample(codec, s["input_ids"], s["loss_mask"], f))
@@ -200,11 +216,11 @@ def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path
                              {"samples": len(blobs)})
             for whole in (True, False):
                 reader = FeatureReader(store, seed=0, threads=8, prefetch=32, whole_parts=whole)
-                t0 = time.perf_counter()
-                n = sum(1 for _ in reader)
-                rate = n / (time.perf_counter() - t0)
-                out.append({"codec": name, "reads": "part GETs" if whole else "range GETs", "samples": n,
-                            "ours_samples_s": rate, "naive_samples_s": naive_rate, "ratio": rate / naive_rate})
+                n, rate = _rate(lambda r=reader: sum(1 for _ in r), repeats)
+                out.append({"codec": f"{name} shards", "reads": "part GETs (1 rank)" if whole else
+                            "range GETs (per rank of several)", "samples": n, "ours_samples_s": rate,
+                            "naive_samples_s": naive_rate, "ratio": rate / naive_rate,
+                            "target": TARGETS["reader"] if whole else None})
     return out
 
 
@@ -213,6 +229,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--copies", type=int, default=8, help="dataset replicas on S3 for the reader benchmark")
+    ap.add_argument("--repeats", type=int, default=5, help="reader passes per row (the median is reported)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--samples-cache", type=Path, help="reuse the generated samples from this JSON file")
     args = ap.parse_args()
@@ -231,7 +248,7 @@ def main() -> None:
         feats = capture(cfg, samples)
         codecs = bench_codecs(cfg, samples, feats)
         extract = bench_extract(cfg, samples, work)
-        reader = bench_reader(cfg, samples, feats, work, args.copies)
+        reader = bench_reader(cfg, samples, feats, work, args.copies, args.repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -247,8 +264,9 @@ def main() -> None:
     print(f"| extraction tokens/s | {extract['ours_tok_s']:.0f} | {extract['naive_tok_s']:.0f} | "
           f"{extract['ratio']:.2f}x | >= {TARGETS['extract']}x |")
     for r in reader:
-        print(f"| reader samples/s, S3, {r['codec']} shards, {r['reads']} | {r['ours_samples_s']:.0f} | "
-              f"{r['naive_samples_s']:.0f} | {r['ratio']:.2f}x | >= {TARGETS['reader']}x |")
+        target = f">= {r['target']}x" if r["target"] else ""
+        print(f"| reader samples/s, S3, {r['codec']}, {r['reads']} | {r['ours_samples_s']:.0f} | "
+              f"{r['naive_samples_s']:.0f} | {r['ratio']:.2f}x | {target} |")
     if args.json:
         args.json.write_text(json.dumps({"codecs": codecs, "extract": extract, "reader": reader}, indent=2))
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 STORAGE_SCHEMES = ("file", "s3", "memory")
 CODECS = ("bf16", "bf16-zstd", "fp8", "fp8-zstd")
 STAGES = ("plan", "prep", "generate", "extract", "train", "evaluate", "export", "report")
+CPU_FORWARD_TOKENS = 1024  # extraction forward size on CPU (see FeaturesConfig.forward_tokens)
 
 
 class ConfigError(ValueError):
@@ -112,8 +113,16 @@ class FeaturesConfig(_Section):
     zstd_level: int = Field(default=1, ge=-7, le=22)
     shard_bytes: int = Field(default=512 * 2**20, ge=1024)
     backend: Literal["hf", "vllm"] = "hf"
-    batch_tokens: int = Field(default=8192, ge=16, description="tokens per packed extraction batch")
+    batch_tokens: int = Field(default=8192, ge=16, description="tokens per extraction batch (the writer's unit)")
+    forward_tokens: int | None = Field(
+        default=None, ge=16, description="padded tokens per target forward; default: batch_tokens on a GPU, "
+        f"{CPU_FORWARD_TOKENS} on a CPU (cache-sized: measured faster than larger forwards there)")
     queue_depth: int = Field(default=4, ge=1, description="encoded batches in flight to the uploader")
+
+    def forward_tokens_on(self, device: str) -> int:
+        if self.forward_tokens is not None:
+            return self.forward_tokens
+        return self.batch_tokens if device.startswith("cuda") else min(self.batch_tokens, CPU_FORWARD_TOKENS)
 
     @field_validator("codec")
     @classmethod

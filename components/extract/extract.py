@@ -4,8 +4,12 @@ One call handles one generation shard K (`responses/shard-K/`) and writes `featu
 
 * Only needed work: the target is loaded with just `max(layer_ids) + 1` decoder layers and the forward stops
   after the deepest one (no final norm, lm_head or logits); only the configured layers are kept.
-* Padding-free packing: samples are packed in input order into rows of up to `features.batch_tokens` tokens
-  with position ids restarting per sample (HF builds a block-diagonal causal mask from them).
+* Length-bucketed forwards: a batch of up to `features.batch_tokens` tokens is sorted by length and cut into
+  right-padded forwards of at most `features.forward_tokens` padded tokens, with no attention mask at all: under
+  causal attention no real token can see the padding after it, so the features are exact and attention takes
+  its fastest (mask-free) path. Sorting keeps padding to a few percent. Measured on SmolLM2 (CPU), this beat
+  padding-free packing, whose block-diagonal mask costs more than the padding it saves (1.73x vs 1.50x over
+  the naive loop).
 * Compute overlaps compression and upload: a writer thread takes finished batches from a bounded queue
   (`features.queue_depth`, backpressure when the store is slow), encodes them and commits shards.
 * Exactly-once: a part closes only at a batch boundary once it holds >= `features.shard_bytes`, so the split is
@@ -47,7 +51,6 @@ log = logging.getLogger(__name__)
 
 # Test hook: exit the process (as a kill would) after writing part N's bytes but before its commit record.
 FAULT_ENV = "FLASHDRAFT_FAULT_EXTRACT_KILL_AT_PART"
-ROW_MEAN_FACTOR = 4  # packed row length / mean sample length: ~12% filler vs ~17% masked attention (see bench)
 
 
 class ExtractionError(RuntimeError):
@@ -92,29 +95,20 @@ def pack_batches(rows: list[Row], batch_tokens: int) -> Iterator[list[Row]]:
         yield batch
 
 
-def pack_rows(lengths: list[int], row_len: int) -> list[list[int]]:
-    """First-fit packing of samples (by index, input order) into rows of `row_len` tokens."""
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i, n in enumerate(lengths):
-        for r, room in enumerate(free):
-            if n <= room:
-                rows[r].append(i)
-                free[r] -= n
-                break
+def length_buckets(lengths: list[int], forward_tokens: int) -> list[list[int]]:
+    """Sample indices sorted by length (ties in input order), cut into groups whose padded size (members x
+    longest) stays within `forward_tokens`; a longer sample forms a group alone. A pure function of the input."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= forward_tokens:
+            groups[-1].append(i)
         else:
-            rows.append([i])
-            free.append(row_len - n)
-    return rows
+            groups.append([i])
+    return groups
 
 
 class HFFeatureSource:
-    """Packed prefill through a truncated HF target with hooks on the configured layers.
-
-    A batch is packed padding-free into rows of about ROW_MEAN_FACTOR x the mean sample length (never less than
-    the longest sample), stacked as [R, L]. Rows rather than one long sequence because non-varlen attention
-    (SDPA on CPU, or without flash-attn) pays for the whole L x L block-diagonal mask: one 4096-token row spends
-    more on masked-out attention than on the MLPs for short samples."""
+    """Length-bucketed prefill through a truncated HF target with hooks on the configured layers."""
 
     def __init__(self, cfg: RunConfig, layer_ids: list[int], device: str):
         from transformers.utils import logging as hf_logging
@@ -132,54 +126,33 @@ class HFFeatureSource:
             hf_logging.set_verbosity(verbosity)
         self.layer_ids = layer_ids
         self.device = device
-        self.batch_tokens = cfg.features.batch_tokens
+        self.forward_tokens = cfg.features.forward_tokens_on(device)
 
     def features(self, batch: list[Row]) -> list[torch.Tensor]:
+        """Per-sample [T, n, H] CPU bf16 features; fails loudly if a forward returns fewer positions than given."""
         from flashdraft.capture import capture_layers
 
         lengths = [len(r.input_ids) for r in batch]
-        row_len = max(max(lengths), min(self.batch_tokens, ROW_MEAN_FACTOR * sum(lengths) // len(lengths)))
-        rows = pack_rows(lengths, row_len)
-        ids = torch.zeros((len(rows), row_len), dtype=torch.long)
-        pos = torch.zeros((len(rows), row_len), dtype=torch.long)
-        where = [0] * len(batch)  # flat index of each sample's first token in the [R * L] grid
-        for r, members in enumerate(rows):
-            start = 0
-            for i in members:
-                n = lengths[i]
-                ids[r, start:start + n] = torch.tensor(batch[i].input_ids)
-                pos[r, start:start + n] = torch.arange(n)
-                where[i] = r * row_len + start
-                start += n
-            pos[r, start:] = torch.arange(row_len - start)  # filler: a separate sequence, discarded
+        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         with capture_layers(self.model, self.layer_ids, stop_after_deepest=True) as cap:
-            cap.forward(input_ids=ids.to(self.device), position_ids=pos.to(self.device))
-            grid = cap.features()  # [R, L, n*H]
-        if tuple(grid.shape[:2]) != (len(rows), row_len):
-            raise ExtractionError(f"captured a {tuple(grid.shape[:2])} grid for a ({len(rows)}, {row_len}) batch")
-        index = torch.cat([torch.arange(w, w + n) for w, n in zip(where, lengths, strict=True)]).to(grid.device)
-        return split_checked(grid.reshape(-1, grid.shape[-1])[index], batch, len(self.layer_ids))
+            for group in length_buckets(lengths, self.forward_tokens):
+                width = lengths[group[-1]]
+                ids = torch.zeros((len(group), width), dtype=torch.long)  # right padding, never attended to
+                for row, i in enumerate(group):
+                    ids[row, : lengths[i]] = torch.tensor(batch[i].input_ids)
+                cap.forward(input_ids=ids.to(self.device))
+                grid = cap.features()  # [G, W, n*H]
+                if tuple(grid.shape[:2]) != (len(group), width):
+                    raise ExtractionError(f"captured a {tuple(grid.shape[:2])} grid for samples "
+                                          f"{[batch[i].sample_id for i in group]} padded to ({len(group)}, {width}): "
+                                          "truncation or drift")
+                grid = grid.to("cpu", torch.bfloat16)
+                for row, i in enumerate(group):
+                    out[i] = grid[row, : lengths[i]].reshape(lengths[i], len(self.layer_ids), -1)
+        return out
 
     def close(self) -> None:
         self.model = None
-
-
-def split_checked(feats: torch.Tensor, batch: list[Row], num_layers: int) -> list[torch.Tensor]:
-    """Per-sample [T, n, H] CPU bf16 views; fail loudly if the captured token count drifts from the input."""
-    total = sum(len(r.input_ids) for r in batch)
-    if feats.shape[0] != total:
-        raise ExtractionError(f"captured {feats.shape[0]} feature rows for a batch of {total} tokens "
-                              f"(samples {[r.sample_id for r in batch]}): truncation or drift")
-    feats = feats.to("cpu", torch.bfloat16)
-    out, start = [], 0
-    for r in batch:
-        t = len(r.input_ids)
-        piece = feats[start:start + t]
-        if piece.shape[0] != t:
-            raise ExtractionError(f"sample {r.sample_id}: {piece.shape[0]} feature rows for {t} tokens")
-        out.append(piece.reshape(t, num_layers, -1))
-        start += t
-    return out
 
 
 def _resume_point(store: ObjectStore, shard: int, rows: list[Row]) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from feature_fixtures import write_responses
-from flashdraft.components.extract.extract import FAULT_ENV, run_extract
+from flashdraft.components.extract.extract import FAULT_ENV, length_buckets, run_extract
 
 from flashdraft.features.manifest import MANIFEST_KEY, committed_parts, done_key, part_key
 from flashdraft.features.shard import iter_shard
@@ -39,14 +39,26 @@ def test_extract_writes_committed_shards_matching_hf(cfg):
     assert [s.sample_id for s in samples] == [r["sample_id"] for r in rows]
     model = load_causal_lm(cfg.target)
     ids = cfg.layer_ids()
-    for s, r in zip(samples[:3], rows[:3], strict=True):
+    for s, r in zip(samples, rows, strict=True):  # every sample: each sat in some padded, length-sorted forward
         assert s.input_ids.tolist() == r["input_ids"] and s.loss_mask.tolist() == [bool(m) for m in r["loss_mask"]]
         with torch.inference_mode():
             hs = model(input_ids=torch.tensor([r["input_ids"]]), output_hidden_states=True).hidden_states
         ref = torch.cat([hs[i + 1][0] for i in ids], dim=-1).to(torch.bfloat16)
-        # packed (block-diagonal) attention vs a lone forward: equal up to float reassociation
+        # right-padded batch vs a lone forward: equal up to float reassociation and the bf16 rounding
         torch.testing.assert_close(s.features.float(), ref.float(), rtol=2e-2, atol=2e-2)
     assert run_extract(cfg, 0)["skipped"] is True  # a rerun of committed work is a no-op
+
+
+def test_length_buckets_sort_and_bound_the_padded_size():
+    lengths = [5, 30, 7, 7, 12, 3, 40, 9]
+    groups = length_buckets(lengths, 24)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # every sample exactly once
+    flat = [lengths[i] for g in groups for i in g]
+    assert flat == sorted(lengths) and [i for g in groups for i in g][2:4] == [2, 3]  # ties keep input order
+    for g in groups:
+        assert len(g) * lengths[g[-1]] <= 24 or len(g) == 1  # padded size bounded; longer samples alone
+    assert [len(g) for g in groups] == [3, 2, 1, 1, 1]  # [3, 5, 7], [7, 9], [12], [30], [40]
+    assert length_buckets(lengths, 24) == groups
 
 
 def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):

@@ -33,6 +33,28 @@ def test_whole_part_and_byte_range_reads_give_the_same_stream(store):
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
 
 
+def _count_gets(store, monkeypatch) -> dict:
+    counts = {"whole": 0, "range": 0}
+    real = store.get
+
+    def get(key, start=None, end=None):
+        if not key.endswith(".commit"):
+            counts["whole" if start is None else "range"] += 1
+        return real(key, start, end)
+
+    monkeypatch.setattr(store, "get", get)
+    return counts
+
+
+def test_one_rank_reads_whole_parts_and_several_ranks_read_only_their_samples(store, monkeypatch):
+    counts = _count_gets(store, monkeypatch)
+    assert len(ids(FeatureReader(store, seed=2))) == TOTAL
+    assert counts == {"whole": len(LAYOUT[0]) + len(LAYOUT[1]) + len(LAYOUT[2]), "range": 6}  # + 6 header probes
+    counts.update(whole=0, range=0)
+    got = ids(FeatureReader(store, seed=2, rank=1, world_size=2))
+    assert counts["whole"] == 0 and counts["range"] == len(got) + 6  # no part read whole for half its samples
+
+
 def test_order_is_deterministic_per_seed_and_epoch_and_complete(store, tiny_cfg):
     a = FeatureReader(store, seed=3, shuffle_buffer=4, expected_provenance=provenance(tiny_cfg))
     b = FeatureReader(store, seed=3, shuffle_buffer=4)
@@ -75,7 +97,7 @@ def test_corrupted_sample_is_reported_with_its_shard(store):
     data[-5] ^= 0x10
     store.put(key, bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-00001/part-00000.fds: sample \d+ .* crc32"):
-        ids(FeatureReader(store, shuffle=False))  # byte ranges: per-sample crc32
+        ids(FeatureReader(store, shuffle=False, whole_parts=False))  # byte ranges: per-sample crc32
     with pytest.raises(ChecksumError, match="shard-00001/part-00000.fds"):
         ids(FeatureReader(store, shuffle=False, whole_parts=True))  # whole parts: sha256 of the commit record
 
