@@ -3,7 +3,10 @@ peer layout (bf16 [T, n, H], one safetensors file/object per sample, full forwar
 
 1. bytes per token for each codec vs the naive layout, with the median per-token relative error per layer;
 2. extraction tokens/s: `run_extract` vs a naive HF loop (padded batches, full forward, one file per sample);
-3. reader samples/s from a local S3 server (rclone): shards + byte ranges vs one object per sample.
+3. reader samples/s from a local S3 server (rclone): shards (whole-part GETs as one rank reads them, per-sample
+   range GETs as each of several ranks does) vs one object per sample.
+
+Every timing is the median of several interleaved runs: single runs on a shared 2-core machine swing by 2x.
 
 Run: `make bench` or `.venv/bin/python benchmarks/bench_features.py [--samples 32]`. Prints a table of ratios.
 """
@@ -138,14 +141,18 @@ def naive_extract(cfg, samples: list[dict], out_dir: Path, batch: int = 8) -> fl
     return time.perf_counter() - t0
 
 
-def bench_extract(cfg, samples: list[dict], work: Path) -> dict:
-    ours = cfg.with_overrides({"storage.root": f"file://{work}/ours", "run_id": "bench"})
-    write_responses(open_store(ours.storage, ours.run_id), samples)
+def bench_extract(cfg, samples: list[dict], work: Path, repeats: int) -> dict:
+    """Median wall time of `repeats` interleaved runs of each side (fresh output each time)."""
     tokens = sum(len(s["input_ids"]) for s in samples)
-    summary = run_extract(ours, 0)
-    naive_s = naive_extract(cfg, samples, work / "naive")
-    return {"tokens": tokens, "ours_tok_s": tokens / summary["elapsed_s"], "naive_tok_s": tokens / naive_s,
-            "ratio": naive_s / summary["elapsed_s"]}
+    ours_s, naive_s = [], []
+    for rep in range(repeats):
+        ours = cfg.with_overrides({"storage.root": f"file://{work}/ours", "run_id": f"bench-{rep}"})
+        write_responses(open_store(ours.storage, ours.run_id), samples)
+        ours_s.append(run_extract(ours, 0)["elapsed_s"])
+        naive_s.append(naive_extract(cfg, samples, work / f"naive-{rep}"))
+    ours_t, naive_t = statistics.median(ours_s), statistics.median(naive_s)
+    return {"tokens": tokens, "ours_tok_s": tokens / ours_t, "naive_tok_s": tokens / naive_t,
+            "ratio": naive_t / ours_t}
 
 
 @contextmanager
@@ -230,6 +237,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--copies", type=int, default=8, help="dataset replicas on S3 for the reader benchmark")
     ap.add_argument("--repeats", type=int, default=5, help="reader passes per row (the median is reported)")
+    ap.add_argument("--extract-repeats", type=int, default=3, help="extraction runs per side (median reported)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--samples-cache", type=Path, help="reuse the generated samples from this JSON file")
     args = ap.parse_args()
@@ -247,7 +255,7 @@ def main() -> None:
         print(f"# {len(samples)} SmolLM2 samples, {tokens} tokens, layers {cfg.layer_ids()}, hidden 576")
         feats = capture(cfg, samples)
         codecs = bench_codecs(cfg, samples, feats)
-        extract = bench_extract(cfg, samples, work)
+        extract = bench_extract(cfg, samples, work, args.extract_repeats)
         reader = bench_reader(cfg, samples, feats, work, args.copies, args.repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -188,6 +188,9 @@ class StorageConfig(_Section):
     region: str | None = None
     path_style: bool = True
     budget_bytes: int | None = Field(default=None, ge=0)
+    read_chunk_bytes: int = Field(default=8 * 2**20, ge=2**16, description="S3: whole-object reads above this "
+                                  "size are split into parallel range GETs of this size")
+    read_threads: int = Field(default=8, ge=1, description="S3: parallel range GETs per store")
 
     @field_validator("root")
     @classmethod
