@@ -128,10 +128,12 @@ def sample_range(header: ShardHeader, index: int) -> tuple[int, int]:
     return start, start + e.length
 
 
-def decode_sample(header: ShardHeader, index: int, blob: bytes | memoryview, where: str) -> Sample:
-    """Check the sample's crc32 and decode it."""
+def decode_sample(header: ShardHeader, index: int, blob: bytes | memoryview, where: str,
+                  check_crc: bool = True) -> Sample:
+    """Check the sample's crc32 (skip only for bytes already verified, e.g. inside a sha256-checked part) and
+    decode it."""
     e = header.samples[index]
-    if len(blob) != e.length or zlib.crc32(blob) != e.crc32:
+    if len(blob) != e.length or (check_crc and zlib.crc32(blob) != e.crc32):
         raise ShardFormatError(f"{where}: sample {index} ({e.sample_id}) failed its crc32 check "
                                f"(corrupt or truncated bytes)")
     t = e.num_tokens
