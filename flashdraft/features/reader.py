@@ -2,8 +2,8 @@
 
 * Reads: one header range read per part. Then, when this worker takes every sample of a part (one rank, at
   most one loader worker: `whole_parts=None` picks this automatically), each part is read with one GET,
-  sha256-verified against its commit record, and held until its last planned sample is decoded (memory: the parts
-  the shuffle buffer spans). Otherwise each sample is one crc32-checked range GET, so a rank reads only its own
+  sha256-verified against its commit record, and held until its last planned sample is decoded; at most
+  `part_cache_bytes` (default 4 GiB) of parts are held, and a part beyond that is read by range. Otherwise each sample is one crc32-checked range GET, so a rank reads only its own
   bytes; at production sizes (Qwen3.6-27B, fp8-zstd: ~17 MB per 800-token sample) a request's fixed cost is
   noise. Either way `prefetch` fetches are in flight on a thread pool that also decodes.
 * Order: per (seed, epoch) the parts are permuted, each part's samples permuted, and a shuffle buffer mixes
@@ -48,6 +48,7 @@ from flashdraft.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 _FLUSH = object()  # follow-mode marker: drain in-flight fetches before waiting for new shards
+PART_CACHE_BYTES = 4 * 2**30  # whole parts one reader may hold at once (see _PartCache)
 
 
 def read_header(store: ObjectStore, key: str) -> ShardHeader:
@@ -76,24 +77,40 @@ def shuffle_buffer(items: list, size: int, rng: random.Random) -> list:
 
 class _PartCache:
     """Whole parts read with one GET each (sha256-verified against the commit record), kept only until this
-    worker has decoded every sample it planned to take from them."""
+    worker has decoded every sample it planned to take from them.
 
-    def __init__(self, store: ObjectStore):
-        self.store = store
+    A shuffle buffer keeps a few samples of many parts alive at once, so the bytes held are capped: a part that
+    would take the cache past `budget_bytes` (while it holds anything) is served by per-sample range GETs instead,
+    for all of its samples. Qwen3.6-27B parts are ~512 MB, so the cap is what keeps one rank's memory bounded."""
+
+    def __init__(self, store: ObjectStore, budget_bytes: int):
+        self.store, self.budget = store, budget_bytes
         self.lock = threading.Lock()
         self.slots: dict[str, dict] = {}
+        self.held = 0
 
     def plan(self, items: list[tuple[str, int]]) -> None:
         with self.lock:
             for key, _ in items:
-                slot = self.slots.setdefault(key, {"lock": threading.Lock(), "data": None, "remaining": 0})
+                slot = self.slots.setdefault(key, {"lock": threading.Lock(), "data": None, "remaining": 0,
+                                                   "admitted": None, "size": 0})
                 slot["remaining"] += 1
 
-    def get(self, key: str) -> bytes | None:
+    def planned(self, key: str) -> bool:
         with self.lock:
-            slot = self.slots.get(key)
-        if slot is None:
-            return None
+            return key in self.slots
+
+    def get(self, key: str, size: int) -> bytes | None:
+        """The bytes of planned part `key`, or None when it is over budget (the caller reads by range)."""
+        with self.lock:
+            slot = self.slots[key]
+            if slot["admitted"] is None:  # decided once per part, on its first fetch
+                slot["admitted"] = self.held == 0 or self.held + size <= self.budget
+                if slot["admitted"]:
+                    slot["size"] = size
+                    self.held += size
+            if not slot["admitted"]:
+                return None
         with slot["lock"]:
             if slot["data"] is None:
                 slot["data"] = self.store.get_verified(key)
@@ -105,6 +122,7 @@ class _PartCache:
             slot["remaining"] -= 1
             if slot["remaining"] == 0:
                 del self.slots[key]
+                self.held -= slot["size"]
 
 
 class FeatureReader(torch.utils.data.IterableDataset):
@@ -114,7 +132,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
                  shuffle: bool = True, shuffle_buffer: int = 256, rank: int = 0, world_size: int = 1,
                  even: bool = True, prefetch: int = 8, threads: int = 4, follow: bool = False, reuse: int = 1,
                  window: WindowConsumer | None = None, poll_s: float = 1.0, timeout_s: float | None = 3600.0,
-                 whole_parts: bool | None = None):
+                 whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -128,7 +146,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
         self._consumed = 0          # samples this worker yielded in the current epoch (or stream)
         self._resume_from = 0
         self._headers: dict[str, ShardHeader] = {}
-        self.whole_parts = whole_parts
+        self.whole_parts, self.part_cache_bytes = whole_parts, part_cache_bytes
         self._parts: _PartCache | None = None
 
     # -- state ----------------------------------------------------------------------------------------------
@@ -193,11 +211,12 @@ class FeatureReader(torch.utils.data.IterableDataset):
     def fetch(self, key: str, index: int) -> Sample:
         header = self.header(key)
         start, end = sample_range(header, index)
-        data = self._parts.get(key) if self._parts is not None else None
-        if data is None:  # range read (also for a direct fetch of a sample no iteration planned)
+        if self._parts is None or not self._parts.planned(key):  # range read (also a direct, unplanned fetch)
             return decode_sample(header, index, self.store.get(key, start, end), self.store.url(key))
         try:
-            return decode_sample(header, index, memoryview(data)[start:end], self.store.url(key), check_crc=False)
+            part = self._parts.get(key, header.size)
+            blob = self.store.get(key, start, end) if part is None else memoryview(part)[start:end]
+            return decode_sample(header, index, blob, self.store.url(key), check_crc=part is None)
         finally:
             self._parts.used(key)
 
@@ -212,7 +231,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
         """Register `items` for whole-part reads (when this worker reads whole parts) before they are fetched."""
         if self.reads_whole_parts():
             if self._parts is None:
-                self._parts = _PartCache(self.store)
+                self._parts = _PartCache(self.store, self.part_cache_bytes)
             self._parts.plan(items)
         return items
 

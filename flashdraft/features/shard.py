@@ -68,6 +68,11 @@ class ShardHeader:
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.samples)
 
+    @property
+    def size(self) -> int:
+        """Bytes of the whole shard object (header + every sample, stored contiguously)."""
+        return self.data_offset + sum(s.length for s in self.samples)
+
 
 def encode_sample(codec: Codec, input_ids, loss_mask, features: torch.Tensor) -> bytes:
     """One sample's contiguous blob. features: [T, n, H]."""

@@ -7,7 +7,7 @@ import torch
 from feature_fixtures import commit_parts, provenance
 
 from flashdraft.features.manifest import ProvenanceError, part_key
-from flashdraft.features.reader import FeatureReader, open_reader
+from flashdraft.features.reader import FeatureReader, _PartCache, open_reader, read_header
 from flashdraft.features.shard import ShardFormatError
 from flashdraft.store import ChecksumError, ObjectStore
 
@@ -53,6 +53,28 @@ def test_one_rank_reads_whole_parts_and_several_ranks_read_only_their_samples(st
     counts.update(whole=0, range=0)
     got = ids(FeatureReader(store, seed=2, rank=1, world_size=2))
     assert counts["whole"] == 0 and counts["range"] == len(got) + 6  # no part read whole for half its samples
+
+
+def test_whole_part_cache_stays_within_its_byte_budget(store, monkeypatch):
+    reference = [(s.sample_id, s.features) for s in FeatureReader(store, seed=5, shuffle_buffer=16, whole_parts=False)]
+    counts = _count_gets(store, monkeypatch)
+    sizes = {read_header(store, k).size for k in store.list_committed("features")}
+    budget = min(sizes) * 3 // 2  # room for one part, never two
+    reader = FeatureReader(store, seed=5, shuffle_buffer=16, prefetch=12, threads=4, part_cache_bytes=budget)
+    peak = []
+    real_get = _PartCache.get
+
+    def get(cache, key, size):
+        out = real_get(cache, key, size)
+        peak.append(cache.held)
+        return out
+
+    monkeypatch.setattr(_PartCache, "get", get)
+    got = [(s.sample_id, s.features) for s in reader]
+    assert [x for x, _ in got] == [x for x, _ in reference]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(got, reference, strict=True))
+    assert all(held <= budget or held in sizes for held in peak)  # over budget only by one lone part...
+    assert 0 < counts["whole"] < len(sizes) and counts["range"] > len(sizes)  # ...so some were read by range
 
 
 def test_order_is_deterministic_per_seed_and_epoch_and_complete(store, tiny_cfg):
