@@ -5,7 +5,8 @@
   sha256-verified against its commit record, and held until its last planned sample is decoded; at most
   `part_cache_bytes` (default 4 GiB) of parts are held, and a part beyond that is read by range. Otherwise
   each sample is one crc32-checked range GET, so a rank reads only its own bytes; at production sizes
-  (Qwen3.6-27B, fp8-zstd: ~17 MB per 800-token sample) a request's fixed cost is noise. Either way `prefetch` fetches are in flight on a thread pool that also decodes.
+  (Qwen3.6-27B, fp8-zstd: ~17 MB per 800-token sample) a request's fixed cost is noise. Either way `prefetch`
+  fetches are in flight on a thread pool that also decodes.
 * Order: per (seed, epoch) the parts are permuted, each part's samples permuted, and a shuffle buffer mixes
   neighbouring parts; all of this is computed in index space, so it is deterministic, costs no I/O, and resuming
   from `state_dict()` skips exactly the samples already consumed without reading them.
