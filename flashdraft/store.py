@@ -200,25 +200,26 @@ class ObjectStore:
         except FileNotFoundError:
             raise FileNotFoundError(f"object not found: {self.url(key)}") from None
 
-    def get_sized(self, key: str, size: int) -> bytes:
-        """A whole object of known `size`; on S3 above one `read_chunk_bytes` chunk, as parallel range GETs (one
-        connection's bandwidth is the limit on real object stores, ~100 MB/s on S3)."""
+    def get_chunked(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `key`; on S3 a span above one `read_chunk_bytes` chunk is fetched as parallel
+        range GETs (one connection's bandwidth is the limit on real object stores, ~100 MB/s on S3). Used for
+        whole shard parts and for single samples, which reach ~17 MB for Qwen3.6-27B."""
         chunk = self.read_chunk_bytes
-        if self.scheme != "s3" or size <= chunk:
-            return self.get(key)
+        if self.scheme != "s3" or end - start <= chunk:
+            return self.get(key, start, end)
         with self._pool_lock:
             if "pool" not in self._pool:
                 self._pool["pool"] = ThreadPoolExecutor(self.read_threads, thread_name_prefix="store-read")
 
-        def piece(start: int) -> bytes:
+        def piece(offset: int) -> bytes:
             try:
-                return self.get(key, start, min(start + chunk, size))
-            except OSError as exc:  # the object shrank since `size` was recorded: short bytes, the caller checks
+                return self.get(key, offset, min(offset + chunk, end))
+            except OSError as exc:  # the object is shorter than expected: short bytes, the caller's check fails
                 if exc.errno == errno.EINVAL and "InvalidRange" in str(exc):
                     return b""
                 raise
 
-        return b"".join(self._pool["pool"].map(piece, range(0, size, chunk)))
+        return b"".join(self._pool["pool"].map(piece, range(start, end, chunk)))
 
     def exists(self, key: str) -> bool:
         return self._retry(f"exists {key}", lambda: self.fs.exists(self._p(key)))
@@ -284,7 +285,7 @@ class ObjectStore:
         record = self.read_commit(key)
         if record is None:
             raise NotCommittedError(f"{self.url(key)} is not committed (missing or a partial write)")
-        data = self.get_sized(key, record.size)
+        data = self.get_chunked(key, 0, record.size)
         if len(data) != record.size or sha256_hex(data) != record.sha256:
             raise ChecksumError(
                 f"checksum mismatch for {self.url(key)}: expected sha256 {record.sha256[:12]}… size {record.size}, "

@@ -213,10 +213,10 @@ class FeatureReader(torch.utils.data.IterableDataset):
         header = self.header(key)
         start, end = sample_range(header, index)
         if self._parts is None or not self._parts.planned(key):  # range read (also a direct, unplanned fetch)
-            return decode_sample(header, index, self.store.get(key, start, end), self.store.url(key))
+            return decode_sample(header, index, self.store.get_chunked(key, start, end), self.store.url(key))
         try:
             part = self._parts.get(key, header.size)
-            blob = self.store.get(key, start, end) if part is None else memoryview(part)[start:end]
+            blob = self.store.get_chunked(key, start, end) if part is None else memoryview(part)[start:end]
             return decode_sample(header, index, blob, self.store.url(key), check_crc=part is None)
         finally:
             self._parts.used(key)

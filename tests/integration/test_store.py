@@ -107,7 +107,7 @@ def test_transient_errors_are_retried_and_permanent_ones_are_not(tmp_path, monke
         store.get("missing")
 
 
-def test_large_verified_reads_on_s3_are_parallel_range_gets_that_reassemble_exactly(s3_storage, monkeypatch):
+def test_large_reads_on_s3_are_parallel_range_gets_that_reassemble_exactly(s3_storage, monkeypatch):
     import os
 
     store = open_store(s3_storage.model_copy(update={"read_chunk_bytes": 2**16}), "chunked")
@@ -124,6 +124,9 @@ def test_large_verified_reads_on_s3_are_parallel_range_gets_that_reassemble_exac
     assert store.get_verified("big.bin") == data
     assert sorted(r[1:] for r in ranges if r[0] == "big.bin") == [
         (s, min(s + 2**16, len(data))) for s in range(0, len(data), 2**16)]
+    ranges.clear()
+    assert store.get_chunked("big.bin", 1000, 1000 + 2**17 + 5) == data[1000:1000 + 2**17 + 5]  # a sample's span
+    assert len(ranges) == 3
     monkeypatch.setattr(store, "get", real_get)
     store.put("big.bin", data[: 3 * 2**16])  # truncated after commit: some ranges now lie past its end
     with pytest.raises(ChecksumError, match="big.bin"):
