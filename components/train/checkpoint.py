@@ -8,6 +8,7 @@ Layout under `checkpoints/`:
     step-00000100/optimizer.json          param groups (hyper-parameters and fqn order)
     step-00000100/trainer_state.json      step, data position, lr schedule, metrics so far
     step-00000100/rng-rank-00000.safetensors  per-rank torch (and CUDA) RNG states
+    step-00000100/state-rank-00000.json   per-rank extra state (streaming: the reader's stream position)
     latest.json                           {"step", "prefix", "final"}: committed last, so it only ever names a
                                           checkpoint whose every file is committed
 
@@ -81,9 +82,10 @@ def _rng_state() -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    drafter_config: dict, trainer_state: dict, *, final: bool = False) -> str:
-    """Collective: every rank calls it. Rank 0 writes model/optimizer/state, each rank its RNG state, then rank 0
-    commits latest.json after a barrier."""
+                    drafter_config: dict, trainer_state: dict, *, final: bool = False,
+                    rank_state: dict | None = None) -> str:
+    """Collective: every rank calls it. Rank 0 writes model/optimizer/state, each rank its RNG state (and its
+    `rank_state`, e.g. its streaming reader position), then rank 0 commits latest.json after a barrier."""
     step = int(trainer_state["step"])
     prefix = step_prefix(step)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -99,11 +101,23 @@ def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch
         store.commit_json(f"{prefix}/{CONFIG_FILE}", drafter_config)
         store.commit_json(f"{prefix}/trainer_state.json", trainer_state)
     store.commit(f"{prefix}/rng-rank-{rank:05d}.safetensors", save_bytes(_rng_state()))
+    if rank_state is not None:
+        store.commit_json(rank_state_key(prefix, rank), rank_state)
     _barrier()
     if rank == 0:
         store.commit_json(LATEST, {"step": step, "prefix": prefix, "final": final})
     _barrier()
     return prefix
+
+
+def rank_state_key(prefix: str, rank: int) -> str:
+    return f"{prefix}/state-rank-{rank:05d}.json"
+
+
+def load_rank_state(store: ObjectStore, prefix: str) -> dict | None:
+    """This rank's `rank_state` from the checkpoint at `prefix`, or None (none saved, or another world size)."""
+    key = rank_state_key(prefix, _rank())
+    return store.get_json_verified(key) if store.is_committed(key) else None
 
 
 def latest_checkpoint(store: ObjectStore) -> dict | None:

@@ -8,8 +8,9 @@
   with `warmup_ratio` warmup, grad-norm clip; bf16 autocast on CUDA. DDP by default, FSDP2 (`fully_shard` per
   layer) with `training.strategy=fsdp2`.
 * Checkpoints (components/train/checkpoint.py) every `checkpoint_every` optimizer steps and at the end. The
-  data position is (epoch, micro-batches done in it); anchors are a pure function of (seed, epoch, sample), so an
-  interrupted + resumed run reproduces an uninterrupted one.
+  data position is (epoch, micro-batches done in it), or in streaming mode each rank's stream position (the
+  reader releases a part from the window only once a checkpoint covers it); anchors are a pure function of
+  (seed, epoch, sample), so an interrupted + resumed run reproduces an uninterrupted one in both modes.
 * Metrics: per step loss, lr, grad norm, tokens/s, and loss/accuracy per block position, committed as
   `metrics/train.json` for the report.
 """
@@ -20,6 +21,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -197,9 +199,7 @@ def offline_groups(reader, plan: OfflinePlan, cfg: RunConfig, start_step: int) -
         epoch, steps_done = epoch + 1, 0
 
 
-def streaming_groups(reader, cfg: RunConfig, env: DistEnv, start_step: int) -> Iterator[tuple[int, list[dict]]]:
-    if start_step:
-        log.warning("streaming resume: the follow reader restarts at the first unconsumed part")
+def streaming_groups(reader, cfg: RunConfig, env: DistEnv) -> Iterator[tuple[int, list[dict]]]:
     for group in token_budget_groups((vars(s) for s in reader), cfg.training.tokens_per_step):
         flag = _all_reduce(torch.ones(1), dist.ReduceOp.MIN if env.distributed else None)
         if flag.item() == 0:
@@ -221,7 +221,12 @@ def streaming_total_steps(cfg: RunConfig) -> int:
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     """Train (or resume) and return the JSON summary. `stop_after` ends the process's work after that many
     optimizer steps without a final checkpoint (simulated preemption for tests)."""
-    from flashdraft.components.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from flashdraft.components.train.checkpoint import (
+        latest_checkpoint,
+        load_checkpoint,
+        load_rank_state,
+        save_checkpoint,
+    )
     from tqdm import tqdm
 
     from flashdraft.features.reader import open_reader
@@ -241,17 +246,33 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.training.lr, weight_decay=cfg.training.weight_decay)
     streaming = cfg.mode.kind == "streaming"
-    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size)
+    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_release=streaming)
     plan = None if streaming else OfflinePlan(reader, cfg)
     total = streaming_total_steps(cfg) if streaming else plan.total_steps
 
     state = {"step": 0, "history": [], "train_seconds": 0.0, "tokens": 0}
+    position = 0  # streaming: samples this rank has trained on since the stream began
     if latest:
         state = load_checkpoint(store, latest["prefix"], model, optimizer)
         log.info("resumed from %s (step %d)", latest["prefix"], state["step"])
+        stream = load_rank_state(store, latest["prefix"]) if streaming else None
+        if stream is not None:
+            reader.resume_follow(stream)
+            position = int(stream["position"])
+        elif streaming:
+            log.warning("streaming resume without a saved stream position for this rank (saved with another "
+                        "world size?): the reader restarts at the first part still in the window")
     step = int(state["step"])
     drafter_config = raw.config_dict()
-    groups = (streaming_groups(reader, cfg, env, step) if streaming else offline_groups(reader, plan, cfg, step))
+    groups = streaming_groups(reader, cfg, env) if streaming else offline_groups(reader, plan, cfg, step)
+
+    def checkpoint(final: bool = False) -> str:
+        """Save; in streaming mode with this rank's stream position, then release the parts it covers."""
+        rank_state = reader.follow_state(position) if streaming else None
+        prefix = save_checkpoint(store, model, optimizer, drafter_config, state, final=final, rank_state=rank_state)
+        if streaming:  # at the end, every part taken up is done with, trained on or not (max_steps)
+            reader.release_through(sys.maxsize if final else position)
+        return prefix
 
     accum, B = cfg.training.grad_accum, cfg.drafter.block_size
     bar = tqdm(total=total, initial=step, unit="step", desc="train", disable=env.rank != 0 or None)
@@ -268,6 +289,7 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
             break
         micro += 1
         micro_step(model, raw, samples, cfg, epoch, env, 1.0 / accum, stats, sync=micro == accum)
+        position += len(samples)
         if micro < accum:
             continue
         micro = 0
@@ -293,7 +315,7 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
         data_pos = {"epoch": epoch, "step_in_epoch": plan.epoch_of(step)[1] if plan else None}
         state.update(step=step, total_steps=total, data_position=data_pos)
         if step % cfg.training.checkpoint_every == 0 and step < total:
-            save_checkpoint(store, model, optimizer, drafter_config, state)
+            checkpoint()
         if stop_after is not None and step >= stop_after and step < total:
             stopped = True
             break
@@ -304,7 +326,7 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     if step == 0:
         raise TrainError("no training data arrived (streaming reader ended before one optimizer step)")
     state.update(step=step, total_steps=step)
-    prefix = save_checkpoint(store, model, optimizer, drafter_config, state, final=True)
+    prefix = checkpoint(final=True)
     summary = train_summary(cfg, state, prefix, env, raw)
     if env.rank == 0:
         store.commit_json(layout.metrics_key("train"), summary)

@@ -14,7 +14,11 @@
   multiple of world_size, so every data-parallel rank sees the same count), and DataLoader workers split that
   share again, so a rank's samples do not depend on its worker count.
 * Follow mode (streaming): parts are consumed in commit order as they appear, each `reuse` times, until the
-  producer's end-of-stream marker; a `WindowConsumer` deletes fully used parts.
+  producer's end-of-stream marker; a `WindowConsumer` deletes fully used parts. With `defer_release=True` (the
+  trainer) a used part is only released by `release_through(position)` once a checkpoint covers its samples, and
+  `follow_state()` / `resume_follow()` carry the stream position across a restart, so a resumed run trains on
+  exactly the samples an uninterrupted one would. If the window fills up before the next checkpoint (the
+  producer waits on us while we wait on it), the reader releases early and warns: resume is then no longer exact.
 
 Use it with `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads). With more
 loader workers, state_dict() only sees the main process (exact resume needs num_workers=0), and follow mode's
@@ -133,7 +137,8 @@ class FeatureReader(torch.utils.data.IterableDataset):
                  shuffle: bool = True, shuffle_buffer: int = 256, rank: int = 0, world_size: int = 1,
                  even: bool = True, prefetch: int = 8, threads: int = 4, follow: bool = False, reuse: int = 1,
                  window: WindowConsumer | None = None, poll_s: float = 1.0, timeout_s: float | None = 3600.0,
-                 whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES):
+                 whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES,
+                 defer_release: bool = False):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -149,6 +154,11 @@ class FeatureReader(torch.utils.data.IterableDataset):
         self._headers: dict[str, ShardHeader] = {}
         self.whole_parts, self.part_cache_bytes = whole_parts, part_cache_bytes
         self._parts: _PartCache | None = None
+        self.defer_release = defer_release
+        self._open_parts: list[str] = []    # follow mode: parts taken up and not yet released, in stream order
+        self._pending: list[tuple[str, int, int]] = []  # (key, stream position after it, this worker's samples)
+        self._released_samples = 0          # this worker's samples in parts already released
+        self._replay: list[str] = []        # resume_follow: parts to take up first, in this order
 
     # -- state ----------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -163,6 +173,36 @@ class FeatureReader(torch.utils.data.IterableDataset):
             raise ValueError(f"reader state was saved with seed {state['seed']}, this reader has seed {self.seed}")
         self.epoch = int(state["epoch"])
         self._consumed = self._resume_from = int(state["consumed"])
+
+    def follow_state(self, position: int) -> dict:
+        """The state that resumes this worker's stream at `position` (samples trained so far), assuming every
+        part finished at or before it is released right after (see `release_through`)."""
+        done = [(k, n) for k, end, n in self._pending if end <= position]
+        gone = {k for k, _ in done}
+        return {"position": position, "released_samples": self._released_samples + sum(n for _, n in done),
+                "open_parts": [k for k in self._open_parts if k not in gone], "releasing": sorted(gone)}
+
+    def resume_follow(self, state: dict) -> None:
+        """Continue the stream saved by `follow_state`: finish its releases, then replay its open parts in order
+        and skip the samples of theirs already trained."""
+        for key in state["releasing"]:  # a crash may have come between the checkpoint and these releases
+            self._release(key)
+        self._released_samples = int(state["released_samples"])
+        self._consumed = int(state["position"])
+        self._resume_from = self._consumed - self._released_samples
+        self._replay = list(state["open_parts"])
+
+    def release_through(self, position: int) -> None:
+        """Release every taken-up part whose samples all lie at or before stream `position`."""
+        keep = []
+        for key, end, n in self._pending:
+            if end <= position:
+                self._released_samples += n
+                self._open_parts.remove(key)
+                self._release(key)
+            else:
+                keep.append((key, end, n))
+        self._pending = keep
 
     # -- index space ----------------------------------------------------------------------------------------
     def header(self, key: str) -> ShardHeader:
@@ -273,27 +313,45 @@ class FeatureReader(torch.utils.data.IterableDataset):
         self._consumed = 0
 
     def _follow_order(self) -> Iterator:
-        """Parts in commit order as they appear, `reuse` passes each, then a release of the part; stops at the
-        end-of-stream marker."""
-        seen: set[str] = set()
+        """Parts in commit order as they appear (after any replayed ones), `reuse` passes each, then the part's
+        end; stops at the end-of-stream marker."""
+        seen: set[str] = set(self._replay)
+        replay, self._replay = self._replay, []
         skip = self._resume_from
         self._resume_from = 0
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             ended = self.window.check() if self.window is not None else False
-            new = [k for k in committed_parts(self.store) if k not in seen]
+            if replay:
+                missing = [k for k in replay if not self.store.is_committed(k)]
+                if missing:
+                    raise WindowTimeout(f"the checkpoint's stream position needs parts {missing} that are gone "
+                                        "from the window; they cannot be replayed")
+                new, replay = replay, []
+            else:
+                new = [k for k in committed_parts(self.store) if k not in seen]
+                if self.window is not None:  # parts this worker finished before a restart, still held by others
+                    new = [k for k in new if not self.window.done_by_me(k)]
             if not new:
                 if ended:
                     return
                 if deadline is not None and time.monotonic() > deadline:
                     raise WindowTimeout(f"no new feature shard for {self.timeout_s} s and no end-of-stream marker")
-                yield _FLUSH  # a held-back release would keep the producer waiting for room: deadlock
+                yield _FLUSH  # finish everything in flight, so every finished part is pending release
+                if self._pending and self.window is not None and self.window.full():
+                    log.warning("the streaming window is full before a checkpoint covered parts %s: releasing "
+                                "them now, so a resume from the last checkpoint will skip their samples "
+                                "(lower training.checkpoint_every or raise mode.window_bytes)",
+                                [k for k, _, _ in self._pending])
+                    self.release_through(self._consumed)
                 time.sleep(self.poll_s)
                 continue
             deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
             for key in new:
                 seen.add(key)
+                self._open_parts.append(key)
                 n = len(self.header(key).samples)
+                mine_total = 0
                 for p in range(self.reuse):
                     idx = list(range(n))
                     if self.shuffle:
@@ -301,10 +359,17 @@ class FeatureReader(torch.utils.data.IterableDataset):
                     if self.even:
                         idx = idx[: n - n % self.world_size]
                     mine = self._split(idx)
+                    mine_total += len(mine)
                     take = mine[skip:] if skip < len(mine) else []
                     skip = max(0, skip - len(mine))
                     yield from self._plan([(key, i) for i in take])
-                yield lambda key=key: self._release(key)
+                yield lambda key=key, n=mine_total: self._part_finished(key, n)
+
+    def _part_finished(self, key: str, samples: int) -> None:
+        """All of this worker's samples of `key` were yielded: release it now, or when a checkpoint covers it."""
+        self._pending.append((key, self._consumed, samples))
+        if not self.defer_release:
+            self.release_through(self._consumed)
 
     def _release(self, key: str) -> None:
         self._headers.pop(key, None)
@@ -320,6 +385,6 @@ def open_reader(cfg: RunConfig, *, rank: int = 0, world_size: int = 1, follow: b
     kwargs.setdefault("seed", cfg.training.seed)
     if streaming:
         kwargs.setdefault("reuse", cfg.mode.reuse)
-        kwargs.setdefault("window", WindowConsumer(store, workers=world_size, worker=rank))
+        kwargs.setdefault("window", WindowConsumer(store, workers=world_size, worker=rank, mode=cfg.mode))
     return FeatureReader(store, expected_provenance=expected_provenance(cfg), rank=rank, world_size=world_size,
                          follow=streaming, **kwargs)

@@ -103,15 +103,34 @@ class WindowProducer:
         self.store.put_json(FAILED_KEY, {"message": message})
 
 
-class WindowConsumer:
-    """`workers` = how many reader workers share each part (data-parallel ranks x loader workers)."""
+def _consumed_marker(key: str) -> str:
+    return f"{STREAM_PREFIX}/consumed/{key.replace('/', '__')}"
 
-    def __init__(self, store: ObjectStore, workers: int = 1, worker: int = 0):
-        self.store, self.workers, self.worker = store, workers, worker
+
+class WindowConsumer:
+    """`workers` = how many reader workers share each part (data-parallel ranks x loader workers); `mode` (the
+    window's limits) lets the consumer tell when the producer is blocked on it."""
+
+    def __init__(self, store: ObjectStore, workers: int = 1, worker: int = 0, mode: ModeConfig | None = None):
+        self.store, self.workers, self.worker, self.mode = store, workers, worker, mode
+
+    def done_by_me(self, key: str) -> bool:
+        """This worker already finished `key` (other workers may still be using it)."""
+        return self.store.exists(f"{_consumed_marker(key)}/worker-{self.worker:05d}")
+
+    def full(self) -> bool:
+        """The producer cannot add another part as large as the largest stored one: it waits for a release."""
+        if self.mode is None:
+            return False
+        parts = stored_parts(self.store)
+        largest = max(parts.values(), default=0)
+        return (sum(parts.values()) + largest > self.mode.window_bytes
+                or len(parts) + 1 > self.mode.window_shards)
 
     def part_done(self, key: str) -> bool:
-        """Mark `key` consumed by this worker; delete it once all workers have. True when it was deleted."""
-        marker = f"{STREAM_PREFIX}/consumed/{key.replace('/', '__')}"
+        """Mark `key` consumed by this worker; delete it once all workers have. True when it was deleted.
+        Idempotent: finishing an already released part is a no-op."""
+        marker = _consumed_marker(key)
         self.store.put(f"{marker}/worker-{self.worker:05d}", b"")
         if len(self.store.list(marker + "/")) < self.workers:
             return False

@@ -165,3 +165,32 @@ def test_streaming_mode_follows_the_window_until_end_of_stream(tiny_cfg):
     summary = run_train(cfg)
     assert summary["steps"] == 48 * 2 // 16  # every sample twice (reuse), 16 per row, then the stream ended
     assert committed_parts(store) == []  # fully used parts were released from the window
+
+
+def test_streaming_interrupted_and_resumed_equals_uninterrupted(tiny_cfg):
+    from flashdraft.features.manifest import committed_parts
+    from flashdraft.features.window import WindowProducer
+
+    seqs = rule_sequences(96, seed=4)
+    over = {"mode.kind": "streaming", "mode.reuse": 2, "training.max_steps": 50, "training.checkpoint_every": 4}
+    full = train_cfg(tiny_cfg, run_id="stream-full", **over)
+    part = full.with_overrides({"run_id": "stream-resumed"})
+    for cfg in (full, part):
+        write_shards(cfg, seqs, parts=6)
+        WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).finish()
+    a = run_train(full)
+    assert a["steps"] == 96 * 2 // 16
+
+    store = open_store(part.storage, part.run_id)
+    # 6 parts x 16 samples x 2 passes, 16 samples a step: a part spans 2 steps. Stop after step 7: the step-4
+    # checkpoint covers parts 0-1 (released); part 2 was used up at step 6 but must stay for the resume from 4.
+    assert run_train(part, stop_after=7) == {"stopped_at": 7, "total_steps": 50}
+    assert committed_parts(store) == [part_key(0, p) for p in range(2, 6)]
+    b = run_train(part)
+    assert [h["step"] for h in b["history"]] == list(range(1, a["steps"] + 1))
+    for ha, hb in zip(a["history"], b["history"], strict=True):
+        assert ha["tokens"] == hb["tokens"] and abs(ha["loss"] - hb["loss"]) < 1e-5  # the same samples, in order
+    pa, pb = _params(full), _params(part)
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
+    assert committed_parts(store) == []

@@ -112,3 +112,43 @@ def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(ti
     again = run_extract(cfg, 0)
     assert again["resumed_from_sample"] == len(rows) and again["new_tokens"] == 0
     assert committed_parts(store) == [] and again["parts"] == summary["parts"]
+
+
+def test_deferred_release_gives_way_when_the_window_is_full(tiny_cfg, tmp_path, caplog):
+    """A trainer that releases parts only at checkpoints must not deadlock a producer waiting for room."""
+    store = ObjectStore(f"file://{tmp_path}/stream")
+    parts = [part_bytes(tiny_cfg, 0, p, 3) for p in range(6)]
+    mode = ModeConfig(kind="streaming", window_bytes=2 * max(len(d) for d, _ in parts), window_shards=2, reuse=1)
+
+    def produce():
+        producer = WindowProducer(store, mode, poll_s=0.01, timeout_s=30)
+        for p, (data, meta) in enumerate(parts):
+            producer.wait_for_room(len(data))
+            store.commit(part_key(0, p), data, meta)
+        producer.finish()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    reader = FeatureReader(store, follow=True, window=WindowConsumer(store, mode=mode), poll_s=0.01, timeout_s=20,
+                           defer_release=True)  # and nobody calls release_through: no checkpoint ever comes
+    with caplog.at_level("WARNING"):
+        seen = [s.sample_id for s in reader]
+    thread.join(timeout=30)
+    assert len(seen) == 6 * 3 and "window is full before a checkpoint" in caplog.text
+
+
+def test_a_restarted_worker_does_not_retake_a_part_it_finished(tiny_cfg):
+    store = ObjectStore(f"memory://window-{id(tiny_cfg)}")
+    for p in range(2):
+        data, meta = part_bytes(tiny_cfg, 0, p, 4)
+        store.commit(part_key(0, p), data, meta)
+    WindowProducer(store, ModeConfig(kind="streaming")).finish()
+
+    def rank(r: int) -> FeatureReader:
+        return FeatureReader(store, follow=True, rank=r, world_size=2, poll_s=0.01, timeout_s=5,
+                             window=WindowConsumer(store, workers=2, worker=r))
+
+    first = [s.sample_id for s in rank(0)]  # rank 0 finishes both parts; rank 1 has not started
+    assert len(first) == 4 and len(committed_parts(store)) == 2  # kept for rank 1
+    assert [s.sample_id for s in rank(0)] == []  # restarted: nothing of its own is left
+    assert len([s.sample_id for s in rank(1)]) == 4 and committed_parts(store) == []
