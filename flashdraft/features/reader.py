@@ -159,6 +159,7 @@ class FeatureReader(torch.utils.data.IterableDataset):
         self._pending: list[tuple[str, int, int]] = []  # (key, stream position after it, this worker's samples)
         self._released_samples = 0          # this worker's samples in parts already released
         self._replay: list[str] = []        # resume_follow: parts to take up first, in this order
+        self._early_releases = 0            # releases forced by a full window (the first one warns)
 
     # -- state ----------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -339,10 +340,11 @@ class FeatureReader(torch.utils.data.IterableDataset):
                     raise WindowTimeout(f"no new feature shard for {self.timeout_s} s and no end-of-stream marker")
                 yield _FLUSH  # finish everything in flight, so every finished part is pending release
                 if self._pending and self.window is not None and self.window.full():
-                    log.warning("the streaming window is full before a checkpoint covered parts %s: releasing "
-                                "them now, so a resume from the last checkpoint will skip their samples "
-                                "(lower training.checkpoint_every or raise mode.window_bytes)",
-                                [k for k, _, _ in self._pending])
+                    log.log(logging.INFO if self._early_releases else logging.WARNING,
+                            "the streaming window is full before a checkpoint covered parts %s: releasing them "
+                            "now, so a resume from the last checkpoint will skip their samples (lower "
+                            "training.checkpoint_every or raise mode.window_bytes)", [k for k, _, _ in self._pending])
+                    self._early_releases += 1
                     self.release_through(self._consumed)
                 time.sleep(self.poll_s)
                 continue
