@@ -190,7 +190,8 @@ class FeatureReader(torch.utils.data.IterableDataset):
             self._release(key)
         self._released_samples = int(state["released_samples"])
         self._consumed = int(state["position"])
-        self._resume_from = self._consumed - self._released_samples
+        # below zero only after a window-forced early release dropped samples not yet trained (already warned)
+        self._resume_from = max(0, self._consumed - self._released_samples)
         self._replay = list(state["open_parts"])
 
     def release_through(self, position: int) -> None:
