@@ -178,9 +178,9 @@ class FeatureReader(torch.utils.data.IterableDataset):
     def follow_state(self, position: int) -> dict:
         """The state that resumes this worker's stream at `position` (samples trained so far), assuming every
         part finished at or before it is released right after (see `release_through`)."""
-        done = [(k, n) for k, end, n in self._pending if end <= position]
-        gone = {k for k, _ in done}
-        return {"position": position, "released_samples": self._released_samples + sum(n for _, n in done),
+        done, _ = self._covered(position)
+        gone = {k for k, _, _ in done}
+        return {"position": position, "released_samples": self._released_samples + sum(n for _, _, n in done),
                 "open_parts": [k for k in self._open_parts if k not in gone], "releasing": sorted(gone)}
 
     def resume_follow(self, state: dict) -> None:
@@ -196,15 +196,15 @@ class FeatureReader(torch.utils.data.IterableDataset):
 
     def release_through(self, position: int) -> None:
         """Release every taken-up part whose samples all lie at or before stream `position`."""
-        keep = []
-        for key, end, n in self._pending:
-            if end <= position:
-                self._released_samples += n
-                self._open_parts.remove(key)
-                self._release(key)
-            else:
-                keep.append((key, end, n))
-        self._pending = keep
+        done, self._pending = self._covered(position)
+        for key, _, n in done:
+            self._released_samples += n
+            self._open_parts.remove(key)
+            self._release(key)
+
+    def _covered(self, position: int) -> tuple[list, list]:
+        """Pending parts split into (finished at or before `position`, the rest), in stream order."""
+        return ([e for e in self._pending if e[1] <= position], [e for e in self._pending if e[1] > position])
 
     # -- index space ----------------------------------------------------------------------------------------
     def header(self, key: str) -> ShardHeader:
