@@ -145,27 +145,55 @@ def test_non_root_pinned_cache_volume_and_no_secrets(image):
             assert not re.search(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY", " ".join(c.value), re.I), c.original
 
 
+INSTALL_SH = ROOT / "docker" / "install.sh"
+
+
+def _install_step(image: str, step: str) -> tuple[int, list[str]]:
+    """Index of the RUN that calls `install.sh STEP ...` and that call's arguments."""
+    for i, c in enumerate(_commands(image)):
+        if c.cmd.upper() == "RUN" and f"install.sh {step}" in c.value[0]:
+            return i, c.value[0].split(f"install.sh {step}", 1)[1].split("&&", 1)[0].split()
+    raise AssertionError(f"{image}: no RUN calls docker/install.sh {step}")
+
+
+def _install_sh_step(step: str) -> str:
+    """The body of one `case` branch of docker/install.sh."""
+    body = INSTALL_SH.read_text().split(f"\n  {step})\n", 1)[1]
+    return body.split("\n    ;;", 1)[0]
+
+
 @pytest.mark.parametrize("image", IMAGES)
 def test_dependencies_install_before_code_is_copied(image):
     cmds = _commands(image)
     code_copy = next(i for i, c in enumerate(cmds) if c.cmd.upper() == "COPY" and "flashdraft" in c.value[:-1])
-    dep_install = next(i for i, c in enumerate(cmds) if c.cmd.upper() == "RUN" and "requirements.py" in c.value[0])
+    dep_install, _ = _install_step(image, "deps")
     assert dep_install < code_copy
     early = {s for c in cmds[:dep_install] if c.cmd.upper() == "COPY" for s in c.value[:-1]}
-    assert early <= {"pyproject.toml", "docker/requirements.py"}, f"code copied before the dependency layer: {early}"
-    final = [c for c in cmds[code_copy:] if c.cmd.upper() == "RUN" and "install" in c.value[0]]
-    assert final and "--no-deps" in final[0].value[0], "the code layer must not resolve dependencies again"
+    assert early <= {"pyproject.toml", "docker/requirements.py", "docker/install.sh"}, (
+        f"code copied before the dependency layer: {early}")
+    app_install, _ = _install_step(image, "app")
+    assert app_install > code_copy
+    assert "--no-deps" in _install_sh_step("app"), "the code layer must not resolve dependencies again"
+
+
+def test_install_sh_is_valid_bash_and_refuses_unknown_steps(tmp_path):
+    subprocess.run(["bash", "-n", str(INSTALL_SH)], check=True)
+    proc = subprocess.run(["bash", str(INSTALL_SH), "deps", "keep-nothing"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "MODE must be keep-torch or keep-all, got 'keep-nothing'" in proc.stderr
+    proc = subprocess.run(["bash", str(INSTALL_SH), "bogus"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown step 'bogus'" in proc.stderr
 
 
 def _image_extras(image: str) -> tuple[list[str], list[str]]:
-    run = next(c for c in _commands(image) if c.cmd.upper() == "RUN" and "requirements.py" in c.value[0])
-    argv = run.value[0].split("requirements.py", 1)[1].split(">", 1)[0].split()
-    assert argv[0] == "pyproject.toml"
-    extras, skip = [], []
-    it = iter(argv[1:])
-    for a in it:
-        (skip.append(next(it)) if a == "--skip" else extras.append(a))
-    return extras, skip
+    """Extras an image installs (`install.sh deps MODE EXTRA...`) and what install.sh leaves to the image."""
+    _, argv = _install_step(image, "deps")
+    assert argv[0] in {"keep-torch", "keep-all"}, f"{image}: unknown deps mode {argv[0]}"
+    call = next(line for line in _install_sh_step("deps").splitlines() if "requirements.py" in line)
+    args = call.split("requirements.py", 1)[1].split(">", 1)[0].split()
+    assert args[:2] == ["pyproject.toml", '"$@"']
+    skip = [args[i + 1] for i, a in enumerate(args) if a == "--skip"]
+    return argv[1:], skip
 
 
 def _closure(names: set[str]) -> set[str]:
