@@ -191,6 +191,12 @@ class StorageConfig(_Section):
     read_chunk_bytes: int = Field(default=8 * 2**20, ge=2**16, description="S3: whole-object reads above this "
                                   "size are split into parallel range GETs of this size")
     read_threads: int = Field(default=8, ge=1, description="S3: parallel range GETs per store")
+    retries: int = Field(default=6, ge=0, description="retries of one store operation after a transient error "
+                         "(throttling, 5xx, reset, timeout, checksum mismatch on read); the store is the only "
+                         "retry layer (botocore's and s3fs's own retries are off)")
+    retry_base_s: float = Field(default=0.25, gt=0, description="backoff before retry k: a random 50-100% of "
+                                "retry_base_s * 2**k, capped at retry_max_s (defaults: ~16 s of outage ridden out)")
+    retry_max_s: float = Field(default=8.0, gt=0, description="the longest single backoff")
 
     @field_validator("root")
     @classmethod

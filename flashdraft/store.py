@@ -1,12 +1,22 @@
 """Object store: one small layer over fsspec for `file://`, `s3://` and `memory://`.
 
-Every stage reads and writes through this module, so the commit protocol lives in one place:
+Every stage reads and writes through this module, so the commit protocol and the retry policy live in one place
+(docs/failure-model.md describes both):
 
 * `put` is atomic per object (temp file + rename on POSIX; a single PUT on S3).
 * `commit(key, data)` writes the object, then a small `<key>.commit` JSON record carrying its sha256 and size.
   Readers list and read only committed objects (`list_committed`, `get_verified`), so a crash between the two
-  writes leaves an invisible orphan that the next run overwrites deterministically.
-* Transient errors (connection resets, 5xx, throttling) are retried with exponential backoff.
+  writes leaves an invisible orphan that the next run overwrites deterministically. Small objects (JSON markers,
+  manifests, `latest.json`) also travel inside their record, so re-committing one with new content is a single
+  atomic write: a reader sees the old commit or the new one, never a record that disagrees with its bytes. A
+  large object re-committed with different bytes is uncommitted first.
+* This layer is the only retry layer (botocore's and s3fs's own retries are switched off, so one budget applies
+  and every retry is logged and counted in `io_counters()`, which stages copy into their metrics as `store_io`).
+  Throttling (503 SlowDown), 5xx, connection resets, timeouts and checksum mismatches on read are retried with
+  capped exponential backoff and jitter (`storage.retries`, `storage.retry_base_s`); a store still failing after
+  that raises `StoreUnavailableError` naming the key and the attempts. Missing objects, bad credentials, a full
+  or read-only local disk are not retried: they raise at once, the last two as `StoreFullError` /
+  `StoreReadOnlyError` naming the path.
 
 Credentials for S3 come from the standard AWS environment variables, or from files in the folder named by
 `FLASHDRAFT_S3_SECRET_DIR` (a mounted Kubernetes Secret with keys AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
@@ -15,6 +25,8 @@ They are never read from config files and never appear in logs or reprs.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import errno
 import hashlib
 import json
@@ -53,31 +65,106 @@ class NotCommittedError(StoreError):
     """The object has no commit record (missing, or a partial write from a crashed run)."""
 
 
+class StoreUnavailableError(StoreError):
+    """Transient errors outlasted the retry budget (the store is down, or throttling us for too long)."""
+
+
+class StoreFullError(StoreError):
+    """No space (or quota) left on the store's filesystem; committed work is kept, a rerun resumes."""
+
+
+class StoreReadOnlyError(StoreError):
+    """The store's filesystem is mounted read-only."""
+
+
 @dataclass(frozen=True)
 class CommitRecord:
     key: str
     sha256: str
     size: int
     meta: dict[str, Any]
+    inline: bytes | None = None  # the object itself, for small objects (see INLINE_MAX_BYTES)
 
     def to_json(self) -> bytes:
-        return json.dumps({"key": self.key, "sha256": self.sha256, "size": self.size, "meta": self.meta},
-                          sort_keys=True).encode()
+        out = {"key": self.key, "sha256": self.sha256, "size": self.size, "meta": self.meta}
+        if self.inline is not None:
+            out["inline_b64"] = base64.b64encode(self.inline).decode()
+        return json.dumps(out, sort_keys=True).encode()
+
+
+# Objects up to this size also travel inside their commit record, which makes re-committing them atomic.
+INLINE_MAX_BYTES = 16 * 2**10
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    text = f"{type(exc).__name__} {exc}"
-    markers = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttl", "503", "500",
-               "Connection", "EndpointConnectionError", "ReadTimeout", "IncompleteRead")
-    return any(m in text for m in markers)
+class _IOCounters:
+    """Process-wide store counters (thread-safe): operations, retries by cause, operations given up on."""
+
+    KINDS = ("throttled", "server_error", "connection", "timeout", "checksum")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._c = {"operations": 0, "retries": 0, "gave_up": 0, **{f"retries_{k}": 0 for k in self.KINDS}}
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._c[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._c)
+
+
+_COUNTERS = _IOCounters()
+
+
+def io_counters(since: dict[str, int] | None = None) -> dict[str, int]:
+    """This process's store operations, retries (total and by cause) and give-ups; minus `since` when given.
+
+    A stage takes a snapshot when it starts and records `io_counters(snapshot)` as `store_io` in its metrics."""
+    now = _COUNTERS.snapshot()
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
+
+
+_EREMOTEIO = getattr(errno, "EREMOTEIO", 121)  # s3fs maps HTTP 500 InternalError to it
+_TRANSIENT_ERRNO = {errno.EBUSY: "throttled", errno.EAGAIN: "throttled", _EREMOTEIO: "server_error",
+                    errno.ETIMEDOUT: "timeout", errno.ECONNRESET: "connection", errno.ECONNREFUSED: "connection",
+                    errno.ECONNABORTED: "connection", errno.EPIPE: "connection"}
+# Transport failures of botocore / aiohttp / urllib3, matched by class name anywhere in the exception's MRO so this
+# module needs none of them installed.
+_TRANSPORT_ERRORS = {"HTTPClientError": "connection", "EndpointConnectionError": "connection",
+                     "ConnectionClosedError": "connection", "ReadTimeoutError": "timeout",
+                     "ConnectTimeoutError": "timeout", "ResponseParserError": "server_error",
+                     "IncompleteReadError": "connection", "IncompleteRead": "connection",
+                     "ClientPayloadError": "connection", "ClientConnectionError": "connection",
+                     "ServerDisconnectedError": "connection", "ServerTimeoutError": "timeout",
+                     "ProtocolError": "connection"}
+_SERVER_MARKERS = ("SlowDown", "ServiceUnavailable", "InternalError", "reduce your request rate")
+
+
+def transient_kind(exc: BaseException) -> str | None:
+    """Why `exc` is worth retrying ("throttled", "server_error", "connection", "timeout", "checksum"), or None
+    when a retry cannot help (missing object, permissions, bad request, full or read-only disk)."""
+    if isinstance(exc, ChecksumError):
+        return "checksum"
+    if isinstance(exc, StoreError | FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError
+                  | FileExistsError):
+        return None
+    if isinstance(exc, ConnectionError):
+        return "connection"
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
+        return _TRANSIENT_ERRNO[exc.errno]
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _TRANSPORT_ERRORS:
+            return _TRANSPORT_ERRORS[cls.__name__]
+    if isinstance(exc, OSError) and exc.errno == errno.EIO and any(m in str(exc) for m in _SERVER_MARKERS):
+        return "server_error"  # an S3 error code s3fs does not map, carrying the server's message
+    return None
 
 
 def _s3_credentials() -> dict[str, str]:
@@ -97,18 +184,21 @@ def _s3_credentials() -> dict[str, str]:
 
 
 class ObjectStore:
-    """Keys are `/`-separated paths relative to `root`; the same code runs on every backend."""
+    """Keys are `/`-separated paths relative to `root`; the same code runs on every backend.
 
-    def __init__(self, root: str, storage: StorageConfig | None = None, *, retries: int = 5,
-                 backoff_s: float = 0.2):
+    `retries` / `backoff_s` override `storage.retries` / `storage.retry_base_s` (tests use tiny backoffs)."""
+
+    def __init__(self, root: str, storage: StorageConfig | None = None, *, retries: int | None = None,
+                 backoff_s: float | None = None):
         scheme = root.split("://", 1)[0] if "://" in root else "file"
         if scheme not in ("file", "memory", "s3"):
             raise StoreError(f"unsupported storage scheme {scheme!r} in {root!r}")
         storage = storage or StorageConfig(root=root)
         path = root.split("://", 1)[1] if "://" in root else root
         self.scheme = scheme
-        self.retries = retries
-        self.backoff_s = backoff_s
+        self.retries = storage.retries if retries is None else retries
+        self.backoff_s = storage.retry_base_s if backoff_s is None else backoff_s
+        self.backoff_max_s = storage.retry_max_s
         if scheme == "file":
             self.fs = fsspec.filesystem("file", auto_mkdir=True)
             self.base = str(Path(path).expanduser().resolve())
@@ -124,12 +214,16 @@ class ObjectStore:
             if storage.region:
                 client_kwargs["region_name"] = storage.region
             # Checksums are ours (sha256 in commit records). botocore's flexible checksums would also reject
-            # byte-range GETs from servers that send the whole object's checksum header.
+            # byte-range GETs from servers that send the whole object's checksum header. Retries are ours too
+            # (`_retry`): botocore's (up to 5 attempts) and s3fs's (5 more around each call) would multiply into
+            # 25 silent attempts per operation, invisible to logs and metrics.
             config_kwargs = {"s3": {"addressing_style": "path" if storage.path_style else "virtual"},
                              "request_checksum_calculation": "when_required",
-                             "response_checksum_validation": "when_required"}
+                             "response_checksum_validation": "when_required",
+                             "retries": {"total_max_attempts": 1}, "connect_timeout": 10, "read_timeout": 60}
             self.fs = fsspec.filesystem("s3", client_kwargs=client_kwargs, config_kwargs=config_kwargs,
                                         use_listings_cache=False, skip_instance_cache=True, **_s3_credentials())
+            self.fs.retries = 1  # s3fs: one attempt per call
             self.base = path.strip("/")
         self.root = root
         self.read_chunk_bytes = storage.read_chunk_bytes
@@ -157,18 +251,46 @@ class ObjectStore:
         return sub
 
     # -- retries ------------------------------------------------------------------------------------------
-    def _retry(self, what: str, fn: Callable[[], T]) -> T:
-        for attempt in range(self.retries + 1):
+    def _retry(self, op: str, key: str, fn: Callable[[], T], retries: int | None = None) -> T:
+        """Run `fn`, retrying transient errors (see `transient_kind`) with capped exponential backoff + jitter."""
+        retries = self.retries if retries is None else retries
+        _COUNTERS.add("operations")
+        t0 = time.monotonic()
+        for attempt in range(retries + 1):
             try:
                 return fn()
             except Exception as exc:
-                if attempt == self.retries or not _is_transient(exc):
-                    raise
-                delay = self.backoff_s * (2**attempt) * (1 + random.random() * 0.25)
-                log.warning("%s failed (%s: %s); retry %d/%d in %.2fs", what, type(exc).__name__, exc,
-                            attempt + 1, self.retries, delay)
+                kind = transient_kind(exc)
+                if kind is None:
+                    raise self._permanent(op, key, exc) from exc
+                if attempt == retries:
+                    _COUNTERS.add("gave_up")
+                    if kind == "checksum":
+                        raise
+                    raise StoreUnavailableError(
+                        f"{op} {self.url(key)} failed {attempt + 1} times over {time.monotonic() - t0:.1f} s "
+                        f"(last error: {type(exc).__name__}: {exc}); the store stayed unavailable past the retry "
+                        f"budget (storage.retries={retries}). Nothing was committed by this operation; rerun the "
+                        "stage once the store is back: it resumes from its committed outputs") from exc
+                _COUNTERS.add("retries")
+                _COUNTERS.add(f"retries_{kind}")
+                delay = min(self.backoff_max_s, self.backoff_s * 2**attempt) * (0.5 + 0.5 * random.random())
+                log.warning("store %s %s: %s (%s: %s); retry %d/%d in %.2f s", op, key, kind, type(exc).__name__,
+                            exc, attempt + 1, retries, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _permanent(self, op: str, key: str, exc: Exception) -> Exception:
+        """The error to raise for a non-retryable failure: a clear one naming the path for a full or read-only
+        local disk, the original exception otherwise."""
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFullError(f"{op} {self.url(key)}: no space left on the store's filesystem ({exc.strerror}). "
+                                  "Committed outputs are intact and nothing partial is visible; free space (or raise "
+                                  "the quota) and rerun: the stage resumes from what it committed")
+        if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+            return StoreReadOnlyError(f"{op} {self.url(key)}: the store's filesystem is read-only ({exc.strerror}); "
+                                      "remount it read-write (or point storage.root elsewhere) and rerun")
+        return exc
 
     # -- plain objects ------------------------------------------------------------------------------------
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
@@ -178,25 +300,25 @@ class ObjectStore:
 
             def _write() -> None:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                finally:
+                    if os.path.exists(tmp):  # a full disk must not keep the partial temp file
+                        os.unlink(tmp)
 
-            try:
-                self._retry(f"put {key}", _write)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            self._retry("put", key, _write)
         else:
-            self._retry(f"put {key}", lambda: self.fs.pipe_file(path, bytes(data)))
+            self._retry("put", key, lambda: self.fs.pipe_file(path, bytes(data)))
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         """Whole object, or bytes [start, end) by range request."""
         path = self._p(key)
         try:
-            return self._retry(f"get {key}", lambda: self.fs.cat_file(path, start=start, end=end))
+            return self._retry("get", key, lambda: self.fs.cat_file(path, start=start, end=end))
         except FileNotFoundError:
             raise FileNotFoundError(f"object not found: {self.url(key)}") from None
 
@@ -222,15 +344,15 @@ class ObjectStore:
         return b"".join(self._pool["pool"].map(piece, range(start, end, chunk)))
 
     def exists(self, key: str) -> bool:
-        return self._retry(f"exists {key}", lambda: self.fs.exists(self._p(key)))
+        return self._retry("exists", key, lambda: self.fs.exists(self._p(key)))
 
     def size(self, key: str) -> int:
-        return int(self._retry(f"size {key}", lambda: self.fs.size(self._p(key))))
+        return int(self._retry("size", key, lambda: self.fs.size(self._p(key))))
 
     def delete(self, key: str) -> None:
         path = self._p(key)
         try:
-            self._retry(f"delete {key}", lambda: self.fs.rm_file(path))
+            self._retry("delete", key, lambda: self.fs.rm_file(path))
         except FileNotFoundError:
             pass
 
@@ -238,7 +360,7 @@ class ObjectStore:
         """Sorted keys (relative to root) of every object under `prefix` (recursive)."""
         base = self._p(prefix)
         try:
-            found = self._retry(f"list {prefix}", lambda: self.fs.find(base))
+            found = self._retry("list", prefix, lambda: self.fs.find(base))
         except FileNotFoundError:
             return []
         root = self._p("")
@@ -261,8 +383,19 @@ class ObjectStore:
     # -- commit protocol ----------------------------------------------------------------------------------
     def commit(self, key: str, data: bytes | bytearray | memoryview, meta: dict[str, Any] | None = None
                ) -> CommitRecord:
-        """Write `data`, then its commit record. Only after this returns is `key` visible to readers."""
-        record = CommitRecord(key=key, sha256=sha256_hex(data), size=len(data), meta=meta or {})
+        """Write `data`, then its commit record. Only after this returns is `key` visible to readers.
+
+        Idempotent and crash-safe at every point: a retried or repeated commit of the same bytes rewrites the
+        same objects; a small object rides inside its record (one atomic write decides old vs new); a large one
+        whose committed bytes differ is uncommitted before its bytes change, so no reader ever sees a record
+        that disagrees with the object."""
+        data = bytes(data)
+        inline = data if len(data) <= INLINE_MAX_BYTES else None
+        record = CommitRecord(key=key, sha256=sha256_hex(data), size=len(data), meta=meta or {}, inline=inline)
+        if inline is None:
+            old = self.read_commit(key)
+            if old is not None and (old.sha256, old.size) != (record.sha256, record.size):
+                self.delete(key + COMMIT_SUFFIX)
         self.put(key, data)
         self.put(key + COMMIT_SUFFIX, record.to_json())
         return record
@@ -275,23 +408,31 @@ class ObjectStore:
             raw = json.loads(self.get(key + COMMIT_SUFFIX))
         except FileNotFoundError:
             return None
-        return CommitRecord(key=raw["key"], sha256=raw["sha256"], size=raw["size"], meta=raw.get("meta", {}))
+        inline = base64.b64decode(raw["inline_b64"]) if "inline_b64" in raw else None
+        return CommitRecord(key=raw["key"], sha256=raw["sha256"], size=raw["size"], meta=raw.get("meta", {}),
+                            inline=inline)
 
     def is_committed(self, key: str) -> bool:
         return self.exists(key + COMMIT_SUFFIX)
 
     def get_verified(self, key: str) -> bytes:
-        """The committed bytes of `key`, checked against the sha256 in its commit record."""
+        """The committed bytes of `key`, checked against the sha256 in its commit record.
+
+        A mismatch is re-read (twice at most): bytes corrupted in flight differ on the next read, bytes corrupted
+        at rest do not, and then ChecksumError names the key."""
         record = self.read_commit(key)
         if record is None:
             raise NotCommittedError(f"{self.url(key)} is not committed (missing or a partial write)")
-        data = self.get_chunked(key, 0, record.size)
-        if len(data) != record.size or sha256_hex(data) != record.sha256:
-            raise ChecksumError(
-                f"checksum mismatch for {self.url(key)}: expected sha256 {record.sha256[:12]}… size {record.size}, "
-                f"got {sha256_hex(data)[:12]}… size {len(data)}"
-            )
-        return data
+
+        def read() -> bytes:
+            data = record.inline if record.inline is not None else self.get_chunked(key, 0, record.size)
+            if len(data) != record.size or sha256_hex(data) != record.sha256:
+                raise ChecksumError(
+                    f"checksum mismatch for {self.url(key)}: expected sha256 {record.sha256[:12]}… size "
+                    f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}")
+            return data
+
+        return self._retry("get_verified", key, read, retries=min(self.retries, 2))
 
     def get_json_verified(self, key: str) -> Any:
         return json.loads(self.get_verified(key))

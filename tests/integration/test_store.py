@@ -2,7 +2,7 @@
 
 import pytest
 
-from flashdraft.store import ChecksumError, NotCommittedError, ObjectStore, open_store
+from flashdraft.store import ChecksumError, NotCommittedError, ObjectStore, StoreUnavailableError, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +30,30 @@ def test_commit_protocol(any_store: ObjectStore):
     assert any_store.get_verified("shards/good.bin") == b"payload"
     with pytest.raises(NotCommittedError, match="partial.bin"):
         any_store.get_verified("shards/partial.bin")
-    any_store.put("shards/good.bin", b"PAYLOAD")  # silent corruption after commit
-    with pytest.raises(ChecksumError, match="good.bin"):
-        any_store.get_verified("shards/good.bin")
-    any_store.uncommit("shards/good.bin")
-    assert any_store.list_committed("shards") == []
+    big = bytes(range(256)) * 100  # above INLINE_MAX_BYTES: read from the object itself
+    any_store.commit("shards/big.bin", big)
+    any_store.put("shards/big.bin", big[:-1] + b"!")  # silent corruption after commit
+    with pytest.raises(ChecksumError, match="big.bin"):
+        any_store.get_verified("shards/big.bin")
+    any_store.uncommit("shards/big.bin")
+    assert any_store.list_committed("shards") == ["shards/good.bin"]
+
+
+def test_a_small_object_recommitted_is_atomic_and_a_large_one_is_uncommitted_first(any_store: ObjectStore):
+    any_store.commit_json("latest.json", {"step": 2})
+    any_store.put_json("latest.json", {"step": 4})  # a writer killed between the object and its record
+    assert any_store.get_json_verified("latest.json") == {"step": 2}, "the old commit, whole"
+    any_store.commit_json("latest.json", {"step": 4})
+    assert any_store.get_json_verified("latest.json") == {"step": 4}
+    old, new = b"a" * 20000, b"b" * 20000
+    any_store.commit("w.bin", old)
+    deletes = []
+    real_delete = any_store.delete
+    any_store.delete = lambda key: (deletes.append(key), real_delete(key))[1]
+    any_store.commit("w.bin", old)  # the same bytes again (a retried commit): nothing is uncommitted
+    assert deletes == []
+    any_store.commit("w.bin", new)
+    assert deletes == ["w.bin.commit"] and any_store.get_verified("w.bin") == new
 
 
 def test_json_and_child(any_store: ObjectStore):
@@ -98,10 +117,10 @@ def test_transient_errors_are_retried_and_permanent_ones_are_not(tmp_path, monke
 
     monkeypatch.setattr(store.fs, "cat_file", flaky)
     assert store.get("k") == b"value" and calls["n"] == 3
-    calls["n"] = -10  # always failing now: gives up after `retries` attempts
-    with pytest.raises(ConnectionError):
+    calls["n"] = -10  # always failing now: gives up after `retries` attempts, naming the key and the count
+    with pytest.raises(StoreUnavailableError, match=r"get .*/k failed 4 times") as exc:
         store.get("k")
-    assert calls["n"] == -10 + 4
+    assert calls["n"] == -10 + 4 and isinstance(exc.value.__cause__, ConnectionError)
     monkeypatch.setattr(store.fs, "cat_file", real_cat)
     with pytest.raises(FileNotFoundError):
         store.get("missing")
