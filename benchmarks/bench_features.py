@@ -38,7 +38,7 @@ from flashdraft.capture import capture_layers
 from flashdraft.config import CODECS, StorageConfig, load_config
 from flashdraft.features.codecs import Codec, relative_error_per_layer
 from flashdraft.features.manifest import part_key
-from flashdraft.features.reader import FeatureReader
+from flashdraft.features.reader import OfflineReader
 from flashdraft.features.shard import build_shard, encode_sample
 from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.store import ObjectStore, open_store
@@ -199,8 +199,8 @@ def _rate(read, repeats: int) -> tuple[int, float]:
 def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path, copies: int, repeats: int,
                  codecs=("bf16-zstd", "fp8-zstd")) -> list[dict]:
     """Samples/s over S3, median of `repeats` passes. Baseline: one bf16 safetensors object per sample, read by a
-    map-style Dataset (num_workers=0), and the same objects fetched by 8 threads (FeatureReader's concurrency).
-    Ours: FeatureReader (8 threads, 32 in flight) on shards of each codec, with the whole-part GETs one rank uses
+    map-style Dataset (num_workers=0), and the same objects fetched by 8 threads (OfflineReader's concurrency).
+    Ours: OfflineReader (8 threads, 32 in flight) on shards of each codec, with the whole-part GETs one rank uses
     by default and the per-sample range GETs each of several ranks uses."""
     ids = cfg.layer_ids()
     out = []
@@ -226,7 +226,7 @@ def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path
                 store.commit(part_key(c, 0), build_shard(codec, ids, feats[0].shape[-1], {}, blobs),
                              {"samples": len(blobs)})
             for whole in (True, False):
-                reader = FeatureReader(store, seed=0, threads=8, prefetch=32, whole_parts=whole)
+                reader = OfflineReader(store, seed=0, threads=8, prefetch=32, whole_parts=whole)
                 n, rate = _rate(lambda r=reader: sum(1 for _ in r), repeats)
                 out.append({"codec": f"{name} shards", "reads": "part GETs (1 rank)" if whole else
                             "range GETs (per rank of several)", "samples": n, "ours_samples_s": rate,

@@ -7,7 +7,8 @@ import torch
 from feature_fixtures import commit_parts, provenance
 
 from flashdraft.features.manifest import ProvenanceError, part_key
-from flashdraft.features.reader import FeatureReader, _PartCache, open_reader, read_header
+from flashdraft.features.parts import PartCache, read_header
+from flashdraft.features.reader import OfflineReader, open_reader
 from flashdraft.features.shard import ShardFormatError
 from flashdraft.store import ChecksumError, ObjectStore
 
@@ -27,8 +28,8 @@ def ids(reader):
 
 
 def test_whole_part_and_byte_range_reads_give_the_same_stream(store):
-    a = [(s.sample_id, s.features) for s in FeatureReader(store, seed=9, whole_parts=True)]
-    b = [(s.sample_id, s.features) for s in FeatureReader(store, seed=9, whole_parts=False)]
+    a = [(s.sample_id, s.features) for s in OfflineReader(store, seed=9, whole_parts=True)]
+    b = [(s.sample_id, s.features) for s in OfflineReader(store, seed=9, whole_parts=False)]
     assert [x for x, _ in a] == [x for x, _ in b]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
 
@@ -49,28 +50,28 @@ def _count_gets(store, monkeypatch) -> dict:
 
 def test_one_rank_reads_whole_parts_and_several_ranks_read_only_their_samples(store, monkeypatch):
     counts = _count_gets(store, monkeypatch)
-    assert len(ids(FeatureReader(store, seed=2))) == TOTAL
+    assert len(ids(OfflineReader(store, seed=2))) == TOTAL
     assert counts == {"whole": len(LAYOUT[0]) + len(LAYOUT[1]) + len(LAYOUT[2]), "range": 6}  # + 6 header probes
     counts.update(whole=0, range=0)
-    got = ids(FeatureReader(store, seed=2, rank=1, world_size=2))
+    got = ids(OfflineReader(store, seed=2, rank=1, world_size=2))
     assert counts["whole"] == 0 and counts["range"] == len(got) + 6  # no part read whole for half its samples
 
 
 def test_whole_part_cache_stays_within_its_byte_budget(store, monkeypatch):
-    reference = [(s.sample_id, s.features) for s in FeatureReader(store, seed=5, shuffle_buffer=16, whole_parts=False)]
+    reference = [(s.sample_id, s.features) for s in OfflineReader(store, seed=5, shuffle_buffer=16, whole_parts=False)]
     counts = _count_gets(store, monkeypatch)
     sizes = {read_header(store, k).size for k in store.list_committed("features")}
     budget = min(sizes) * 3 // 2  # room for one part, never two
-    reader = FeatureReader(store, seed=5, shuffle_buffer=16, prefetch=12, threads=4, part_cache_bytes=budget)
+    reader = OfflineReader(store, seed=5, shuffle_buffer=16, prefetch=12, threads=4, part_cache_bytes=budget)
     peak = []
-    real_get = _PartCache.get
+    real_get = PartCache.get
 
     def get(cache, key, size):
         out = real_get(cache, key, size)
         peak.append(cache.held)
         return out
 
-    monkeypatch.setattr(_PartCache, "get", get)
+    monkeypatch.setattr(PartCache, "get", get)
     got = [(s.sample_id, s.features) for s in reader]
     assert [x for x, _ in got] == [x for x, _ in reference]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(got, reference, strict=True))
@@ -79,37 +80,37 @@ def test_whole_part_cache_stays_within_its_byte_budget(store, monkeypatch):
 
 
 def test_order_is_deterministic_per_seed_and_epoch_and_complete(store, tiny_cfg):
-    a = FeatureReader(store, seed=3, shuffle_buffer=4, expected_provenance=provenance(tiny_cfg))
-    b = FeatureReader(store, seed=3, shuffle_buffer=4)
+    a = OfflineReader(store, seed=3, shuffle_buffer=4, expected_provenance=provenance(tiny_cfg))
+    b = OfflineReader(store, seed=3, shuffle_buffer=4)
     e0 = ids(a)
     assert e0 == ids(b) and sorted(e0) == sorted(set(e0)) and len(e0) == TOTAL
     e1 = ids(a)  # iterating again moves to the next epoch
     assert a.epoch == 2 and sorted(e1) == sorted(e0) and e1 != e0
-    assert ids(FeatureReader(store, seed=4, shuffle_buffer=4)) != e0
+    assert ids(OfflineReader(store, seed=4, shuffle_buffer=4)) != e0
 
 
 def test_samples_have_the_documented_types(store):
-    s = next(iter(FeatureReader(store)))
+    s = next(iter(OfflineReader(store)))
     assert s.input_ids.dtype == torch.int64 and s.loss_mask.dtype == torch.bool
     assert s.features.dtype == torch.bfloat16 and s.features.shape == (len(s.input_ids), 5 * 256)
 
 
 def test_ranks_are_disjoint_and_even(store):
-    per_rank = [ids(FeatureReader(store, seed=1, rank=r, world_size=4)) for r in range(4)]
+    per_rank = [ids(OfflineReader(store, seed=1, rank=r, world_size=4)) for r in range(4)]
     flat = [x for r in per_rank for x in r]
     assert len(set(flat)) == len(flat) == TOTAL - TOTAL % 4
     assert {len(r) for r in per_rank} == {TOTAL // 4}
-    assert len(FeatureReader(store, rank=0, world_size=4)) == TOTAL // 4
+    assert len(OfflineReader(store, rank=0, world_size=4)) == TOTAL // 4
 
 
 def test_resume_from_state_dict_continues_exactly(store):
-    full = ids(FeatureReader(store, seed=5, rank=1, world_size=2))
-    first = FeatureReader(store, seed=5, rank=1, world_size=2)
+    full = ids(OfflineReader(store, seed=5, rank=1, world_size=2))
+    first = OfflineReader(store, seed=5, rank=1, world_size=2)
     it = iter(first)
     head = [next(it).sample_id for _ in range(5)]
     state = first.state_dict()
     assert state == {"seed": 5, "epoch": 0, "consumed": 5}
-    second = FeatureReader(store, seed=5, rank=1, world_size=2)
+    second = OfflineReader(store, seed=5, rank=1, world_size=2)
     second.load_state_dict(state)
     assert head + ids(second) == full
 
@@ -120,9 +121,9 @@ def test_corrupted_sample_is_reported_with_its_shard(store):
     data[-5] ^= 0x10
     store.put(key, bytes(data))
     with pytest.raises(ShardFormatError, match=r"shard-00001/part-00000.fds: sample \d+ .* crc32"):
-        ids(FeatureReader(store, shuffle=False, whole_parts=False))  # byte ranges: per-sample crc32
+        ids(OfflineReader(store, shuffle=False, whole_parts=False))  # byte ranges: per-sample crc32
     with pytest.raises(ChecksumError, match="shard-00001/part-00000.fds"):
-        ids(FeatureReader(store, shuffle=False, whole_parts=True))  # whole parts: sha256 of the commit record
+        ids(OfflineReader(store, shuffle=False, whole_parts=True))  # whole parts: sha256 of the commit record
 
 
 def test_provenance_mismatch_is_refused_with_the_fields(tiny_cfg):
@@ -140,7 +141,7 @@ def test_provenance_mismatch_is_refused_with_the_fields(tiny_cfg):
 def test_single_sample_byte_range_fetch_on_s3(s3_storage, tiny_cfg):
     s3 = ObjectStore(s3_storage.root, s3_storage)
     keys = commit_parts(s3, tiny_cfg, {0: [6]})
-    reader = FeatureReader(s3, shuffle=False)
+    reader = OfflineReader(s3, shuffle=False)
     whole = ids(reader)
     one = reader.fetch(keys[0], 4)
     assert one.sample_id == whole[4] == "0-0-4"
@@ -152,7 +153,7 @@ def test_dataloader_workers_split_disjointly(tiny_cfg, tmp_path):
     commit_parts(s, tiny_cfg, LAYOUT)
     per_rank = []
     for rank in range(2):
-        reader = FeatureReader(s, seed=2, rank=rank, world_size=2)
+        reader = OfflineReader(s, seed=2, rank=rank, world_size=2)
         loader = torch.utils.data.DataLoader(reader, batch_size=None, num_workers=2, collate_fn=lambda x: x)
         per_rank.append([x.sample_id for x in loader])
     flat = per_rank[0] + per_rank[1]

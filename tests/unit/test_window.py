@@ -10,7 +10,7 @@ from feature_fixtures import part_bytes
 
 from flashdraft.config import ModeConfig
 from flashdraft.features.manifest import committed_parts, part_key
-from flashdraft.features.reader import FeatureReader
+from flashdraft.features.reader import StreamReader
 from flashdraft.features.window import STREAM_PREFIX, StreamFailed, WindowConsumer, WindowProducer
 from flashdraft.store import ObjectStore
 
@@ -51,7 +51,7 @@ def test_peak_stored_bytes_stay_within_the_window(tiny_cfg, tmp_path):
     for t in threads:
         t.start()
     consumer = WindowConsumer(store)
-    reader = FeatureReader(store, follow=True, reuse=mode.reuse, window=consumer, poll_s=0.01, timeout_s=30)
+    reader = StreamReader(store, reuse=mode.reuse, window=consumer, poll_s=0.01, timeout_s=30)
     seen = []
     for s in reader:
         seen.append(s.sample_id)
@@ -70,7 +70,7 @@ def test_producer_failure_ends_the_consumer_with_its_message(tiny_cfg):
     data, meta = part_bytes(tiny_cfg, 0, 0, 2)
     store.commit(part_key(0, 0), data, meta)
     WindowProducer(store, ModeConfig()).fail("extract shard 3: CUDA out of memory")
-    reader = FeatureReader(store, follow=True, window=WindowConsumer(store), poll_s=0.01, timeout_s=5)
+    reader = StreamReader(store, window=WindowConsumer(store), poll_s=0.01, timeout_s=5)
     with pytest.raises(StreamFailed, match="CUDA out of memory"):
         list(reader)
 
@@ -99,7 +99,7 @@ def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(ti
                                    "data.num_shards": 1})
     rows = write_responses(cfg, n=10)
     store = ObjectStore(cfg.storage.root).child(cfg.run_id)
-    reader = FeatureReader(store, follow=True, window=WindowConsumer(store), poll_s=0.02, timeout_s=120)
+    reader = StreamReader(store, window=WindowConsumer(store), poll_s=0.02, timeout_s=120)
     seen = []
     consumer = threading.Thread(target=lambda: seen.extend(s.sample_id for s in reader))
     consumer.start()
@@ -129,7 +129,7 @@ def test_deferred_release_gives_way_when_the_window_is_full(tiny_cfg, tmp_path, 
 
     thread = threading.Thread(target=produce)
     thread.start()
-    reader = FeatureReader(store, follow=True, window=WindowConsumer(store, mode=mode), poll_s=0.01, timeout_s=20,
+    reader = StreamReader(store, window=WindowConsumer(store, mode=mode), poll_s=0.01, timeout_s=20,
                            defer_release=True)  # and nobody calls release_through: no checkpoint ever comes
     with caplog.at_level("WARNING"):
         seen = [s.sample_id for s in reader]
@@ -144,8 +144,8 @@ def test_a_restarted_worker_does_not_retake_a_part_it_finished(tiny_cfg):
         store.commit(part_key(0, p), data, meta)
     WindowProducer(store, ModeConfig(kind="streaming")).finish()
 
-    def rank(r: int) -> FeatureReader:
-        return FeatureReader(store, follow=True, rank=r, world_size=2, poll_s=0.01, timeout_s=5,
+    def rank(r: int) -> StreamReader:
+        return StreamReader(store, rank=r, world_size=2, poll_s=0.01, timeout_s=5,
                              window=WindowConsumer(store, workers=2, worker=r))
 
     first = [s.sample_id for s in rank(0)]  # rank 0 finishes both parts; rank 1 has not started
