@@ -137,9 +137,47 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     return flashdraft_pipeline
 
 
+CHANNEL = "pipelinechannel--"
+
+
+def declare_channels_on_enclosing_dags(spec: Any) -> None:
+    """Fill a gap of the KFP 2.17 compiler, in place on the PipelineSpec proto.
+
+    A pipeline parameter used only as a resource placeholder (`set_accelerator_limit(inference_gpus)`) becomes an
+    input of the task inside an ExitHandler or ParallelFor, but not of the DAGs around it, and KFP's driver then
+    fails the task: "parent DAG does not have input parameter pipelinechannel--inference_gpus". Each such input
+    is declared on its DAG and fed from the parent, up to the root parameter (found by the k8s test tier).
+    """
+    owner = {}
+    for parent, comp in [("root", spec.root), *spec.components.items()]:
+        for task in comp.dag.tasks.values():
+            owner[task.component_ref.name] = (parent, task)
+    root_inputs = spec.root.input_definitions.parameters
+
+    def declare(dag: str, name: str) -> None:
+        params = spec.components[dag].input_definitions.parameters
+        if name in params:
+            return
+        params[name].parameter_type = root_inputs[name.removeprefix(CHANNEL)].parameter_type
+        parent, task = owner[dag]
+        task.inputs.parameters[name].component_input_parameter = name.removeprefix(CHANNEL) if parent == "root" \
+            else name
+        if parent != "root":
+            declare(parent, name)
+
+    for dag, comp in list(spec.components.items()):
+        for task in comp.dag.tasks.values():
+            for source in task.inputs.parameters.values():
+                ref = source.component_input_parameter
+                if ref.startswith(CHANNEL) and ref.removeprefix(CHANNEL) in root_inputs:
+                    declare(dag, ref)
+
+
 def compile_pipeline(cfg: RunConfig, output: str, registry: str | None = None, tag: str | None = None,
                      parallelism: int = 0) -> str:
     """Write the compiled pipeline (PipelineSpec + kubernetes platform spec: two YAML documents) to `output`."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(cfg, registry, tag, parallelism=parallelism), package_path=output)
+    pipeline = build_pipeline(cfg, registry, tag, parallelism=parallelism)
+    declare_channels_on_enclosing_dags(pipeline.pipeline_spec)
+    compiler.Compiler().compile(pipeline, package_path=output)
     return output
