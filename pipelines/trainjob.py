@@ -3,11 +3,13 @@
 Pinned to `trainer.kubeflow.org/v1alpha1` with Trainer >= 2.2 field names: `runtimeRef`, `trainer{image, command,
 env, numNodes, resourcesPerNode, numProcPerNode}`, and `runtimePatches` for placement (it was podSpecOverrides in
 2.0 and podTemplateOverrides in 2.1). `render_trainjob` is pure so tests validate the manifest; `launch_and_wait`
-is the only place that talks to the Kubernetes API.
+(through `create_trainjob` and `unschedulable_pods`) is the only place that talks to the Kubernetes API, and it
+turns the server's refusals and the scheduler's reasons into readable `TrainJobError`s.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -22,6 +24,11 @@ API_VERSION = "v1alpha1"
 PLURAL = "trainjobs"
 # The runtime's node replicated job (ClusterTrainingRuntime torch-distributed) and its container.
 NODE_JOB = "node"
+# Trainer runs a TrainJob as a JobSet of the same name; JobSet labels every pod with it.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# How long the TrainJob's pods may stay unschedulable before the launcher gives up (a GPU node autoscaler can take
+# many minutes to add nodes).
+UNSCHEDULABLE_TIMEOUT_S = 1800.0
 CONFIG_ENV = "FLASHDRAFT_CONFIG_YAML"
 CONFIG_PATH = "/tmp/flashdraft-config.yaml"
 # An empty namespace parameter means the launcher pod's own (the run's profile namespace on multi-user Kubeflow).
@@ -86,36 +93,113 @@ def trainjob_state(obj: dict[str, Any]) -> tuple[str, str]:
     return "Running", ""
 
 
-def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, Any], image: str, namespace: str,
-                    node_selector: dict[str, str], tolerations: list[dict[str, Any]], gpus_per_node: int,
-                    s3_secret_name: str, runtime_ref: str, poll_s: float = 30.0) -> dict[str, Any]:
-    """Create the TrainJob (or adopt the one a previous attempt created), poll until it ends, raise on failure."""
-    from kubernetes import client, config
+class TrainJobError(RuntimeError):
+    """A TrainJob the API server refused, one that failed, or one whose pods cannot be placed: the message says
+    which, in the server's or the scheduler's own words."""
+
+
+# A refusal's likely cause, by HTTP status, for the person reading the failed launcher step.
+_REFUSAL_HINTS = {
+    403: "the run's ServiceAccount needs create on trainjobs.trainer.kubeflow.org in that namespace (Helm chart: "
+         "multiNode.enabled=true, multiNode.trainJobNamespace, rbac.extraSubjects)",
+    404: "is Kubeflow Trainer (the TrainJob CRD) installed, and does the namespace exist?",
+    422: "the manifest does not match this cluster's TrainJob CRD (flashdraft renders trainer.kubeflow.org/v1alpha1 "
+         "for Trainer >= 2.2)",
+}
+
+
+def api_error_message(exc: Any) -> str:
+    """'<code> <reason>: <message>' from a kubernetes ApiException: the Status the server sent, not the HTTP dump."""
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        status = {}
+    reason = status.get("reason") or exc.reason or "Error"
+    return f"{exc.status} {reason}: {status.get('message') or exc.reason}"
+
+
+def create_trainjob(api: Any, body: dict[str, Any]) -> bool:
+    """Create `body` with strict field validation (an unknown or renamed field is refused, never silently pruned
+    by the CRD schema); False when a previous attempt already created it. Any other refusal raises
+    TrainJobError with the server's message and a hint."""
     from kubernetes.client.rest import ApiException
 
+    meta = body["metadata"]
+    try:
+        api.create_namespaced_custom_object(API_GROUP, API_VERSION, meta["namespace"], PLURAL, body,
+                                            field_validation="Strict")
+        return True
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        hint = _REFUSAL_HINTS.get(exc.status)
+        raise TrainJobError(f"the API server refused TrainJob {meta['namespace']}/{meta['name']}: "
+                            f"{api_error_message(exc)}" + (f" ({hint})" if hint else "")) from None
+
+
+def unschedulable_pods(core: Any, namespace: str, name: str) -> list[str]:
+    """'<pod>: <the scheduler's reason>' for each pod of TrainJob `name` that the scheduler could not place."""
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+    return [f"{pod.metadata.name}: {cond.message}" for pod in pods for cond in (pod.status.conditions or [])
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable"]
+
+
+def _load_kube_config() -> None:
+    """In a pod: its ServiceAccount. Elsewhere (a developer's shell, the k8s test tier): KUBECONFIG."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, Any], image: str, namespace: str,
+                    node_selector: dict[str, str], tolerations: list[dict[str, Any]], gpus_per_node: int,
+                    s3_secret_name: str, runtime_ref: str, poll_s: float = 30.0,
+                    unschedulable_timeout_s: float = UNSCHEDULABLE_TIMEOUT_S) -> dict[str, Any]:
+    """Create the TrainJob (or adopt the one a previous attempt created), poll until it ends, raise on failure.
+
+    Pods the scheduler cannot place are reported with its reason at every poll; after `unschedulable_timeout_s`
+    of that (long enough for a node autoscaler) the TrainJob is deleted and the step fails with the reason.
+    """
+    from kubernetes import client
+
     del config_yaml, overrides  # `cfg` already has both applied; the job gets the resolved config
-    config.load_incluster_config()
+    _load_kube_config()
     namespace = namespace or Path(POD_NAMESPACE_FILE).read_text().strip()
-    api = client.CustomObjectsApi()
+    api, core = client.CustomObjectsApi(), client.CoreV1Api()
     body = render_trainjob(cfg, image=image, namespace=namespace, node_selector=node_selector,
                            tolerations=tolerations, gpus_per_node=gpus_per_node, s3_secret_name=s3_secret_name,
                            runtime_ref=runtime_ref)
     name = body["metadata"]["name"]
-    try:
-        api.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, body)
+    if create_trainjob(api, body):
         log.info("created TrainJob %s/%s (%d nodes x %d procs)", namespace, name, cfg.training.num_nodes,
                  cfg.training.nproc_per_node)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    else:
         log.info("TrainJob %s/%s exists (earlier attempt); waiting for it", namespace, name)
     start = time.monotonic()
+    stuck_since: float | None = None
     while True:
         obj = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
         state, message = trainjob_state(obj)
         if state == "Failed":
-            raise RuntimeError(f"TrainJob {namespace}/{name} failed: {message}")
+            raise TrainJobError(f"TrainJob {namespace}/{name} failed: {message}")
         if state == "Complete":
             return {"trainjob": name, "namespace": namespace, "state": state, "message": message,
                     "wall_s": round(time.monotonic() - start, 1)}
+        stuck = unschedulable_pods(core, namespace, name)
+        if not stuck:
+            stuck_since = None
+        else:
+            stuck_since = stuck_since if stuck_since is not None else time.monotonic()
+            waited = time.monotonic() - stuck_since
+            log.warning("TrainJob %s/%s: %d pod(s) cannot be scheduled for %.0f s: %s", namespace, name,
+                        len(stuck), waited, "; ".join(stuck))
+            if waited >= unschedulable_timeout_s:
+                api.delete_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+                raise TrainJobError(
+                    f"TrainJob {namespace}/{name} deleted: its pods could not be scheduled for {waited:.0f} s: "
+                    f"{stuck[0]} (check trainer_node_selector, trainer_tolerations and trainer_gpus against "
+                    "`kubectl get nodes -L nvidia.com/gpu.product` and the nodes' taints)")
         time.sleep(poll_s)

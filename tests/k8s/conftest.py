@@ -1,0 +1,162 @@
+"""Fixtures of the `k8s` tier: one real control plane per session (see k8s_cluster.py), with fake nodes shaped
+like the two GPU pools of the `qwen3.6-27b` preset plus a CPU node, and the Kubeflow Trainer TrainJob CRD."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from k8s_cluster import ControlPlane, MissingBinary, find_binaries
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINJOB_CRD = "trainer.kubeflow.org_trainjobs.yaml"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _gpu_labels(product: str, memory_mib: int, count: int) -> dict[str, str]:
+    """What the NVIDIA GPU operator's feature discovery puts on a GPU node (the labels pools select on)."""
+    return {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count),
+            "nvidia.com/gpu.memory": str(memory_mib), "nvidia.com/gpu.family": "blackwell",
+            "nvidia.com/gpu.deploy.device-plugin": "true"}
+
+
+# The hardware, as the GPU operator labels it: written from the machines, never from flashdraft's config, so a
+# wrong label in a preset or the chart makes a pod unschedulable here exactly as on a real cluster.
+FAKE_NODES = {
+    # Inference pool: 8x RTX PRO 6000 Blackwell Server Edition (96 GB), 2x 64-core CPUs, 1.5 TiB.
+    "pro6000-0": {"labels": _gpu_labels("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", 97887, 8),
+                  "gpus": 8, "cpu": "128", "memory": "1536Gi", "taints": [GPU_TAINT]},
+    "pro6000-1": {"labels": _gpu_labels("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", 97887, 8),
+                  "gpus": 8, "cpu": "128", "memory": "1536Gi", "taints": [GPU_TAINT]},
+    # Trainer pool: B200 NVL8 (DGX B200: 8x 180 GB, 224 threads, 2 TiB).
+    "b200-0": {"labels": _gpu_labels("NVIDIA-B200", 183359, 8), "gpus": 8, "cpu": "224", "memory": "2048Gi",
+               "taints": [GPU_TAINT]},
+    "b200-1": {"labels": _gpu_labels("NVIDIA-B200", 183359, 8), "gpus": 8, "cpu": "224", "memory": "2048Gi",
+               "taints": [GPU_TAINT]},
+    # A plain CPU node, no GPU labels, no taint.
+    "cpu-0": {"labels": {}, "gpus": 0, "cpu": "32", "memory": "128Gi", "taints": []},
+}
+POOL_NODES = {"inference": {"pro6000-0", "pro6000-1"}, "trainer": {"b200-0", "b200-1"}, "cpu": {"cpu-0"}}
+
+
+def _node(name: str, spec: dict) -> dict:
+    capacity = {"cpu": spec["cpu"], "memory": spec["memory"], "pods": "110", "ephemeral-storage": "1Ti"}
+    if spec["gpus"]:
+        capacity["nvidia.com/gpu"] = str(spec["gpus"])
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+              **spec["labels"]}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": spec["taints"]},
+            "status": {"capacity": capacity, "allocatable": capacity,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "FakeNode",
+                                       "message": "a Node object without a kubelet (k8s test tier)"}]}}
+
+
+def _asset_file(name: str) -> Path | None:
+    import k8s_cluster
+
+    return next((d / name for d in k8s_cluster._asset_dirs() if (d / name).is_file()), None)
+
+
+@pytest.fixture(scope="session")
+def k8s(tmp_path_factory) -> ControlPlane:
+    """The control plane with the fake nodes; stopped at session end whatever happened (and, through
+    PR_SET_PDEATHSIG, even if the test process is killed)."""
+    try:
+        bins = find_binaries()
+    except MissingBinary as exc:
+        pytest.fail(str(exc))
+    cluster = ControlPlane(bins, tmp_path_factory.mktemp("k8s"))
+    try:
+        cluster.start()
+        cluster.kubectl("create", "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [_node(n, s) for n, s in FAKE_NODES.items()]}))
+        # Admission marks new nodes not-ready; with no node-lifecycle controller nothing would clear it.
+        cluster.kubectl("taint", "nodes", "--all", "node.kubernetes.io/not-ready:NoSchedule-")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def trainjob_crd(k8s) -> str:
+    """The Kubeflow Trainer TrainJob CRD (found beside the binaries), installed and established."""
+    crd = _asset_file(TRAINJOB_CRD)
+    if crd is None:
+        pytest.fail(f"{TRAINJOB_CRD} (the Kubeflow Trainer CRD) is not in FLASHDRAFT_K8S_BIN/KUBEBUILDER_ASSETS; "
+                    "CI and `make test` use ../shared/k8s, which has it")
+    k8s.kubectl("apply", "--server-side", "-f", str(crd))
+    deadline = time.monotonic() + 60
+    while True:  # `kubectl wait` can error instead of waiting right after creation: poll the condition instead
+        conds = k8s.get("crd", "trainjobs.trainer.kubeflow.org").get("status", {}).get("conditions", [])
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+            return "trainjobs.trainer.kubeflow.org"
+        if time.monotonic() > deadline:
+            pytest.fail(f"TrainJob CRD not established after 60 s: {conds}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def kube_api(k8s):
+    """A kubernetes Python client (the one flashdraft's launcher uses) for this cluster."""
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(k8s.kubeconfig))
+
+
+@pytest.fixture()
+def namespace(k8s, request) -> str:
+    """A fresh namespace for one test (with its `default` ServiceAccount, which pod admission needs)."""
+    name = f"t-{request.node.name.lower()}"[:50].replace("_", "-").replace("[", "-").replace("]", "").rstrip("-")
+    name = f"{name}-{int(time.time() * 1000) % 100000}"
+    k8s.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while k8s.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"no default ServiceAccount in {name} after 30 s:\n{k8s.log_tail('kube-controller-manager')}")
+        time.sleep(0.2)
+    yield name
+    # No kubelet confirms a graceful deletion, so bound pods would hold their node's GPUs forever: force them.
+    k8s.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0", check=False)
+    k8s.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def helm_bin(k8s) -> str:
+    return k8s.bins.helm
+
+
+def copy_chart(dest: Path, pipeline_yaml: str) -> Path:
+    """A scratch copy of the chart with `pipeline_yaml` as files/pipeline.yaml."""
+    chart = dest / "flashdraft"
+    shutil.copytree(ROOT / "helm" / "flashdraft", chart, ignore=shutil.ignore_patterns("pipeline.yaml"))
+    (chart / "files" / "pipeline.yaml").write_text(pipeline_yaml)
+    return chart
+
+
+# The qwen3.6-27b preset's DAG shapes: single-node offline, streaming (adds stream-end), multi-node (the TrainJob
+# launcher replaces the train pod).
+PIPELINE_VARIANTS = {"offline": {}, "streaming": {"mode.kind": "streaming"}, "multinode": {"training.num_nodes": 4}}
+
+
+@pytest.fixture(scope="session")
+def compiled_pipelines(tmp_path_factory) -> dict:
+    """variant -> (yaml text, CompiledPipeline) of the qwen3.6-27b preset, compiled as `make compile` does."""
+    import yaml
+    from flashdraft.pipelines.pipeline import compile_pipeline
+    from kfp_pods import CompiledPipeline
+
+    from flashdraft.config import load_config
+
+    out = tmp_path_factory.mktemp("compiled")
+    compiled = {}
+    for variant, overrides in PIPELINE_VARIANTS.items():
+        path = out / f"{variant}.yaml"
+        compile_pipeline(load_config(preset="qwen3.6-27b", overrides=overrides), str(path),
+                         "registry.example.com/ml", "k8s-tier")
+        text = path.read_text()
+        compiled[variant] = (text, CompiledPipeline(*yaml.safe_load_all(text)))
+    return compiled
