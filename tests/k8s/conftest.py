@@ -36,8 +36,9 @@ FAKE_NODES = {
                "taints": [GPU_TAINT]},
     "b200-1": {"labels": _gpu_labels("NVIDIA-B200", 183359, 8), "gpus": 8, "cpu": "224", "memory": "2048Gi",
                "taints": [GPU_TAINT]},
-    # A plain CPU node, no GPU labels, no taint.
-    "cpu-0": {"labels": {}, "gpus": 0, "cpu": "32", "memory": "128Gi", "taints": []},
+    # A plain CPU node, no GPU labels, no taint; its node-pool label is the one ci/custom-pools-values.yaml selects.
+    "cpu-0": {"labels": {"pool.example.com/name": "cpu-general"}, "gpus": 0, "cpu": "32", "memory": "128Gi",
+              "taints": []},
 }
 POOL_NODES = {"inference": {"pro6000-0", "pro6000-1"}, "trainer": {"b200-0", "b200-1"}, "cpu": {"cpu-0"}}
 
@@ -91,12 +92,34 @@ def trainjob_crd(k8s) -> str:
     k8s.kubectl("apply", "--server-side", "-f", str(crd))
     deadline = time.monotonic() + 60
     while True:  # `kubectl wait` can error instead of waiting right after creation: poll the condition instead
-        conds = k8s.get("crd", "trainjobs.trainer.kubeflow.org").get("status", {}).get("conditions", [])
+        conds = (k8s.get("crd", "trainjobs.trainer.kubeflow.org").get("status") or {}).get("conditions") or []
         if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
             return "trainjobs.trainer.kubeflow.org"
         if time.monotonic() > deadline:
             pytest.fail(f"TrainJob CRD not established after 60 s: {conds}")
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def argo_task_results(k8s) -> str:
+    """A stand-in for Argo's WorkflowTaskResult CRD (KFP installs the real one), without a schema: `kubectl auth
+    can-i` resolves a resource's API group through discovery, so the resource must exist for the RBAC checks."""
+    k8s.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "workflowtaskresults.argoproj.io"},
+        "spec": {"group": "argoproj.io", "scope": "Namespaced",
+                 "names": {"kind": "WorkflowTaskResult", "plural": "workflowtaskresults",
+                           "singular": "workflowtaskresult", "listKind": "WorkflowTaskResultList"},
+                 "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": {"type": "object",
+                                                              "x-kubernetes-preserve-unknown-fields": True}}}]}}))
+    deadline = time.monotonic() + 30
+    while "workflowtaskresults" not in k8s.kubectl("api-resources", "--api-group=argoproj.io", "-o", "name",
+                                                   check=False).stdout:
+        if time.monotonic() > deadline:
+            pytest.fail("the workflowtaskresults.argoproj.io stand-in CRD is not served after 30 s")
+        time.sleep(0.3)
+    return "workflowtaskresults.argoproj.io"
 
 
 @pytest.fixture(scope="session")
