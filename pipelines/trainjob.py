@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ _REFUSAL_HINTS = {
     422: "the manifest does not match this cluster's TrainJob CRD (flashdraft renders trainer.kubeflow.org/v1alpha1 "
          "for Trainer >= 2.2)",
 }
+_REFUSAL_HINTS[400] = _REFUSAL_HINTS[422]  # strict field validation: an unknown field (an older Trainer's CRD)
 
 
 def api_error_message(exc: Any) -> str:
@@ -150,8 +152,8 @@ def _load_kube_config() -> None:
 
     try:
         config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    except config.ConfigException:  # read KUBECONFIG now: the client's own default was fixed at import time
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, Any], image: str, namespace: str,
