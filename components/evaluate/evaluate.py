@@ -17,7 +17,7 @@ from typing import Any
 
 from flashdraft import layout
 from flashdraft.config import RunConfig
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.store import ObjectStore, io_counters, open_store
 
 from .prompts import EvalPrompt, load_eval_prompts
 from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
@@ -163,6 +163,7 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
 
     from flashdraft.target import load_causal_lm, load_tokenizer, set_cpu_threads, target_num_layers
 
+    io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     if not force and store.is_committed(METRICS_KEY):
         done = store.get_json_verified(METRICS_KEY)
@@ -181,7 +182,7 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
     metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": trained, "baseline": baseline}, layer_ids)
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
-                   host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2))
+                   host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0))
     store.commit_json(METRICS_KEY, metrics)
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s",
              metrics["drafter"].get("tau", 0), metrics["baseline"].get("tau", 0),

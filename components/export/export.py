@@ -20,7 +20,7 @@ from safetensors.torch import save as save_bytes
 
 from flashdraft import layout
 from flashdraft.config import RunConfig
-from flashdraft.store import open_store
+from flashdraft.store import io_counters, open_store
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
 
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     latest = latest_checkpoint(store)
     if latest is None:
@@ -94,5 +95,6 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
                                     "bytes": {f: len(d) for f, d in files.items()}}
         log.info("exported %s to %s%s", name, store.url(f"{layout.EXPORT}/{name}/"),
                  f" and {folder}" if folder else "")
+    summary["store_io"] = io_counters(io0)
     store.commit_json(layout.metrics_key("export"), summary)
     return summary

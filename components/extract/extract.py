@@ -45,7 +45,7 @@ from flashdraft.features.manifest import (
 from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
 from flashdraft.features.window import WindowProducer, released_part
 from flashdraft.records import iter_responses
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.store import ObjectStore, io_counters, open_store
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,7 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
 
     from flashdraft.target import load_hf_config, load_tokenizer, set_cpu_threads, tokenizer_fingerprint
 
+    io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     if store.is_committed(done_key(shard)):
         summary = store.get_json_verified(done_key(shard))
@@ -322,7 +323,8 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
         "skipped_empty_samples": empty, "resumed_from_sample": skip, "new_tokens": tokens,
         "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None}
     summary["bytes_per_token"] = round(summary["bytes"] / max(summary["tokens"], 1), 2)
-    store.commit_json(layout.metrics_key(f"extract-{layout.shard_name(shard)}"), summary)
+    store.commit_json(layout.metrics_key(f"extract-{layout.shard_name(shard)}"),
+                      {**summary, "store_io": io_counters(io0)})
     store.commit_json(done_key(shard), summary)
     build_manifest(store)
     log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary["samples"],

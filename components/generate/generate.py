@@ -29,7 +29,7 @@ from flashdraft.records import (
     rows_to_table,
     table_to_parquet_bytes,
 )
-from flashdraft.store import NotCommittedError, ObjectStore, open_store
+from flashdraft.store import NotCommittedError, ObjectStore, io_counters, open_store
 
 from .chat import Reply, build_turn
 
@@ -119,6 +119,7 @@ def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str]:
 
 def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
     """Generate (or resume, or confirm) responses for prompt shard `shard`; returns the shard's DONE record."""
+    io0 = io_counters()
     from tqdm import tqdm
 
     from flashdraft.target import load_tokenizer, set_cpu_threads, tokenizer_fingerprint
@@ -177,7 +178,8 @@ def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
             "generation_seconds": round(seconds, 3), "tokens_per_s": round(totals["generated_tokens"] /
                                                                            max(seconds, 1e-9), 2),
             "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint}
-    store.commit_json(layout.metrics_key(f"generate-{layout.shard_name(shard)}"), done)
+    store.commit_json(layout.metrics_key(f"generate-{layout.shard_name(shard)}"),
+                      {**done, "store_io": io_counters(io0)})
     store.commit_json(done_key, done)
     log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated", shard,
              totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],

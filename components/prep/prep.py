@@ -23,7 +23,7 @@ from flashdraft.components.generate.chat import prompt_token_count
 from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
-from flashdraft.store import open_store
+from flashdraft.store import io_counters, open_store
 
 from .formats import BAD_REASONS, BadRow, content_key, normalize_row
 from .sources import SourceError, iter_source
@@ -116,7 +116,7 @@ def run_prep(cfg: RunConfig) -> dict[str, Any]:
     """Prepare the run's prompts; returns the summary (with `num_shards` and a Markdown table)."""
     from flashdraft.target import load_tokenizer, tokenizer_fingerprint
 
-    t0 = time.time()
+    t0, io0 = time.time(), io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     tok = load_tokenizer(cfg.target)
     tok_fp = tokenizer_fingerprint(tok)
@@ -164,7 +164,7 @@ def run_prep(cfg: RunConfig) -> dict[str, Any]:
         "quarantine_key": layout.PROMPTS_QUARANTINE,
     }
     summary["markdown"] = _markdown(summary)
-    store.commit_json(layout.metrics_key("prep"), summary)
+    store.commit_json(layout.metrics_key("prep"), {**summary, "store_io": io_counters(io0)})
     store.commit_json(layout.PROMPTS_MANIFEST, {"fingerprint": fingerprint, "summary": summary,
                                                 "target": cfg.target.model, "max_prompt_tokens":
                                                 cfg.data.max_prompt_tokens})

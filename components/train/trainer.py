@@ -33,7 +33,7 @@ from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.drafter.batch import group_sizes, pack, token_budget_groups
 from flashdraft.drafter.loss import dflash_loss
-from flashdraft.store import open_store
+from flashdraft.store import io_counters, open_store
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,7 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
 
     env = setup_distributed()
     set_cpu_threads(cfg, env.device.type)
+    io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     latest = latest_checkpoint(store)
     if latest and latest["final"] and store.is_committed(layout.metrics_key("train")):
@@ -328,6 +329,7 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     state.update(step=step, total_steps=step)
     prefix = checkpoint(final=True)
     summary = train_summary(cfg, state, prefix, env, raw)
+    summary["store_io"] = io_counters(io0)  # this rank's (rank 0's) store operations and retries
     if env.rank == 0:
         store.commit_json(layout.metrics_key("train"), summary)
         log.info("trained %d steps: loss %.4f, slot-1 acc %.3f, %.0f tokens/s; checkpoint %s", step,
