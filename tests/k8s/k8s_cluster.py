@@ -116,9 +116,10 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """Child-side: SIGTERM when the test process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG), so a crashed
-    session never leaves an etcd or apiserver behind."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    """Child-side: SIGKILL when the test process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG), so a crashed
+    session never leaves an etcd or apiserver behind. Not SIGTERM: an apiserver whose etcd is gone can hang in
+    its graceful shutdown."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _service_account_key(path: Path) -> None:
