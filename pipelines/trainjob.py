@@ -166,6 +166,7 @@ def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, An
     of that (long enough for a node autoscaler) the TrainJob is deleted and the step fails with the reason.
     """
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
     del config_yaml, overrides  # `cfg` already has both applied; the job gets the resolved config
     _load_kube_config()
@@ -182,6 +183,7 @@ def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, An
         log.info("TrainJob %s/%s exists (earlier attempt); waiting for it", namespace, name)
     start = time.monotonic()
     stuck_since: float | None = None
+    pods_forbidden = False
     while True:
         obj = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
         state, message = trainjob_state(obj)
@@ -190,7 +192,15 @@ def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, An
         if state == "Complete":
             return {"trainjob": name, "namespace": namespace, "state": state, "message": message,
                     "wall_s": round(time.monotonic() - start, 1)}
-        stuck = unschedulable_pods(core, namespace, name)
+        try:
+            stuck = unschedulable_pods(core, namespace, name)
+        except ApiException as exc:  # an older chart's Role cannot list pods: wait without the diagnosis
+            if exc.status != 403:
+                raise
+            if not pods_forbidden:
+                log.warning("cannot list pods in %s (%s): unschedulable TrainJob pods will not be reported",
+                            namespace, api_error_message(exc))
+            pods_forbidden, stuck = True, []
         if not stuck:
             stuck_since = None
         else:

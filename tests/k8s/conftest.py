@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from k8s_cluster import ControlPlane, MissingBinary, find_binaries
+from k8s_cluster import ControlPlane, MissingBinary, asset_dirs, find_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINJOB_CRD = "trainer.kubeflow.org_trainjobs.yaml"
@@ -57,9 +57,7 @@ def _node(name: str, spec: dict) -> dict:
 
 
 def _asset_file(name: str) -> Path | None:
-    import k8s_cluster
-
-    return next((d / name for d in k8s_cluster._asset_dirs() if (d / name).is_file()), None)
+    return next((d / name for d in asset_dirs() if (d / name).is_file()), None)
 
 
 @pytest.fixture(scope="session")
@@ -148,15 +146,12 @@ def namespace(k8s, request) -> str:
 
 
 @pytest.fixture(scope="session")
-def helm_bin(k8s) -> str:
-    return k8s.bins.helm
-
-
-def copy_chart(dest: Path, pipeline_yaml: str) -> Path:
-    """A scratch copy of the chart with `pipeline_yaml` as files/pipeline.yaml."""
-    chart = dest / "flashdraft"
+def chart(tmp_path_factory, compiled_pipelines) -> Path:
+    """A scratch copy of the chart with the real compiled qwen3.6-27b pipeline in files/pipeline.yaml (what `make
+    chart-pipeline` does), so the upload ConfigMap the server admits is full size."""
+    chart = tmp_path_factory.mktemp("chart") / "flashdraft"
     shutil.copytree(ROOT / "helm" / "flashdraft", chart, ignore=shutil.ignore_patterns("pipeline.yaml"))
-    (chart / "files" / "pipeline.yaml").write_text(pipeline_yaml)
+    (chart / "files" / "pipeline.yaml").write_text(compiled_pipelines["offline"][0])
     return chart
 
 

@@ -57,7 +57,8 @@ class Binaries:
     helm: str
 
 
-def _asset_dirs() -> list[Path]:
+def asset_dirs() -> list[Path]:
+    """The folders named by FLASHDRAFT_K8S_BIN, then KUBEBUILDER_ASSETS (those set)."""
     return [Path(os.environ[v]) for v in ("FLASHDRAFT_K8S_BIN", "KUBEBUILDER_ASSETS") if os.environ.get(v)]
 
 
@@ -80,19 +81,19 @@ def _unpacked_k8sall(xz: Path) -> Path:
 
 
 def _component(name: str) -> list[str]:
-    for folder in _asset_dirs():
+    for folder in asset_dirs():
         if _executable(folder / name):
             return [str(folder / name)]
         if _executable(folder / "k8sall"):
             return [str(folder / "k8sall"), name]
         if (folder / "k8sall.xz").is_file():
             return [str(_unpacked_k8sall(folder / "k8sall.xz")), name]
-    searched = ", ".join(str(d) for d in _asset_dirs()) or "no folder (neither variable is set)"
+    searched = ", ".join(str(d) for d in asset_dirs()) or "no folder (neither variable is set)"
     raise MissingBinary(f"{name} not found in {searched}: {INSTALL_HINT}")
 
 
 def _tool(name: str, fallbacks: list[Path]) -> str:
-    for candidate in [*(d / name for d in _asset_dirs()), *fallbacks]:
+    for candidate in [*(d / name for d in asset_dirs()), *fallbacks]:
         if _executable(candidate):
             return str(candidate)
     found = shutil.which(name) if name == "etcd" else None
@@ -249,10 +250,18 @@ class ControlPlane:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
         return proc
 
-    def apply(self, obj: dict[str, Any] | list[dict[str, Any]]) -> None:
-        items = obj if isinstance(obj, list) else [obj]
-        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                             "items": items}))
+    def helm(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
+        proc = subprocess.run([self.bins.helm, *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def kubeconfig_for(self, path: Path, token: str) -> Path:
+        """A kubeconfig for this cluster that authenticates with `token` (e.g. a ServiceAccount's)."""
+        config = json.loads(self.kubeconfig.read_text())
+        config["users"] = [{"name": "admin", "user": {"token": token}}]
+        path.write_text(json.dumps(config))
+        return path
 
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)

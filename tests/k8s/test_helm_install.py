@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_chart
 
 pytestmark = pytest.mark.k8s
 
@@ -75,13 +74,8 @@ class KubeletStandIn:
                                            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
 
 
-def helm(k8s, *args: str, check: bool = True, timeout: float = 180):
-    import subprocess
-
-    proc = subprocess.run([k8s.bins.helm, *args], capture_output=True, text=True, env=k8s.env, timeout=timeout)
-    if check and proc.returncode != 0:
-        pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+def helm(k8s, *args: str, check: bool = True):
+    return k8s.helm(*args, check=check)
 
 
 def can_i(k8s, subject: str, verb: str, resource: str, namespace: str | None) -> bool:
@@ -92,13 +86,6 @@ def can_i(k8s, subject: str, verb: str, resource: str, namespace: str | None) ->
     answer = proc.stdout.strip()
     assert answer in ("yes", "no"), proc.stdout + proc.stderr
     return answer == "yes"
-
-
-@pytest.fixture(scope="session")
-def chart(tmp_path_factory, compiled_pipelines) -> Path:
-    """The chart with the real compiled qwen3.6-27b pipeline in files/pipeline.yaml (what `make chart-pipeline`
-    does), so the upload ConfigMap the server admits is full size."""
-    return copy_chart(tmp_path_factory.mktemp("chart"), compiled_pipelines["offline"][0])
 
 
 def _values_id(p: Path | None) -> str:

@@ -97,6 +97,15 @@ def _node_pod_spec(trainjob: dict) -> dict:
     return pod
 
 
+def _complete(k8s, trainjob: dict) -> None:
+    """Mark the TrainJob Complete, as Trainer's controller would when its JobSet succeeds."""
+    meta = trainjob["metadata"]
+    k8s.kubectl("patch", "trainjob", meta["name"], "-n", meta["namespace"], "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"conditions": [{
+                    "type": "Complete", "status": "True", "reason": "JobSetCompleted", "message": "all nodes done",
+                    "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}}))
+
+
 def test_launcher_trainjob_is_admitted_placed_on_b200_and_followed_to_completion(k8s, kube_api, namespace,
                                                                                  launcher_args):
     from kubernetes import client
@@ -115,10 +124,7 @@ def test_launcher_trainjob_is_admitted_placed_on_b200_and_followed_to_completion
     placed = wait_scheduled(core, namespace, "node-0")
     assert placed.node in POOL_NODES["trainer"], placed
     # ... and its final status.
-    k8s.kubectl("patch", "trainjob", stored["metadata"]["name"], "-n", namespace, "--subresource=status",
-                "--type=merge", "-p", json.dumps({"status": {"conditions": [{
-                    "type": "Complete", "status": "True", "reason": "JobSetCompleted", "message": "all nodes done",
-                    "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}}))
+    _complete(k8s, stored)
     launch.join()
     assert launch.error is None, launch.error
     assert launch.result["state"] == "Complete" and launch.result["trainjob"] == stored["metadata"]["name"]
@@ -200,3 +206,29 @@ def test_an_existing_trainjob_is_adopted_not_duplicated(kube_api, namespace, lau
     assert create_trainjob(api, body) is False  # a retried launcher pod finds its job
     items = api.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL)["items"]
     assert len(items) == 1
+
+
+def test_the_charts_serviceaccount_can_run_the_launcher(k8s, kube_api, chart, launcher_args, tmp_path, monkeypatch):
+    """The release's ServiceAccount (multi-node on) is enough for every call the launcher makes: create, get and
+    delete the TrainJob, list its pods. The launcher runs with that account's token, not as admin."""
+    from kubernetes import client
+
+    ns, tj_ns = "fd-launcher", "fd-launcher-training"
+    k8s.helm("install", "flashdraft", str(chart), "-n", ns, "--create-namespace", "--no-hooks",
+             "--set", "multiNode.enabled=true", "--set", f"multiNode.trainJobNamespace={tj_ns}")
+    try:
+        token = k8s.kubectl("create", "token", "flashdraft", "-n", ns).stdout.strip()
+        monkeypatch.setenv("KUBECONFIG", str(k8s.kubeconfig_for(tmp_path / "sa-kubeconfig", token)))
+        cfg, args = launcher_args
+        launch = LaunchInThread(cfg=cfg, config_yaml="", overrides={}, namespace=tj_ns, poll_s=0.2, **args)
+        stored = _wait_trainjob(k8s, tj_ns, launch)
+        core = client.CoreV1Api(kube_api)
+        create_pod(core, tj_ns, "node-0", _node_pod_spec(stored), {JOBSET_NAME_LABEL: stored["metadata"]["name"]})
+        assert wait_scheduled(core, tj_ns, "node-0").node in POOL_NODES["trainer"]
+        _complete(k8s, stored)
+        launch.join()
+        assert launch.error is None, launch.error
+        assert launch.result["state"] == "Complete"
+    finally:
+        k8s.helm("uninstall", "flashdraft", "-n", ns, check=False)
+        k8s.kubectl("delete", "pods,trainjobs", "--all", "-n", tj_ns, "--force", "--grace-period=0", check=False)
