@@ -22,10 +22,19 @@ import torch
 from flashdraft.capture import capture_layers
 
 
+class DraftSession(Protocol):
+    """One sequence's drafting state (flashdraft.drafter.model.DraftSession keeps the context's projected keys/
+    values, so a cycle costs the newly verified positions plus one block, not the whole context)."""
+
+    def extend(self, features: torch.Tensor) -> None: ...   # target features of newly verified positions
+
+    def propose(self, last_token: int) -> torch.Tensor: ...  # B-1 drafts after the newest verified token
+
+
 class Proposer(Protocol):
     """What the evaluation needs from a drafter (flashdraft.drafter.model.DFlashDrafter provides it)."""
 
-    def propose_block(self, context_features: torch.Tensor, last_token: int) -> torch.Tensor: ...
+    def new_session(self) -> DraftSession: ...
 
 
 @dataclass
@@ -139,7 +148,8 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
     verified = torch.tensor(list(prompt_ids), device=device)  # x_0..x_{S-1}: tokens with features
     with capture_layers(model, layer_ids) as cap:
         out = model(input_ids=verified[None], cache=cache, use_cache=True, logits_to_keep=1)
-        context = cap.features()[0]                       # [S, n*H] for positions 0..S-1
+        session = drafter.new_session()
+        session.extend(cap.features()[0])                 # [S, n*H] for positions 0..S-1
         if reuse_cache is None:
             reuse_cache = croppable(cache)
         if not reuse_cache:
@@ -148,7 +158,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
         done = tokens[-1] in eos_ids
         while len(tokens) < max_new_tokens and not done:
             last = tokens[-1]
-            draft = drafter.propose_block(context, last).to(device=device, dtype=torch.long).reshape(-1)
+            draft = session.propose(last).to(device=device, dtype=torch.long).reshape(-1)
             block = torch.cat([torch.tensor([last], device=device), draft])
             block_size = block.numel()
             if reuse_cache:
@@ -168,7 +178,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             if reuse_cache and drop:
                 cache.crop(-drop)
             verified = torch.cat([verified, block[: n_ok + 1]])
-            context = torch.cat([context, features[: n_ok + 1]])
+            session.extend(features[: n_ok + 1])
             new = draft[:n_ok].tolist() + [nxt]
             tokens.extend(new)
             accepted.append(n_ok)

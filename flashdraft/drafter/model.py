@@ -188,13 +188,22 @@ class DFlashAttention(nn.Module):
         self.q_norm = nn.RMSNorm(self.hd, eps=g.rms_norm_eps)
         self.k_norm = nn.RMSNorm(self.hd, eps=g.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str):
-        Q, L = x.shape[1], ctx.shape[1] + x.shape[1]
-        q = self.q_norm(self.q_proj(x).view(1, Q, self.nh, self.hd)).transpose(1, 2)
-        kv_in = torch.cat([ctx, x], dim=1)
-        k = self.k_norm(self.k_proj(kv_in).view(1, L, self.nkv, self.hd)).transpose(1, 2)
-        v = self.v_proj(kv_in).view(1, L, self.nkv, self.hd).transpose(1, 2)
-        q, k = _rope(q, *rope_q), _rope(k, *rope_kv)
+    def project_kv(self, h, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [1, L, H] -> (keys with RoPE, values), each [1, kv_heads, L, head_dim]."""
+        L = h.shape[1]
+        k = self.k_norm(self.k_proj(h).view(1, L, self.nkv, self.hd)).transpose(1, 2)
+        v = self.v_proj(h).view(1, L, self.nkv, self.hd).transpose(1, 2)
+        return _rope(k, *rope), v
+
+    def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str, ctx_kv=None):
+        """ctx_kv: the context's (keys, values) already projected (ContextCache); rope_kv then covers x only."""
+        Q = x.shape[1]
+        q = _rope(self.q_norm(self.q_proj(x).view(1, Q, self.nh, self.hd)).transpose(1, 2), *rope_q)
+        if ctx_kv is None:
+            k, v = self.project_kv(torch.cat([ctx, x], dim=1), rope_kv)
+        else:
+            k_x, v_x = self.project_kv(x, rope_kv)
+            k, v = torch.cat([ctx_kv[0], k_x], dim=2), torch.cat([ctx_kv[1], v_x], dim=2)
         out = attend(q, k, v.to(q.dtype), layout, impl)
         return self.o_proj(out.transpose(1, 2).reshape(1, Q, self.nh * self.hd))
 
@@ -218,9 +227,44 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, layout, impl)
+    def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str, ctx_kv=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, layout, impl, ctx_kv)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class ContextCache:
+    """Per draft layer, the keys (RoPE applied) and values [1, kv_heads, S, head_dim] of the fused target context
+    of one sequence: what every draft cycle reads and only newly verified positions extend."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+
+
+class DraftSession:
+    """One sequence's drafting state: `extend` with the features of newly verified positions, `propose` the B-1
+    drafts after the newest verified token. cached=False recomputes the whole context every cycle (the reference
+    the cache is tested and benchmarked against)."""
+
+    def __init__(self, drafter: DFlashDrafter, cached: bool = True):
+        self.drafter, self.cached = drafter, cached
+        self.cache: ContextCache | None = None
+        self.features: torch.Tensor | None = None
+
+    def extend(self, features: torch.Tensor) -> None:
+        if self.cached:
+            self.cache = self.drafter.extend_context(self.cache, features)
+        else:
+            self.features = features if self.features is None else torch.cat([self.features, features])
+
+    def logits(self, last_token: int) -> torch.Tensor:
+        if self.cached:
+            return self.drafter.cached_draft_logits(self.cache, last_token)
+        return self.drafter.draft_logits(self.features, last_token)
+
+    def propose(self, last_token: int) -> torch.Tensor:
+        return self.logits(last_token).argmax(-1)
 
 
 class DFlashDrafter(nn.Module):
@@ -305,9 +349,9 @@ class DFlashDrafter(nn.Module):
 
     # -- inference API ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def propose_block(self, context_features: torch.Tensor, last_token: int,
-                      block_size: int | None = None) -> torch.Tensor:
-        """Greedy draft of B-1 tokens after the verified sequence x_0..x_S.
+    def draft_logits(self, context_features: torch.Tensor, last_token: int,
+                     block_size: int | None = None) -> torch.Tensor:
+        """[B-1, V] logits of the draft slots after the verified sequence x_0..x_S, recomputing the whole context.
 
         context_features [S, n*H] are the target features of x_0..x_{S-1}; `last_token` is x_S (no feature yet).
         The block `[x_S, MASK x (B-1)]` sits at positions S..S+B-1, sees all S context positions and itself."""
@@ -318,7 +362,46 @@ class DFlashDrafter(nn.Module):
         layout = BlockLayout(S, B, torch.tensor([S], device=dev))
         hidden = self(feats, layout, torch.arange(S, device=dev), torch.tensor([int(last_token)], device=dev),
                       torch.tensor([S], device=dev))
-        return self.logits(hidden[0, 1:]).argmax(-1)
+        return self.logits(hidden[0, 1:])
+
+    def propose_block(self, context_features: torch.Tensor, last_token: int,
+                      block_size: int | None = None) -> torch.Tensor:
+        """Greedy draft of B-1 tokens (argmax of `draft_logits`)."""
+        return self.draft_logits(context_features, last_token, block_size).argmax(-1)
+
+    @torch.no_grad()
+    def extend_context(self, cache: ContextCache | None, features: torch.Tensor) -> ContextCache:
+        """Append the features [T, n*H] of the next T verified positions to `cache` (None: a new one): fuse them
+        and project them with every layer's k_proj/v_proj (+ k_norm, RoPE at their positions) once, instead of
+        redoing the whole context every draft cycle. Row by row the same arithmetic as `forward`."""
+        dev = self.fc.weight.device
+        start = cache.length if cache is not None else 0
+        ctx = self.fuse(features.to(dev))[None]
+        rope = self._cos_sin(torch.arange(start, start + ctx.shape[1], device=dev))
+        new = [layer.self_attn.project_kv(ctx, rope) for layer in self.layers]
+        if cache is None:
+            return ContextCache([k for k, _ in new], [v for _, v in new], ctx.shape[1])
+        return ContextCache([torch.cat([old, k], dim=2) for old, (k, _) in zip(cache.keys, new, strict=True)],
+                            [torch.cat([old, v], dim=2) for old, (_, v) in zip(cache.values, new, strict=True)],
+                            start + ctx.shape[1])
+
+    @torch.no_grad()
+    def cached_draft_logits(self, cache: ContextCache, last_token: int, block_size: int | None = None
+                            ) -> torch.Tensor:
+        """`draft_logits` over a ContextCache: only the B block slots run through the layers."""
+        B = block_size or self.geometry.block_size
+        dev = self.fc.weight.device
+        S = cache.length
+        layout = BlockLayout(S, B, torch.tensor([S], device=dev))
+        x = self.block_inputs(torch.tensor([int(last_token)], device=dev), B)
+        rope = self._cos_sin(torch.arange(S, S + B, device=dev))
+        for layer, k, v in zip(self.layers, cache.keys, cache.values, strict=True):
+            x = layer(x, None, rope, rope, layout, self.attn_impl, (k, v))
+        return self.logits(self.norm(x)[0, 1:])
+
+    def new_session(self, cached: bool = True) -> DraftSession:
+        """Per-sequence drafting state for speculative decoding (spec.py's Proposer protocol)."""
+        return DraftSession(self, cached)
 
     # -- persistence -----------------------------------------------------------------------------------------
     def config_dict(self) -> dict[str, Any]:

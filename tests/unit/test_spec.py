@@ -15,8 +15,10 @@ from flashdraft.components.evaluate.spec import (
     target_generate,
 )
 
+from flashdraft.capture import capture_layers
 from flashdraft.config import load_config
-from flashdraft.target import load_causal_lm, load_tokenizer
+from flashdraft.drafter.model import build_drafter
+from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 
 MAX_NEW = 20
 
@@ -30,11 +32,19 @@ class ScriptedDrafter:
         self.reference, self.prompt_len, self.block, self.wrong_from = reference, prompt_len, block, wrong_from
         self.feature_width: int | None = None
         self.calls: list[tuple[int, int]] = []
+        self.context_len = 0
 
-    def propose_block(self, context_features: torch.Tensor, last_token: int) -> torch.Tensor:
-        done = context_features.shape[0] - self.prompt_len + 1      # tokens generated so far
-        self.calls.append((context_features.shape[0], last_token))
-        self.feature_width = context_features.shape[1]
+    def new_session(self) -> ScriptedDrafter:
+        self.context_len = 0
+        return self
+
+    def extend(self, features: torch.Tensor) -> None:
+        self.context_len += features.shape[0]
+        self.feature_width = features.shape[1]
+
+    def propose(self, last_token: int) -> torch.Tensor:
+        done = self.context_len - self.prompt_len + 1      # tokens generated so far
+        self.calls.append((self.context_len, last_token))
         out = list(self.reference[done: done + self.block - 1])
         out += [0] * (self.block - 1 - len(out))
         if self.wrong_from is not None:
@@ -77,6 +87,48 @@ def test_speculative_greedy_is_lossless_and_accepts_what_matches(tiny, wrong_fro
     stats = summarize([got])
     assert stats["tau"] == pytest.approx(sum(a + 1 for a in got.accepted) / len(got.accepted), abs=1e-4)
     assert len(stats["acceptance_per_position"]) == block - 1
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_dflash_drafter_is_lossless_in_the_real_loop(tiny, cached):
+    """The evaluation's drafter (its context keys/values cached, or recomputed every cycle) inside
+    speculative_generate: the output is the target's own whatever it drafts."""
+    cfg, model, prompt, reference = tiny
+    drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=3).eval()
+
+    class Session:
+        def new_session(self):
+            return drafter.new_session(cached=cached)
+
+    got = speculative_generate(model, Session(), prompt, cfg.layer_ids(), MAX_NEW, set())
+    assert got.tokens == reference.tokens and got.block_size == cfg.drafter.block_size
+
+
+def test_cached_drafter_drafts_exactly_what_the_recomputing_drafter_drafts(tiny):
+    """Cycle by cycle (context extended by 1..B verified positions, as acceptance varies), the drafter reading
+    its cached context keys/values gives the logits of the one that recomputes the whole context: equal drafts,
+    logits equal to fp32 rounding (the GEMMs see other row counts, so not bit-equal)."""
+    cfg, model, prompt, reference = tiny
+    drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=5).eval()
+    ids = list(prompt) + reference.tokens
+    with capture_layers(model, cfg.layer_ids()) as cap, torch.inference_mode():
+        model(input_ids=torch.tensor([ids]))
+        feats = cap.features()[0]
+    cached, recompute = drafter.new_session(), drafter.new_session(cached=False)
+    S = len(prompt)
+    cached.extend(feats[:S])
+    recompute.extend(feats[:S])
+    for step in (1, 3, cfg.drafter.block_size, 2, 1, 5):  # accepted drafts + 1 per cycle
+        a, b = cached.logits(ids[S]), recompute.logits(ids[S])
+        assert a.shape[0] == cfg.drafter.block_size - 1
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert a.std() > 1e-3  # not a degenerate drafter whose logits are all equal
+        cached.extend(feats[S:S + step])
+        recompute.extend(feats[S:S + step])
+        S += step
+    assert cached.cache.length == S == recompute.features.shape[0]
+    assert cached.cache.keys[0].shape[2] == S
 
 
 def test_broken_acceptance_rule_fails_the_lossless_check(tiny):
