@@ -142,6 +142,46 @@ class DrafterConfig(_Section):
     head_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="dtype of the frozen LM head in the loss GEMMs (softmax/CE stay fp32); "
                                     "auto = bfloat16 on CUDA, float32 on CPU")
+    hidden_size: int | None = Field(
+        default=None, ge=1, description="drafter width; must equal the target's hidden size (the drafter reads "
+                                        "the target's frozen embedding and LM head), so it only states it")
+    num_heads: int | None = Field(default=None, ge=1, description="attention heads; default: the target's")
+    num_kv_heads: int | None = Field(
+        default=None, ge=1, description="key/value heads (GQA), must divide num_heads; default: the target's")
+    head_dim: int | None = Field(default=None, ge=2, description="per-head width (even: RoPE); default: target's")
+    intermediate_size: int | None = Field(default=None, ge=1, description="MLP width; default: the target's")
+    layer_types: list[Literal["full_attention", "sliding_attention"]] | None = Field(
+        default=None, description="per draft layer; default: all sliding_attention when sliding_window is set, "
+                                  "else all full_attention. vLLM runs mixed sliding/full drafters only on its V2 "
+                                  "model runner")
+    sliding_window: int | None = Field(
+        default=None, ge=1, description="window W of sliding_attention layers: a block query at position p sees "
+                                        "context keys at positions > p - W (vLLM's per-layer window)")
+
+    @model_validator(mode="after")
+    def _attention_layout(self) -> DrafterConfig:
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"drafter.layer_types has {len(self.layer_types)} entries, num_layers is "
+                                 f"{self.num_layers}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("drafter.layer_types has sliding_attention layers: set drafter.sliding_window")
+        if self.num_heads is not None and self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"drafter.num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        if self.head_dim is not None and self.head_dim % 2:
+            raise ValueError(f"drafter.head_dim={self.head_dim} must be even (rotary embedding)")
+        return self
+
+    def resolved_layer_types(self) -> list[str]:
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        return ["sliding_attention" if self.sliding_window is not None else "full_attention"] * self.num_layers
+
+    def geometry_overrides(self) -> dict[str, Any]:
+        """The drafter-shape fields set here (the rest follow the target), as `geometry_from_hf` keywords."""
+        shape = {k: getattr(self, k) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                                               "intermediate_size") if getattr(self, k) is not None}
+        return {**shape, "layer_types": self.resolved_layer_types(), "sliding_window": self.sliding_window}
 
     @property
     def resolved_gamma(self) -> float:

@@ -2,7 +2,11 @@
 
 z-lab / SpecForge format (vLLM `--speculative-config '{"method": "dflash", ...}'`, SGLang `DFLASH`):
   config.json        a Qwen3 config + architectures ["DFlashDraftModel"], block_size, num_target_layers,
-                     dflash_config {mask_token_id, target_layer_ids}; every layer full (bidirectional) attention.
+                     dflash_config {mask_token_id, target_layer_ids}; `layer_types` per layer (full_attention or
+                     sliding_attention) with `sliding_window` W, and `is_causal: false`: every layer attends
+                     bidirectionally inside its block. vLLM treats a sliding_attention layer as CAUSAL unless
+                     `is_causal` (or dflash_config.causal) says otherwise, so the flag is always written; it hands W
+                     to its attention backend as the per-layer window, which is the window attention.py trains with.
                      A "flashdraft" key records the target and mask-embedding facts for our own loader.
   model.safetensors  layers.*, fc.weight, hidden_norm.weight, norm.weight; no embedding, no LM head.
   When the mask embedding is trainable (no free row in the target vocabulary): mask_embedding.pt (a bare [H]
@@ -10,8 +14,9 @@ z-lab / SpecForge format (vLLM `--speculative-config '{"method": "dflash", ...}'
   refuse pickle); dflash_config.mask_token_id then names the placeholder row the override replaces.
 
 speculators format (`vllm serve <folder>`): config with speculators_model_type "dflash", a Qwen3
-transformer_layer_config and aux_hidden_state_layer_ids = z-lab ids + 1 (vLLM capture semantics); weights are the
-z-lab weights plus embed_tokens.weight and lm_head.weight.
+transformer_layer_config and aux_hidden_state_layer_ids = z-lab ids + 1 (vLLM capture semantics);
+`sliding_window_non_causal: true` (vLLM maps it to dflash_config.causal = false); weights are the z-lab weights plus
+embed_tokens.weight and lm_head.weight.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ import torch
 MASK_PT, MASK_ST = "mask_embedding.pt", "mask_embedding.safetensors"
 
 
+def layer_types(g: dict[str, Any]) -> list[str]:
+    return list(g.get("layer_types") or ["full_attention"] * g["num_layers"])
+
+
 def qwen3_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
+    types = layer_types(g)
+    sliding = "sliding_attention" in types
     return {
         "model_type": "qwen3", "hidden_size": g["hidden_size"], "intermediate_size": g["intermediate_size"],
         "num_hidden_layers": g["num_layers"], "num_attention_heads": g["num_heads"],
@@ -33,8 +44,9 @@ def qwen3_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
         "rms_norm_eps": g["rms_norm_eps"], "rope_theta": g["rope_theta"], "rope_scaling": None,
         "max_position_embeddings": g["max_position_embeddings"], "vocab_size": g["vocab_size"],
         "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
-        "initializer_range": g["initializer_range"], "use_sliding_window": False, "sliding_window": None,
-        "layer_types": ["full_attention"] * g["num_layers"], "torch_dtype": dtype,
+        "initializer_range": g["initializer_range"], "use_sliding_window": sliding,
+        "sliding_window": g.get("sliding_window") if sliding else None, "max_window_layers": len(types),
+        "layer_types": types, "is_causal": False, "torch_dtype": dtype,
     }
 
 
@@ -54,6 +66,7 @@ def speculators_config(g: dict[str, Any], dtype: str, verifier_architectures: li
         "transformer_layer_config": qwen3_config(g, dtype), "draft_vocab_size": g["vocab_size"],
         "block_size": g["block_size"], "target_hidden_size": g["hidden_size"], "mask_token_id": g["mask_token_id"],
         "aux_hidden_state_layer_ids": [i + 1 for i in g["target_layer_ids"]], "sample_from_anchor": False,
+        "sliding_window_non_causal": True,
         "torch_dtype": dtype,
         "speculators_config": {
             "algorithm": "dflash", "default_proposal_method": "greedy",
@@ -66,6 +79,28 @@ def speculators_config(g: dict[str, Any], dtype: str, verifier_architectures: li
 def split_mask(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     body = {k: v for k, v in weights.items() if k != "mask_embedding"}
     return body, weights.get("mask_embedding")
+
+
+def _read_attention(c: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """layer_types/sliding_window back from a z-lab config; refuses what our layers cannot run (causal blocks)."""
+    types = c.get("layer_types")
+    causal = c.get("is_causal")
+    if causal is None:
+        causal = (c.get("dflash_config") or {}).get("causal")
+    if causal is None:  # vLLM's rule: without an explicit flag a sliding_attention layer is causal
+        causal = bool(types) and "sliding_attention" in types
+    if causal:
+        raise ValueError(f"{folder}/config.json: causal DFlash layers (is_causal, dflash_config.causal, or "
+                         "sliding_attention without is_causal: false) are not supported; flashdraft drafters "
+                         "attend bidirectionally inside a block")
+    if types is None and c.get("use_sliding_window"):
+        types = ["sliding_attention"] * c["num_hidden_layers"]
+    if not types or "sliding_attention" not in types:
+        return {"layer_types": list(types) if types else None, "sliding_window": None}
+    window = (c.get("dflash_config") or {}).get("swa_window_size") or c.get("sliding_window")
+    if window is None:
+        raise ValueError(f"{folder}/config.json: sliding_attention layers but no sliding_window")
+    return {"layer_types": list(types), "sliding_window": int(window)}
 
 
 def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -91,5 +126,6 @@ def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
         "num_target_layers": c["num_target_layers"], "mask_token_id": dflash["mask_token_id"],
         "trainable_mask": trainable, "max_position_embeddings": c.get("max_position_embeddings", 32768),
         "initializer_range": c.get("initializer_range", 0.02), "target": extra.get("target", {}),
+        **_read_attention(c, folder),
     }
     return geometry, weights

@@ -6,6 +6,9 @@ conditioned on fused target-layer features injected as extra keys/values in ever
   positions) and puts it before the block's keys/values; queries come from block tokens only.
 * Embedding and LM head are the target's, frozen, read straight from its safetensors (never the whole target).
   They are non-persistent buffers, so `state_dict()` holds exactly what training changes.
+* Geometry: width = the target's (its embedding and LM head are used as they are); heads, kv heads, head_dim and
+  MLP width default to the target's and may differ (DrafterConfig). Each layer is full or sliding-window attention
+  (`layer_types`, `sliding_window`; attention.py defines the window as vLLM applies it).
 * Mask token: explicit id -> the tokenizer's mask token -> an unused row of the target embedding -> a trainable
   `mask_embedding` parameter (saved with the checkpoint; `mask_token_id` then names a placeholder row).
 
@@ -29,6 +32,8 @@ from flashdraft.drafter.attention import BlockLayout, attend
 
 CONFIG_FILE = "drafter_config.json"
 WEIGHTS_FILE = "model.safetensors"
+FULL, SLIDING = "full_attention", "sliding_attention"
+LAYER_TYPES = (FULL, SLIDING)
 
 
 @dataclass
@@ -52,10 +57,30 @@ class DrafterGeometry:
     max_position_embeddings: int = 32768
     initializer_range: float = 0.02
     target: dict[str, Any] = field(default_factory=dict)  # TargetConfig dump: where embed/lm_head come from
+    # Per draft layer "full_attention" or "sliding_attention" (None: all full); the window W of the sliding ones
+    # (attention.py's docstring says what W means; vLLM reads the same two fields from config.json).
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+
+    def __post_init__(self):
+        if self.layer_types is not None:
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            if len(self.layer_types) != self.num_layers or bad:
+                raise ValueError(f"drafter layer_types {self.layer_types}: need {self.num_layers} entries from "
+                                 f"{LAYER_TYPES}")
+            if SLIDING in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
+                raise ValueError(f"drafter layer_types has {SLIDING!r} layers but sliding_window is "
+                                 f"{self.sliding_window}; set drafter.sliding_window >= 1")
 
     @property
     def num_features(self) -> int:
         return len(self.target_layer_ids)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of draft layer `layer`, None for full attention."""
+        if self.layer_types is not None and self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
 
 
 def _text_config(hf_config):
@@ -75,20 +100,36 @@ def rope_theta_of(hf_config) -> float:
 
 def geometry_from_hf(hf_config, *, num_layers: int, block_size: int, target_layer_ids: list[int],
                      mask_token_id: int, trainable_mask: bool, target: dict[str, Any] | None = None,
-                     intermediate_size: int | None = None) -> DrafterGeometry:
-    """Width, heads, RoPE and eps copied from the target; intermediate size too unless given (MoE targets)."""
+                     hidden_size: int | None = None, num_heads: int | None = None, num_kv_heads: int | None = None,
+                     head_dim: int | None = None, intermediate_size: int | None = None,
+                     layer_types: list[str] | None = None, sliding_window: int | None = None) -> DrafterGeometry:
+    """RoPE theta and eps from the target; width, heads, kv heads, head_dim and MLP width from the target unless
+    given (`DrafterConfig.geometry_overrides`: the published Qwen3.5/3.6-27B drafters use their own head layout).
+
+    The width cannot differ from the target's: the drafter embeds with the target's frozen embedding, decodes
+    with its LM head, and vLLM shares both with the target, so `hidden_size` only restates it."""
+    from flashdraft.config import ConfigError
+
     c = _text_config(hf_config)
-    heads = int(c.num_attention_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    if hidden_size is not None and hidden_size != int(c.hidden_size):
+        raise ConfigError(f"drafter.hidden_size={hidden_size}: must equal the target's hidden size "
+                          f"{c.hidden_size} (the drafter uses the target's embedding and LM head)")
+    target_heads = int(c.num_attention_heads)
+    heads = int(num_heads or target_heads)
+    kv_heads = int(num_kv_heads or getattr(c, "num_key_value_heads", None) or target_heads)
+    if heads % kv_heads:
+        raise ConfigError(f"drafter.num_kv_heads={kv_heads} does not divide drafter.num_heads={heads}; set both")
+    head_dim = head_dim or (getattr(c, "head_dim", None) or c.hidden_size // target_heads)
     return DrafterGeometry(
-        hidden_size=int(c.hidden_size), num_heads=heads,
-        num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads), head_dim=int(head_dim),
+        hidden_size=int(c.hidden_size), num_heads=heads, num_kv_heads=kv_heads, head_dim=int(head_dim),
         intermediate_size=int(intermediate_size or c.intermediate_size), rope_theta=rope_theta_of(c),
         rms_norm_eps=float(c.rms_norm_eps), vocab_size=int(c.vocab_size), num_layers=num_layers,
         block_size=block_size, target_layer_ids=list(target_layer_ids), num_target_layers=int(c.num_hidden_layers),
         mask_token_id=int(mask_token_id), trainable_mask=trainable_mask,
         max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768) or 32768),
         initializer_range=float(getattr(c, "initializer_range", 0.02) or 0.02), target=dict(target or {}),
+        layer_types=list(layer_types) if layer_types is not None else None,
+        sliding_window=int(sliding_window) if sliding_window is not None else None,
     )
 
 
@@ -178,9 +219,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, g: DrafterGeometry):
+    def __init__(self, g: DrafterGeometry, window: int | None = None):
         super().__init__()
         self.nh, self.nkv, self.hd = g.num_heads, g.num_kv_heads, g.head_dim
+        self.window = window  # sliding window of this layer (None: full attention)
         self.q_proj = nn.Linear(g.hidden_size, self.nh * self.hd, bias=False)
         self.k_proj = nn.Linear(g.hidden_size, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(g.hidden_size, self.nkv * self.hd, bias=False)
@@ -204,7 +246,7 @@ class DFlashAttention(nn.Module):
         else:
             k_x, v_x = self.project_kv(x, rope_kv)
             k, v = torch.cat([ctx_kv[0], k_x], dim=2), torch.cat([ctx_kv[1], v_x], dim=2)
-        out = attend(q, k, v.to(q.dtype), layout, impl)
+        out = attend(q, k, v.to(q.dtype), layout, impl, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(1, Q, self.nh * self.hd))
 
 
@@ -220,9 +262,9 @@ class DFlashMLP(nn.Module):
 
 
 class DFlashLayer(nn.Module):
-    def __init__(self, g: DrafterGeometry):
+    def __init__(self, g: DrafterGeometry, index: int = 0):
         super().__init__()
-        self.self_attn = DFlashAttention(g)
+        self.self_attn = DFlashAttention(g, g.window(index))
         self.mlp = DFlashMLP(g)
         self.input_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
@@ -273,7 +315,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         g = self.geometry = geometry
         self.attn_impl = attn_impl
-        self.layers = nn.ModuleList(DFlashLayer(g) for _ in range(g.num_layers))
+        self.layers = nn.ModuleList(DFlashLayer(g, i) for i in range(g.num_layers))
         self.fc = nn.Linear(g.num_features * g.hidden_size, g.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
@@ -475,7 +517,7 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
     geometry = geometry_from_hf(
         target_hf_config, num_layers=cfg.drafter.num_layers, block_size=cfg.drafter.block_size,
         target_layer_ids=cfg.layer_ids(int(text_cfg.num_hidden_layers)), mask_token_id=mask_id,
-        trainable_mask=trainable, target=cfg.target.model_dump(mode="json"))
+        trainable_mask=trainable, target=cfg.target.model_dump(mode="json"), **cfg.drafter.geometry_overrides())
     embed, head = load_target_embeddings(cfg.target)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
     model.set_frozen(embed.float(), head.float())

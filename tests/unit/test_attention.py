@@ -33,3 +33,91 @@ def test_flex_agrees_with_dense_sdpa_with_packing():
     # a wrong mask must be detectable: drop the document ids and the outputs differ
     c = attend(q, k, v, BlockLayout(S, B, anchors), "flex")
     assert not torch.allclose(a, c, atol=1e-3)
+
+
+# -- sliding-window layers ------------------------------------------------------------------------------------
+
+
+def _reference_mask(ctx_pos, ctx_doc, anchor_index, B, window):
+    """The window definition written out one (query, key) pair at a time, in RoPE positions: the dense reference."""
+    S, N = len(ctx_pos), len(anchor_index)
+    m = torch.zeros(N * B, S + N * B, dtype=torch.bool)
+    for n in range(N):
+        for k in range(B):
+            q, qpos = n * B + k, ctx_pos[anchor_index[n]] + k
+            for j in range(S):
+                ok = j < anchor_index[n] and ctx_doc[j] == ctx_doc[anchor_index[n]]
+                m[q, j] = ok and (window is None or qpos - ctx_pos[j] < window)
+            for k2 in range(B):
+                m[q, S + n * B + k2] = window is None or abs(k - k2) < window
+    return m
+
+
+DOC = torch.tensor([0] * 23 + [1] * 37)
+POS = torch.cat([torch.arange(23), torch.arange(37)])  # RoPE positions restart in each packed document
+
+
+def _packed_layout():
+    """Two packed documents, overlapping anchors, one anchor right at a document boundary."""
+    anchors = torch.tensor([4, 9, 10, 20, 23, 24, 40, 55])
+    return BlockLayout(60, 4, anchors, DOC, DOC[anchors])
+
+
+def test_window_pinned_by_hand():
+    """Block anchored at 8 (positions 8, 9, 10), W=4: slot k sees context positions > 8 + k - 4."""
+    lay = BlockLayout(10, 3, torch.tensor([8]))
+    m = dense_mask(lay, window=4)
+    assert [row[:10].nonzero().flatten().tolist() for row in m] == [[5, 6, 7], [6, 7], [7]]
+    assert m[:, 10:].all()  # B <= W: the whole block
+    m = dense_mask(lay, window=2)
+    assert [row[:10].nonzero().flatten().tolist() for row in m] == [[7], [], []]
+    assert m[:, 10:].int().tolist() == [[1, 1, 0], [1, 1, 1], [0, 1, 1]]  # |k - k'| < 2
+    with pytest.raises(ValueError, match="sliding window 0"):
+        dense_mask(lay, window=0)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 7, 16, 1000])
+def test_dense_and_flex_masks_equal_the_reference(window):
+    from torch.nn.attention.flex_attention import create_mask
+
+    from flashdraft.drafter.attention import flex_mask_mod
+
+    lay = _packed_layout()
+    ref = _reference_mask(POS.tolist(), DOC.tolist(), lay.anchor_index.tolist(), lay.block_size, window)
+    assert torch.equal(dense_mask(lay, window), ref)
+    Q, KV = ref.shape
+    flex = create_mask(flex_mask_mod(lay, window), None, None, Q, KV, device="cpu")[0, 0]
+    assert torch.equal(flex, ref)
+
+
+def test_window_reaches_full_attention_only_past_the_longest_distance():
+    lay = _packed_layout()  # the farthest pair: slot 3 of the anchor at position 32 (doc 1) to position 0
+    assert torch.equal(dense_mask(lay, 36), dense_mask(lay))
+    assert not torch.equal(dense_mask(lay, 35), dense_mask(lay))
+
+
+def test_flex_block_mask_skips_exactly_the_empty_tiles():
+    """The sparse BlockMask (128x128 tiles) keeps a tile iff the dense mask has an allowed pair in it."""
+    from flashdraft.drafter.attention import flex_block_mask
+
+    S, B, W = 700, 16, 64
+    anchors = torch.arange(40, 680, 20)
+    lay = BlockLayout(S, B, anchors)
+    Q, KV = len(anchors) * B, S + len(anchors) * B
+    dense = dense_mask(lay, W)
+    tiles = torch.nn.functional.pad(dense, (0, -KV % 128, 0, -Q % 128)).reshape(
+        -(-Q // 128), 128, -(-KV // 128), 128).any(3).any(1)
+    kept = flex_block_mask(lay, Q, KV, "cpu", W).to_dense()[0, 0].bool()
+    assert torch.equal(kept, tiles)
+    assert kept.sum() < flex_block_mask(lay, Q, KV, "cpu").to_dense()[0, 0].bool().sum()  # the window prunes
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_agrees_with_dense_sdpa_with_window():
+    torch.manual_seed(1)
+    lay = _packed_layout()
+    N, B, S = lay.num_blocks, lay.block_size, lay.context_len
+    q, k, v = torch.randn(1, 4, N * B, 16), torch.randn(1, 2, S + N * B, 16), torch.randn(1, 2, S + N * B, 16)
+    a = attend(q, k, v, lay, "sdpa", window=6)
+    torch.testing.assert_close(a, attend(q, k, v, lay, "flex", window=6), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a, attend(q, k, v, lay, "sdpa"), atol=1e-3)
