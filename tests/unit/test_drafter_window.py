@@ -136,3 +136,27 @@ def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
     (folder / "config.json").write_text(json.dumps(c))
     with pytest.raises(ValueError, match="causal DFlash layers"):
         read_zlab(folder)
+
+
+def test_production_preset_drafter_is_the_published_geometry():
+    """qwen3.6-27b's drafter section on a config of the real target's text model (no weights) gives the published
+    drafter's layer geometry (SpecForge configs/qwen3.6-27b-dflash2.json) in the exported config.json."""
+    from transformers import Qwen3_5Config
+
+    from flashdraft.components.export.zlab import zlab_config
+
+    cfg = load_config(preset="qwen3.6-27b")
+    target = Qwen3_5Config(text_config={"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 24,
+                                        "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408,
+                                        "vocab_size": 248320, "rope_parameters": {"rope_theta": 1e7,
+                                                                                  "partial_rotary_factor": 0.25,
+                                                                                  "rope_type": "default"}})
+    g = geometry_from_hf(target, num_layers=cfg.drafter.num_layers, block_size=cfg.drafter.block_size,
+                         target_layer_ids=cfg.layer_ids(64), mask_token_id=248070, trainable_mask=False,
+                         **cfg.drafter.geometry_overrides())
+    c = zlab_config(g.__dict__, "bfloat16")
+    published = {"hidden_size": 5120, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                 "intermediate_size": 17408, "num_hidden_layers": 5, "sliding_window": 2048,
+                 "use_sliding_window": True, "is_causal": False, "layer_types": ["sliding_attention"] * 5,
+                 "rope_theta": 1e7, "vocab_size": 248320}
+    assert {k: c[k] for k in published} == published
