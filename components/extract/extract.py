@@ -12,10 +12,12 @@ One call handles one generation shard K (`responses/shard-K/`) and writes `featu
   the naive loop).
 * Compute overlaps compression and upload: a writer thread takes finished batches from a bounded queue
   (`features.queue_depth`, backpressure when the store is slow), encodes them and commits shards.
-* Exactly-once: a part closes only at a batch boundary once it holds >= `features.shard_bytes`, so the split is
-  a pure function of the inputs. A rerun skips the samples in committed parts and resumes packing from there,
-  reproducing the same batches and therefore identical bytes; an uncommitted (crashed) part is simply
-  rewritten. `features/shard-K/DONE` makes a finished shard a no-op.
+* Exactly-once: a part closes at the first sample boundary where it holds >= `features.shard_bytes` (so parts
+  stay near that size whatever `features.batch_tokens` is), and the split is a pure function of the inputs. A
+  rerun packs the same batches from the shard's start, skips those wholly inside committed parts and recomputes
+  the one that straddles the resume point (keeping only its uncommitted samples), so every forward sees exactly
+  the batch it saw before and the bytes are identical; an uncommitted (crashed) part is simply rewritten.
+  `features/shard-K/DONE` makes a finished shard a no-op.
 """
 
 from __future__ import annotations
@@ -215,8 +217,8 @@ class ShardWriter(threading.Thread):
                     blob = encode_sample(self.codec, row.input_ids, row.loss_mask, f)
                     self.pending.append((row.sample_id, len(row.input_ids), blob))
                     self.pending_bytes += len(blob)
-                if self.pending_bytes >= self.shard_bytes:
-                    self._commit_part()
+                    if self.pending_bytes >= self.shard_bytes:
+                        self._commit_part()
             if self.pending:
                 self._commit_part()
         except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
@@ -273,7 +275,7 @@ def run_extract(cfg: RunConfig, shard: int) -> dict:
 def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     from tqdm import tqdm
 
-    from flashdraft.target import load_hf_config, load_tokenizer, set_cpu_threads, tokenizer_fingerprint
+    from flashdraft.target import load_tokenizer, set_cpu_threads, target_geometry, tokenizer_fingerprint
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
@@ -281,11 +283,14 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
         summary = store.get_json_verified(done_key(shard))
         log.info("features shard %d already complete: nothing to do", shard)
         return {**summary, "skipped": True}
-    hf = load_hf_config(cfg.target)
-    layer_ids = cfg.layer_ids(int(hf.num_hidden_layers))
-    hidden = int(hf.hidden_size)
+    geo = target_geometry(cfg.target)  # from the text config (nested under text_config in Qwen3.5/3.6)
+    layer_ids = cfg.layer_ids(geo.num_layers)
+    if max(layer_ids) >= geo.num_layers:
+        raise ExtractionError(f"features.layer_ids {layer_ids}: {cfg.target.model} has {geo.num_layers} decoder "
+                              f"layers (ids 0..{geo.num_layers - 1})")
+    hidden = geo.hidden_size
     provenance = make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), hidden, layer_ids)
-    rows, empty = load_rows(store, shard, int(hf.vocab_size))
+    rows, empty = load_rows(store, shard, geo.vocab_size)
     first_part, skip = _resume_point(store, shard, rows)
     if skip:
         log.info("resuming shard %d at part %d (%d samples already committed)", shard, first_part, skip)
@@ -302,9 +307,15 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     try:
         with tqdm(total=sum(len(r.input_ids) for r in todo), unit="tok", desc=f"extract shard {shard}",
                   disable=None) as bar:
-            for batch in pack_batches(todo, cfg.features.batch_tokens):
-                writer.submit((batch, source.features(batch)))
-                n = sum(len(r.input_ids) for r in batch)
+            start = 0  # index of the batch's first sample in `rows`
+            for batch in pack_batches(rows, cfg.features.batch_tokens):
+                start, first = start + len(batch), start
+                if start <= skip:
+                    continue  # wholly committed before
+                keep = slice(max(skip - first, 0), None)  # the straddling batch: only its uncommitted samples
+                feats = source.features(batch)
+                writer.submit((batch[keep], feats[keep]))
+                n = sum(len(r.input_ids) for r in batch[keep])
                 tokens += n
                 bar.update(n)
     finally:

@@ -126,3 +126,29 @@ def test_extract_on_real_smollm2_matches_hf(tmp_path):
     for k, i in enumerate(cfg.layer_ids()):
         ref = hs[i + 1][0]
         assert float((got[:, k] - ref).norm() / ref.norm()) < 0.05  # fp8: a few % relative error
+
+
+def test_parts_respect_shard_bytes_with_a_large_batch_and_resume_mid_batch(cfg):
+    """A part closes at the first sample that takes it to features.shard_bytes, not at the end of a batch of
+    features.batch_tokens (the README's streaming window relies on it); a kill between parts of one batch then
+    resumes inside that batch and still commits identical bytes."""
+    big = cfg.with_overrides({"features.batch_tokens": 4096})  # the whole shard in one batch
+    write_responses(big)
+    reference = big.with_overrides({"run_id": "reference"})
+    write_responses(reference)
+    run_extract(reference, 0)
+    expected = _parts(reference)
+    sizes = [len(expected[k]) for k in sorted(expected)]
+    assert len(sizes) >= 3, sizes
+    biggest_sample = max(len(s.input_ids) for k in expected for s in iter_shard(expected[k], k)) * 5 * 256 * 2
+    assert all(40_000 <= n < 40_000 + biggest_sample + 4096 for n in sizes[:-1]), sizes
+
+    code = ("import json, sys; from flashdraft.config import load_config; "
+            "from flashdraft.components.extract.extract import run_extract; "
+            "run_extract(load_config(preset='tiny', overrides=json.loads(sys.argv[1])), 0)")
+    overrides = {"storage.root": big.storage.root, "features.shard_bytes": 40_000, "features.batch_tokens": 4096}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(overrides)], env={**os.environ, FAULT_ENV: "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    assert run_extract(big, 0)["resumed_from_sample"] > 0
+    assert _parts(big) == expected
