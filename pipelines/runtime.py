@@ -156,6 +156,13 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
     threads = cfg.training.num_threads or os.cpu_count() or 2
     producer_cfg = cfg.with_overrides({"training.num_threads": max(1, threads // 2)})
     cfg = cfg.with_overrides({"training.num_threads": max(1, threads - threads // 2)})
+    # A restarted pair (after a kill or a failure) starts both sides afresh: markers left by the previous attempt
+    # (a producer FAILED, a consumer STOP) would end the new one at once.
+    store = open_store(cfg.storage, cfg.run_id)
+    for stale in (window.FAILED_KEY, window.STOP_KEY):
+        if store.exists(stale):
+            log.info("streaming: clearing %s from a previous attempt", stale)
+            store.delete(stale)
     monitor = WindowMonitor(cfg)
     monitor.start()
     with tempfile.TemporaryDirectory() as tmp:
