@@ -418,8 +418,8 @@ class ObjectStore:
     def get_verified(self, key: str) -> bytes:
         """The committed bytes of `key`, checked against the sha256 in its commit record.
 
-        A mismatch is re-read (twice at most): bytes corrupted in flight differ on the next read, bytes corrupted
-        at rest do not, and then ChecksumError names the key."""
+        A mismatch is re-read (three times at most): bytes corrupted in flight differ on the next read, bytes
+        corrupted at rest do not, and then ChecksumError names the key."""
         record = self.read_commit(key)
         if record is None:
             raise NotCommittedError(f"{self.url(key)} is not committed (missing or a partial write)")
@@ -432,7 +432,7 @@ class ObjectStore:
                     f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}")
             return data
 
-        return self._retry("get_verified", key, read, retries=min(self.retries, 2))
+        return self._retry("get_verified", key, read, retries=min(self.retries, 3))
 
     def get_json_verified(self, key: str) -> Any:
         return json.loads(self.get_verified(key))

@@ -4,7 +4,7 @@ tests start (rclone serve s3) and misbehaves the way production object stores do
 Per request, with seeded probabilities: 503 SlowDown (not forwarded, like S3 throttling), 500 InternalError (not
 forwarded), a connection reset after part of the response body (forwarded first: the server applied a PUT the
 client never hears about), added latency, and a byte flipped in the body of a whole-object GET of a data object
-(bytes corrupted in flight, which only a checksum catches). `outage(seconds)` (or `outage_when`) takes the whole
+(bytes corrupted in flight, which only a checksum catches). `outage(seconds)` (or `outage_after`) takes the whole
 store down: every connection is reset until it ends. Everything is counted in `counts`.
 
 Deterministic from the seed: the decision for a request depends only on (seed, method, path, query, range, how
@@ -37,7 +37,9 @@ ERRORS = {"slowdown": (503, "SlowDown", "Please reduce your request rate."),
 
 @dataclass
 class FaultPlan:
-    """Per-request probabilities (checked in this order, at most one fault per request) and their parameters."""
+    """Per-request probabilities (checked in this order, at most one fault per request) and their parameters;
+    `corrupt` is the probability for a GET of an object ending in `corrupt_suffixes` (applied when the response
+    carries the whole object)."""
 
     seed: int = 0
     slowdown: float = 0.0
@@ -50,9 +52,9 @@ class FaultPlan:
 
     @classmethod
     def mixed(cls, seed: int, rate: float) -> FaultPlan:
-        """Faults on `rate` of all requests, spread over every kind."""
-        return cls(seed=seed, slowdown=rate * 0.3, error500=rate * 0.2, reset=rate * 0.25, corrupt=rate * 0.05,
-                   latency=rate * 0.2)
+        """Faults on `rate` of all requests, spread over every kind; a fifth of whole data-object reads corrupted."""
+        return cls(seed=seed, slowdown=rate * 0.35, error500=rate * 0.2, reset=rate * 0.25, latency=rate * 0.2,
+                   corrupt=0.2)
 
 
 class S3FaultProxy:
@@ -62,7 +64,7 @@ class S3FaultProxy:
         self.plan = plan or FaultPlan()
         self.counts: Counter = Counter()
         self.log: list[tuple[str, str, str]] = []  # (method, path, fault) of every injected fault
-        self.outage_when: Callable[[str, str], bool] | None = None  # start a forever-outage at the first match
+        self._outage_when: tuple[Callable[[str, str], bool], float | None] | None = None
         self._seen: Counter = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -79,6 +81,12 @@ class S3FaultProxy:
         with self._lock:
             self._down_until = float("inf") if seconds is None else time.monotonic() + seconds
             self.counts["outages"] += 1
+
+    def outage_after(self, when: Callable[[str, str], bool], seconds: float | None) -> None:
+        """Start an outage of `seconds` (None: until `restore()`) at the first request (method, path) matching
+        `when`; that request is the first one refused."""
+        with self._lock:
+            self._outage_when = (when, seconds)
 
     def restore(self) -> None:
         with self._lock:
@@ -100,9 +108,10 @@ class S3FaultProxy:
     def _decide(self, method: str, path: str, rng_key: str) -> str | None:
         with self._lock:
             self.counts["requests"] += 1
-            if self.outage_when is not None and self.outage_when(method, path):
-                self.outage_when = None
-                self._down_until = float("inf")
+            if self._outage_when is not None and self._outage_when[0](method, path):
+                seconds = self._outage_when[1]
+                self._outage_when = None
+                self._down_until = float("inf") if seconds is None else time.monotonic() + seconds
                 self.counts["outages"] += 1
             if time.monotonic() < self._down_until:
                 self.counts["outage"] += 1
@@ -111,15 +120,17 @@ class S3FaultProxy:
             n = self._seen[rng_key]
             self._seen[rng_key] += 1
             plan = self.plan
-        digest = hashlib.sha256(f"{plan.seed}|{rng_key}|{n}".encode()).digest()
-        x = random.Random(digest).random()
-        for kind in ("slowdown", "error500", "reset", "corrupt", "latency"):
+        rng = random.Random(hashlib.sha256(f"{plan.seed}|{rng_key}|{n}".encode()).digest())
+        x = rng.random()
+        for kind in ("slowdown", "error500", "reset", "latency"):
             p = getattr(plan, kind)
             if x < p:
-                if kind == "corrupt" and not (method == "GET" and path.split("?")[0].endswith(plan.corrupt_suffixes)):
-                    return None
                 return kind
             x -= p
+        # Corruption is drawn separately, over the requests it can hit: there are few of them (whole-object reads
+        # of data objects), and a rate over all requests would rarely reach one.
+        if method == "GET" and path.split("?")[0].endswith(plan.corrupt_suffixes) and rng.random() < plan.corrupt:
+            return "corrupt"
         return None
 
     def _record(self, method: str, path: str, kind: str) -> None:

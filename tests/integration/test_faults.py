@@ -1,0 +1,449 @@
+"""Under faults: a misbehaving object store, processes killed in loops, a full or read-only disk. Committed output
+must equal a clean run's, nothing lost, nothing duplicated, nothing half-committed visible.
+
+Every stage runs for real on the tiny target against the real S3 server (rclone serve s3), through the seeded
+fault-injecting proxy in tests/s3proxy.py. The figures each test measured (requests, faults by kind, retries,
+kills, mismatches) are printed as one `FAULT-FIGURES {json}` line (`pytest -rA` shows them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flashdraft import layout
+from flashdraft.config import RunConfig, load_config
+from flashdraft.features.manifest import MANIFEST_KEY, committed_parts, done_key
+from flashdraft.store import ObjectStore, StoreUnavailableError, open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from s3proxy import FaultPlan, S3FaultProxy  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+# Small enough for 2 cores, big enough that every stage makes many requests: 2 generation shards of 4 samples,
+# one sample per feature part, a checkpoint every step. Backoffs are short so a test rides out faults quickly.
+TINY = {"data.max_samples": 8, "data.eval_count": 1, "data.num_shards": 2, "data.max_response_tokens": 8,
+        "generation.chunk_size": 2, "features.batch_tokens": 48, "features.shard_bytes": 32768,
+        "training.epochs": 1, "training.tokens_per_step": 128, "training.checkpoint_every": 1,
+        "drafter.max_anchors": 4, "drafter.block_size": 4, "eval.num_prompts": 1, "eval.max_new_tokens": 4,
+        "storage.retry_base_s": 0.02, "storage.retry_max_s": 0.5}
+# max_steps above what the data gives: the end of the stream, not the schedule, ends training (every sample is used)
+STREAMING = {"mode.kind": "streaming", "mode.reuse": 2, "mode.window_shards": 3, "mode.window_bytes": 400_000,
+             "training.max_steps": 1000}
+FAULT_RATE = 0.15
+
+
+def figures(name: str, **values) -> None:
+    print(f"FAULT-FIGURES {json.dumps({'test': name, **values}, sort_keys=True)}")
+
+
+def make_cfg(endpoint: str, **over) -> RunConfig:
+    root = f"s3://flashdraft-test/faults-{uuid.uuid4().hex[:8]}"
+    return load_config(preset="tiny", overrides={"storage.root": root, "storage.endpoint_url": endpoint, **TINY,
+                                                 **over})
+
+
+def direct(cfg: RunConfig, endpoint: str) -> ObjectStore:
+    """The run's store straight on the S3 server, bypassing the proxy: what is really committed."""
+    return open_store(cfg.storage.model_copy(update={"endpoint_url": endpoint}), cfg.run_id)
+
+
+def run_pipeline(cfg: RunConfig) -> None:
+    """Every stage in order, in this process (streaming: producers in a subprocess, as run-local does)."""
+    from flashdraft.components.evaluate.evaluate import run_evaluate
+    from flashdraft.components.export.export import run_export
+    from flashdraft.components.extract.extract import run_extract
+    from flashdraft.components.generate.generate import run_generate
+    from flashdraft.components.prep.prep import run_prep
+    from flashdraft.components.train.trainer import run_train
+    from flashdraft.pipelines.runtime import train_with_producers
+
+    shards = run_prep(cfg)["num_shards"]
+    for shard in range(shards):
+        run_generate(cfg, shard)
+    if cfg.mode.kind == "streaming":
+        train_with_producers(cfg)
+    else:
+        for shard in range(shards):
+            run_extract(cfg, shard)
+        run_train(cfg)
+    run_evaluate(cfg)
+    run_export(cfg)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def committed_outputs(store: ObjectStore, cfg: RunConfig) -> dict[str, str]:
+    """sha256 of everything a run commits that must not depend on faults: responses, feature parts (streaming:
+    as recorded when produced, since the trainer deletes them), the feature manifest, the final weights, the
+    export. Every committed object is read back verified."""
+    from flashdraft.components.train.checkpoint import latest_checkpoint
+
+    out = {k: sha(store.get_verified(k)) for k in store.list_committed(f"{layout.RESPONSES}/")
+           if k.endswith(".parquet")}
+    if cfg.mode.kind == "streaming":
+        for shard in range(cfg.data.num_shards):
+            for part in store.get_json_verified(done_key(shard))["parts"]:
+                out[part["key"]] = part["sha256"]
+    else:
+        out.update({k: sha(store.get_verified(k)) for k in committed_parts(store)})
+        out[MANIFEST_KEY] = sha(store.get_verified(MANIFEST_KEY))
+    latest = latest_checkpoint(store)
+    assert latest and latest["final"]
+    out["weights"] = sha(store.get_verified(f"{latest['prefix']}/model.safetensors"))
+    out.update({k: sha(store.get_verified(k)) for k in store.list_committed(f"{layout.EXPORT}/")})
+    return out
+
+
+def half_committed(store: ObjectStore) -> list[str]:
+    """Committed keys whose bytes are missing or disagree with their record (must always be empty)."""
+    bad = []
+    for key in store.list_committed(""):
+        try:
+            store.get_verified(key)
+        except Exception as exc:  # noqa: BLE001 - any failure to read a committed object is the finding
+            bad.append(f"{key}: {type(exc).__name__}")
+    return bad
+
+
+def store_io(store: ObjectStore) -> dict[str, int]:
+    """Sum of the store_io counters every stage recorded in metrics/."""
+    total: dict[str, int] = {}
+    for key in store.list_committed(f"{layout.METRICS}/"):
+        for k, v in store.get_json_verified(key).get("store_io", {}).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+@pytest.fixture(scope="module")
+def clean_runs(s3_server):
+    """One clean offline and one clean streaming run, straight on the S3 server: {kind: (config, outputs)}."""
+    with pytest.MonkeyPatch.context() as mp:
+        _aws(mp)
+        out = {}
+        for kind, over in (("offline", {}), ("streaming", STREAMING)):
+            cfg = make_cfg(s3_server, **over)
+            run_pipeline(cfg)
+            out[kind] = (cfg, committed_outputs(direct(cfg, s3_server), cfg))
+        yield out
+
+
+def _aws(mp: pytest.MonkeyPatch) -> None:
+    from conftest import S3_KEY, S3_SECRET
+
+    mp.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    mp.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.mark.parametrize("kind", ["offline", "streaming"])
+def test_every_stage_through_a_faulty_store_commits_what_a_clean_run_does(kind, clean_runs, s3_server,
+                                                                          monkeypatch, caplog):
+    _aws(monkeypatch)
+    proxy = S3FaultProxy(s3_server, FaultPlan.mixed(seed=16, rate=FAULT_RATE))
+    try:
+        cfg = make_cfg(proxy.endpoint, **(STREAMING if kind == "streaming" else {}))
+        proxy.outage_after(lambda method, path: method == "PUT" and path.endswith(".fds"), seconds=0.3)
+        with caplog.at_level("WARNING", logger="flashdraft.store"):
+            run_pipeline(cfg)
+    finally:
+        proxy.close()
+    store = direct(cfg, s3_server)
+    got = committed_outputs(store, cfg)
+    want = clean_runs[kind][1]
+    mismatches = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    injected = proxy.injected()
+    io = store_io(store)
+    figures(f"faulty store, {kind}", injected=injected, store_io=io, mismatches=len(mismatches),
+            retry_log_lines=sum("retry" in r.getMessage() for r in caplog.records))
+    assert mismatches == [], mismatches
+    faults = sum(v for k, v in injected.items() if k not in ("requests", "outages"))
+    assert faults >= 0.1 * injected["requests"] and injected.get("outage", 0) > 0, injected
+    assert injected.get("corrupt", 0) > 0, "some reads came back corrupted: only the checksum stands in the way"
+    assert io["retries"] > 0 and io["gave_up"] == 0, io
+    assert any("retry 1/" in r.getMessage() for r in caplog.records), "retries are logged"
+
+
+def seed_from(src: ObjectStore, dst: ObjectStore, prefixes=(layout.PROMPTS, layout.RESPONSES)) -> None:
+    """Copy a finished run's prompts and responses (objects and commit records, byte for byte) into `dst`, so a
+    test of a later stage starts where generation ended without generating again."""
+    for prefix in prefixes:
+        for key in src.list(f"{prefix}/"):
+            dst.put(key, src.get(key))
+
+
+def part_shas(store: ObjectStore, cfg: RunConfig) -> dict[str, str]:
+    """Feature parts of a finished extraction, as recorded in the shards' DONE summaries."""
+    return {p["key"]: p["sha256"] for shard in range(cfg.data.num_shards)
+            for p in store.get_json_verified(done_key(shard))["parts"]}
+
+
+def test_a_store_down_past_the_retry_budget_fails_the_stage_clearly_and_commits_nothing_half(
+        clean_runs, s3_server, monkeypatch):
+    from flashdraft.components.extract.extract import run_extract
+
+    _aws(monkeypatch)
+    ref_cfg, ref = clean_runs["offline"]
+    proxy = S3FaultProxy(s3_server)
+    try:
+        cfg = make_cfg(proxy.endpoint, **{"storage.retries": 3})
+        seed_from(direct(ref_cfg, s3_server), direct(cfg, s3_server))
+        # The store goes down for good at the second feature part's upload.
+        puts = iter(range(10**6))
+        proxy.outage_after(lambda m, p: m == "PUT" and p.endswith(".fds") and next(puts) == 1, seconds=None)
+        with pytest.raises(StoreUnavailableError) as exc:
+            run_extract(cfg, 0)
+        message = str(exc.value)
+        assert "features/shard-00000/part-00001.fds" in message and "failed 4 times" in message, message
+        store = direct(cfg, s3_server)
+        assert half_committed(store) == []
+        assert committed_parts(store) == ["features/shard-00000/part-00000.fds"]
+        assert not store.is_committed(done_key(0))
+        proxy.restore()
+        run_extract(cfg, 0)  # the store is back: the rerun resumes and completes
+        run_extract(cfg, 1)
+    finally:
+        proxy.close()
+    got = {k: sha(store.get_verified(k)) for k in committed_parts(store)}
+    assert got == {k: v for k, v in ref.items() if k.endswith(".fds")}
+    figures("store down past the retry budget", injected=proxy.injected(), mismatches=0, error=message[:160])
+
+
+def _kill_loop(kind: str, cfg: RunConfig, kills: int, seed: int, lo: float, hi: float,
+               watch=None) -> dict[str, int]:
+    """Start the stage `kind` (tests/fault_workers.py) and SIGKILL its process group after a seeded random delay,
+    `kills` times; then let it finish. Returns how many kills landed and how many restarts it took."""
+    import multiprocessing
+
+    import fault_workers
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(fault_workers.PRELOAD)
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    rng = random.Random(seed)
+    landed = starts = 0
+    while True:
+        proc = ctx.Process(target=fault_workers.run_stage, args=(kind, cfg.model_dump_json(), env))
+        proc.start()
+        starts += 1
+        if landed < kills:
+            proc.join(rng.uniform(lo, hi) + 0.1 * landed)  # later kills come later: every restart gets further
+            if proc.exitcode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.join()
+                landed += 1
+                if watch is not None:
+                    watch()
+                continue
+        else:
+            proc.join(600)
+        assert proc.exitcode == 0, f"{kind} run {starts} exited with {proc.exitcode}"
+        if landed >= kills:
+            return {"kills": landed, "starts": starts}
+
+
+def test_extraction_killed_ten_times_commits_what_an_uninterrupted_run_does(clean_runs, s3_server, monkeypatch):
+    _aws(monkeypatch)
+    ref_cfg, ref = clean_runs["offline"]
+    cfg = make_cfg(s3_server)
+    store = direct(cfg, s3_server)
+    seed_from(direct(ref_cfg, s3_server), store)
+    half = []
+    stats = _kill_loop("extract", cfg, kills=10, seed=16, lo=0.3, hi=2.5,
+                       watch=lambda: half.extend(half_committed(store)))
+    got = {k: sha(store.get_verified(k)) for k in committed_parts(store)}
+    want = {k: v for k, v in ref.items() if k.endswith(".fds")}
+    mismatches = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    figures("extraction kill loop", **stats, mismatches=len(mismatches), half_committed=len(half))
+    assert half == [], "after a kill, every committed object reads back verified"
+    assert mismatches == []
+    assert store.get_verified(MANIFEST_KEY) == direct(ref_cfg, s3_server).get_verified(MANIFEST_KEY)
+
+
+def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times(clean_runs, s3_server,
+                                                                                  monkeypatch):
+    import threading
+
+    from flashdraft.components.train.checkpoint import latest_checkpoint
+
+    from flashdraft.features.window import released_part, stored_parts
+
+    _aws(monkeypatch)
+    ref_cfg, ref = clean_runs["streaming"]
+    cfg = make_cfg(s3_server, **STREAMING)
+    store = direct(cfg, s3_server)
+    seed_from(direct(ref_cfg, s3_server), store)
+    peak = {"parts": 0, "bytes": 0}
+    halt = threading.Event()
+
+    def monitor() -> None:  # the window's bound, watched from outside across every restart
+        while not halt.is_set():
+            try:
+                parts = stored_parts(store)
+            except FileNotFoundError:
+                continue
+            peak["parts"] = max(peak["parts"], len(parts))
+            peak["bytes"] = max(peak["bytes"], sum(parts.values()))
+            halt.wait(0.05)
+
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    try:
+        stats = _kill_loop("stream", cfg, kills=10, seed=17, lo=1.0, hi=4.0)
+    finally:
+        halt.set()
+        watcher.join()
+    a = direct(ref_cfg, s3_server).get_json_verified(layout.metrics_key("train"))
+    b = store.get_json_verified(layout.metrics_key("train"))
+    steps_a = [(h["step"], h["tokens"], round(h["loss"], 5)) for h in a["history"]]
+    steps_b = [(h["step"], h["tokens"], round(h["loss"], 5)) for h in b["history"]]
+    parts = {k: v for k, v in ref.items() if k.startswith(f"{layout.FEATURES}/")}
+    got_parts = part_shas(store, cfg)
+    mismatches = sorted(k for k in set(parts) | set(got_parts) if parts.get(k) != got_parts.get(k))
+    weights = sha(store.get_verified(f"{latest_checkpoint(store)['prefix']}/model.safetensors"))
+    mismatches += ["history"] * (steps_a != steps_b) + ["weights"] * (weights != ref["weights"])
+    figures("streaming kill loop", **stats, mismatches=len(mismatches), peak_parts=peak["parts"],
+            peak_bytes=peak["bytes"], window_shards=cfg.mode.window_shards, window_bytes=cfg.mode.window_bytes)
+    # The same samples in the same steps, each `reuse` times, and the same weights as the uninterrupted run.
+    assert mismatches == [], mismatches
+    tokens = sum(released_part(store, k)["tokens"] for k in got_parts)
+    assert sum(h["tokens"] for h in b["history"]) == tokens * cfg.mode.reuse, "every sample trained reuse times"
+    assert committed_parts(store) == [] and all(released_part(store, k) for k in got_parts)
+    assert 0 < peak["parts"] <= cfg.mode.window_shards and peak["bytes"] <= cfg.mode.window_bytes, peak
+
+
+def _rclone(data: Path, port: int) -> subprocess.Popen:
+    from conftest import S3_KEY, S3_SECRET, _venv_bin
+
+    proc = subprocess.Popen([_venv_bin("rclone"), "serve", "s3", "--auth-key", f"{S3_KEY},{S3_SECRET}", "--addr",
+                             f"127.0.0.1:{port}", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import socket
+
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("rclone did not start")
+
+
+def test_s3_server_killed_and_restarted_mid_run_resumes_and_completes(clean_runs, s3_server, monkeypatch,
+                                                                      tmp_path):
+    import threading
+
+    from conftest import _free_port
+    from flashdraft.components.extract.extract import run_extract
+
+    _aws(monkeypatch)
+    ref_cfg, ref = clean_runs["offline"]
+    (tmp_path / "s3" / "flashdraft-test").mkdir(parents=True)
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = _rclone(tmp_path / "s3", port)
+    # The retry budget must outlast a restart (~1-2 s under load): 6 retries from 0.25 s, capped at 2 s.
+    cfg = make_cfg(endpoint, **{"storage.retry_base_s": 0.25, "storage.retry_max_s": 2.0})
+    store = direct(cfg, endpoint)
+    seed_from(direct(ref_cfg, s3_server), store)
+    errors = []
+
+    def extract_all() -> None:
+        try:
+            for shard in range(cfg.data.num_shards):
+                run_extract(cfg, shard)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    worker = threading.Thread(target=extract_all)
+    worker.start()
+    restarts = 0
+    try:
+        for _ in range(2):  # twice, once the first parts are in
+            deadline = time.time() + 120
+            while len(committed_parts(store)) < 2 + 3 * restarts and worker.is_alive():
+                assert time.time() < deadline
+                time.sleep(0.05)
+            if not worker.is_alive():
+                break
+            server.kill()
+            server.wait()
+            time.sleep(0.5)
+            server = _rclone(tmp_path / "s3", port)
+            restarts += 1
+        worker.join(300)
+    finally:
+        server.kill()
+    assert errors == [] and restarts >= 1
+    server = _rclone(tmp_path / "s3", port)
+    try:
+        live = direct(cfg, endpoint)
+        got = {k: sha(live.get_verified(k)) for k in committed_parts(live)}
+        assert half_committed(live) == []
+    finally:
+        server.kill()
+    want = {k: v for k, v in ref.items() if k.endswith(".fds")}
+    figures("S3 server killed and restarted", restarts=restarts, mismatches=sum(got.get(k) != v for k, v in
+                                                                                want.items()))
+    assert got == want
+
+
+@pytest.fixture()
+def small_mount(tmp_path):
+    """A real 256 KiB tmpfs (needs root or CAP_SYS_ADMIN; the test says so and skips where mounting is refused)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+
+    def remount(opts: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{opts}", str(mnt)], check=True)
+
+    yield mnt, remount
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_and_read_only_store_root_fail_clearly_and_a_rerun_completes(clean_runs, s3_server,
+                                                                               monkeypatch, small_mount):
+    from flashdraft.components.extract.extract import run_extract
+
+    from flashdraft.store import StoreFullError, StoreReadOnlyError
+
+    _aws(monkeypatch)
+    ref_cfg, ref = clean_runs["offline"]
+    mnt, remount = small_mount
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{mnt}/runs", **TINY})
+    store = open_store(cfg.storage, cfg.run_id)
+    seed_from(direct(ref_cfg, s3_server), store)
+    with pytest.raises(StoreFullError, match=rf"{mnt}/runs/.*features/shard-0000\d/part-\d+\.fds.*no space left"):
+        for shard in range(cfg.data.num_shards):
+            run_extract(cfg, shard)
+    assert half_committed(store) == [] and not [k for k in store.list("") if ".tmp-" in k]
+    full_at = len(committed_parts(store))
+    remount("ro")
+    with pytest.raises(StoreReadOnlyError, match=rf"{mnt}/runs/.*read-only"):
+        run_extract(cfg, 0)
+    remount("rw,size=8m")  # space freed
+    for shard in range(cfg.data.num_shards):
+        run_extract(cfg, shard)
+    got = {k: sha(store.get_verified(k)) for k in committed_parts(store)}
+    want = {k: v for k, v in ref.items() if k.endswith(".fds")}
+    figures("full and read-only disk", parts_before_full=full_at,
+            mismatches=sum(got.get(k) != v for k, v in want.items()))
+    assert got == want and store.get_verified(MANIFEST_KEY) == direct(ref_cfg, s3_server).get_verified(MANIFEST_KEY)
