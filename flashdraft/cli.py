@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import time
+from typing import Annotated
 
 import typer
 
@@ -45,6 +47,53 @@ def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt
     typer.echo(dump_config(cfg))
     if cfg.target.num_layers:
         typer.echo(f"# derived: features.layer_ids = {cfg.layer_ids()}  drafter.gamma = {cfg.drafter.resolved_gamma}")
+
+@app.command("status")
+def status(
+    run: Annotated[str | None, typer.Option("--run", help="Run store URI, e.g. file:///data/runs/tiny or "
+                                                          "s3://bucket/flashdraft/my-run.")] = None,
+    endpoint_url: Annotated[str | None, typer.Option("--endpoint-url", help="S3 endpoint for --run.")] = None,
+    config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable: one object per stage.")] = False,
+) -> None:
+    """Stage-by-stage state of a run from its committed records: done (with figures), running, failed (with the
+    error, shard and log location) or not run. Works for any run in any store, wherever it was started."""
+    import json
+    import sys
+
+    from rich.console import Console
+
+    from flashdraft.config import StorageConfig
+    from flashdraft.pipelines.console import summary_table
+    from flashdraft.status import describe, metrics_names, read_records, stage_statuses
+    from flashdraft.store import ObjectStore, open_store
+
+    if run:
+        store = ObjectStore(run, StorageConfig(root=run, endpoint_url=endpoint_url))
+    elif config or preset:
+        cfg = run_config(config, preset, set_)
+        store = open_store(cfg.storage, cfg.run_id)
+    else:
+        typer.secho("pass --run RUN_URI, or --preset/--config for the run", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    statuses = stage_statuses(read_records(store), metrics_names(store))
+    if as_json:
+        typer.echo(json.dumps([{**s.model_dump(mode="json", exclude={"tasks"}), "detail": describe(s),
+                                "tasks": [t.model_dump(mode="json") for t in s.tasks]} for s in statuses], indent=2))
+        return
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    console.print(f"run {store.root}", highlight=False, markup=False, soft_wrap=True)
+    console.print(summary_table(statuses))
+    for s in statuses:  # the detail a table cell cannot hold: errors and where to read more
+        for t in s.tasks:
+            if t.state == "failed":
+                console.print(f"{t.label} failed: {t.failure()}\n  log: {t.log or 'not recorded'}", style="red",
+                              highlight=False, markup=False, soft_wrap=True)
+            elif t.state == "running":
+                console.print(f"{t.label} running since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t.started))}"
+                              f" (attempt {t.attempt}; log: {t.log or 'not recorded'})", highlight=False,
+                              markup=False, soft_wrap=True)
+
 
 if __name__ == "__main__":
     app()

@@ -119,17 +119,26 @@ def register(app: typer.Typer) -> None:
     @app.command("run-local")
     def run_local_cmd(
         config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
-        workdir: Annotated[Path, typer.Option(help="kfp.local pipeline root (task outputs, logs).")] = Path(
-            "runs/kfp-local"),
+        workdir: Annotated[Path, typer.Option(help="kfp.local pipeline root (task outputs; logs/ holds each run's "
+                                                   "log folder).")] = Path("runs/kfp-local"),
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show kfp.local's output and every "
+                                                                      "task's log on the terminal.")] = False,
     ) -> None:
-        """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store."""
-        from flashdraft.pipelines.local import run_local
+        """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store.
+
+        The terminal shows one line per task start and end with its figures, live progress, a summary table and
+        where the report and the logs are; kfp.local's executor dumps and each task's output go to log files."""
+        import logging
+        import sys
+
+        from flashdraft.pipelines.local import print_outcome, run_local
+        from rich.console import Console
 
         cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
-        result = run_local(cfg, str(workdir))
-        for key in ("report", "tau", "planned_bytes", "stored_bytes", "wall_s"):
-            typer.echo(f"{key}: {result.get(key)}")
-        for key, value in result.get("streaming", {}).items():  # produced vs peak stored, window bound
-            typer.echo(f"streaming.{key}: {value}")
+        if not verbose:
+            logging.getLogger().setLevel(logging.WARNING)
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+        result = run_local(cfg, str(workdir), console=console, verbose=verbose)
+        print_outcome(console, result)
         if result.get("state") != "SUCCEEDED":
-            raise _fail(f"local run {result.get('state')}: {result.get('error', '')}")
+            raise typer.Exit(1)

@@ -8,11 +8,14 @@ extraction producers inside the train task and GPU counts are literals (see `bui
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -40,37 +43,98 @@ def _hide_shadowing_docker() -> None:
         sys.modules["docker"] = None  # type: ignore[assignment]
 
 
-def run_local(cfg: RunConfig, workdir: str) -> dict[str, Any]:
-    """Run the pipeline with kfp.local; returns state, error, report path, tau, planned vs stored bytes."""
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """Environment for the component subprocesses kfp.local starts (they inherit this process's environment)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _kfp_output_to(path: Path) -> Iterator[None]:
+    """kfp.local's own output into `path`: it prints each task's piped output and its executor dump with print()
+    and logs through the root logger onto sys.stdout (`kfp.local.logging_utils.local_logger_context` builds its
+    handler from sys.stdout on every task), so redirecting sys.stdout/stderr and the root logger's handlers for
+    the duration of the run catches all of it, and nothing of kfp is patched."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    with open(path, "a", buffering=1, encoding="utf-8") as f:
+        handler = logging.StreamHandler(f)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.handlers = [handler]
+        root.setLevel(logging.INFO)
+        try:
+            with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+                yield
+        finally:
+            root.handlers, _ = saved
+            root.setLevel(saved[1])
+
+
+def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False) -> dict[str, Any]:
+    """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
+    planned vs stored bytes and the log folder.
+
+    console: a rich Console for the live view (task start/end lines, a progress line on a terminal); None shows
+    nothing. verbose: leave kfp's and every task's output on the terminal too, as kfp.local prints it."""
     _hide_shadowing_docker()
+    from flashdraft.pipelines.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
     from flashdraft.pipelines.pipeline import build_pipeline
     from kfp import local
 
     cfg = localize(cfg)
     root = Path(workdir).expanduser().resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    log_dir = root / "logs" / f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     pipeline = build_pipeline(cfg, local=True, parallelism=1)
+    if console is not None:
+        console.print(f"flashdraft run-local: run {cfg.run_id}, mode {cfg.mode.kind}, store {cfg.storage.root}",
+                      highlight=False, markup=False, soft_wrap=True)
+        console.print(f"logs: {log_dir}", highlight=False, markup=False, soft_wrap=True)
+    view = ConsoleView(console, log_dir) if console is not None else None
     state, error = "SUCCEEDED", ""
     t0 = time.monotonic()
-    try:
-        pipeline(config_yaml=json.dumps(cfg.model_dump(mode="json")), overrides={})
-    except Exception as exc:  # kfp.local raises on a failed task after the exit handler ran
-        state, error = "FAILED", f"{type(exc).__name__}: {exc}"
+    env = {LOG_DIR_ENV: str(log_dir), TASK_LOGS_ENV: "0" if verbose else "1"}
+    quiet = contextlib.nullcontext() if verbose else _kfp_output_to(log_dir / "kfp-local.log")
+    with _environ(env), quiet:
+        if view is not None:
+            view.start()
+        try:
+            pipeline(config_yaml=json.dumps(cfg.model_dump(mode="json")), overrides={})
+        except Exception as exc:  # kfp.local raises on a failed task after the exit handler ran
+            state, error = "FAILED", f"{type(exc).__name__}: {exc}"
+        finally:
+            if view is not None:
+                view.stop()
     result = {"state": state, "error": error, "wall_s": round(time.monotonic() - t0, 1), "mode": cfg.mode.kind,
-              **outcome(cfg)}
+              "log_dir": str(log_dir), **outcome(cfg)}
     log.info("run-local %s in %.0f s", state, result["wall_s"])
     return result
 
 
 def outcome(cfg: RunConfig) -> dict[str, Any]:
-    """What a finished run left in the store: report path, tau, planned vs stored feature bytes."""
+    """What a finished run left in the store: stage states and the first failed task, report path, tau, planned vs
+    stored feature bytes."""
+    from flashdraft.components.evaluate.report import stage_metrics
+
     from flashdraft import layout
     from flashdraft.features.manifest import committed_parts
+    from flashdraft.status import first_failure, read_records, stage_statuses
     from flashdraft.store import open_store
 
     store = open_store(cfg.storage, cfg.run_id)
     out: dict[str, Any] = {"store": store.root}
+    statuses = stage_statuses(read_records(store), stage_metrics(store), run_over=True)
+    out["statuses"], out["failure"] = statuses, first_failure(statuses)
 
     def metrics(stage: str) -> dict[str, Any]:
         key = layout.metrics_key(stage)
@@ -91,3 +155,34 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
         url = store.url(report_key)
         out["report"] = urlparse(url).path if url.startswith("file://") else url
     return out
+
+
+def print_outcome(console: Any, result: dict[str, Any]) -> None:
+    """The end of the console: the stage table, the run's key figures, where the report and logs are, and for a
+    failed run, last, the failed task, its exception and its log file."""
+    from flashdraft.components.evaluate.report import fmt_bytes
+    from flashdraft.pipelines.console import summary_table
+
+    def say(text: str, style: str | None = None) -> None:
+        console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)
+
+    console.print(summary_table(result["statuses"]))
+    stored = f"stored {fmt_bytes(result.get('stored_bytes'))} in {result.get('stored_parts', 0)} parts"
+    planned = result.get("planned_bytes")
+    say(f"feature bytes: planned {fmt_bytes(planned) if planned else '-'}, {stored}")
+    if stream := result.get("streaming"):
+        say(f"streaming: produced {fmt_bytes(stream['produced_bytes'])} in {stream['produced_parts']} parts, peak "
+            f"stored {fmt_bytes(stream['peak_stored_bytes'])} in {stream['peak_stored_parts']} parts (window "
+            f"{fmt_bytes(stream['window_bytes'])}, {stream['window_shards']} parts)")
+    say(f"report: {result.get('report') or 'not written'}")
+    say(f"logs: {result['log_dir']} (kfp-local.log: kfp's own output; <task>.log: each task's)")
+    if result["state"] == "SUCCEEDED":
+        say(f"run-local succeeded in {result['wall_s']:.0f} s", "bold green")
+        return
+    failure = result.get("failure")
+    if failure is not None:
+        say(f"FAILED: {failure.label}: {failure.failure()}", "bold red")
+        say(f"log: {failure.log or result['log_dir']}", "red")
+    else:  # no task recorded a failure (kfp itself failed): its own message and log
+        say(f"FAILED: {result['error']}", "bold red")
+        say(f"log: {Path(result['log_dir']) / 'kfp-local.log'}", "red")

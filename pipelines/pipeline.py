@@ -120,7 +120,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                 if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
                     placed("stream-end", c["stream_end"](**cfg_args), pool="cpu").after(ext).ignore_upstream_failure()
                 else:
-                    extracted = dsl.Collected(ext.output)
+                    extracted = dsl.Collected(ext.outputs["Output"])
             if multinode:
                 train = placed("train-launcher", c["train_multinode"](
                     **cfg_args, extracted=extracted, image=images["trainer"], namespace=trainjob_namespace,

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,59 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
 
 def to_json(summary: dict[str, Any]) -> str:
     return json.dumps(summary, sort_keys=True, default=str)
+
+
+def _record(store: Any, record: Any) -> None:
+    """Commit a task's status record and tell the local console; a store failure here is logged, never raised:
+    it must not replace the stage's own outcome (or its own error)."""
+    from flashdraft.pipelines.console import emit
+
+    from flashdraft.status import status_key
+
+    emit({"kind": "task", "record": record.model_dump(mode="json")})
+    try:
+        store.commit_json(status_key(record.stage, record.shard), record.model_dump(mode="json"))
+    except Exception:  # noqa: BLE001
+        log.warning("could not commit the status record of %s", record.task, exc_info=True)
+
+
+def run_stage(cfg: RunConfig, stage: str, body: Callable[[], dict[str, Any]], *, shard: int | None = None,
+              metrics: Any = None) -> dict[str, Any]:
+    """Run one task's `run_<stage>` as the pipeline does: a committed `status/<task>.json` record when it starts
+    and when it ends (done with its headline figures, or failed with the exception and where the log is), its
+    output in the run's log folder under kfp.local, and its figures and duration in the step's KFP Metrics.
+
+    The exception propagates unchanged: KFP (and kfp.local) still see the task fail."""
+    from flashdraft.pipelines.console import task_output
+
+    from flashdraft import status
+    from flashdraft.store import open_store
+
+    store = open_store(cfg.storage, cfg.run_id)
+    previous = status.read_record(store, stage, shard)
+    with task_output(status.task_name(stage, shard)) as log_path:
+        record = status.StageRecord(stage=stage, shard=shard, state="running", started=status.now(),
+                                    attempt=previous.attempt + 1 if previous else 1,
+                                    log=log_path or status.task_log_location())
+        _record(store, record)
+        try:
+            summary = body()
+        except BaseException as exc:
+            log.error("%s failed", status.task_name(stage, shard), exc_info=True)  # the traceback, in its log
+            message = str(exc)
+            if len(message) > status.MAX_ERROR_CHARS:
+                message = message[: status.MAX_ERROR_CHARS] + " [truncated; the log has it all]"
+            _record(store, record.model_copy(update={"state": "failed", "ended": status.now(),
+                                                     "error_type": type(exc).__name__, "error": message}))
+            raise
+        figures = status.figures(stage, summary)
+        done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures,
+                                         "headline": status.headline(stage, figures)})
+        _record(store, done)
+    if metrics is not None:
+        for key, value in {**status.derive(stage, figures), "duration_s": done.duration_s or 0.0}.items():
+            metrics.log_metric(key, float(value))
+    return summary
 
 
 def finish(summary: dict[str, Any], metrics: Any) -> str:
@@ -222,21 +276,30 @@ def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
     return launch_and_wait(cfg, **kwargs)
 
 
-def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path: str) -> str:
-    """Exit handler body: the run report (whatever stages ran), copied into the task's HTML/Markdown artifacts."""
+def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path: str, metrics: Any = None) -> str:
+    """Exit handler body: the run report (whatever stages ran), copied into the task's HTML/Markdown artifacts, and
+    every stage's state and figures (report/metrics.json) as this step's KFP Metrics."""
     from flashdraft.components.evaluate.report import run_report
 
     header = f"# flashdraft run `{cfg.run_id}`: {state}\n\n" + (f"Error: {error}\n\n" if error else "")
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            result = run_report(cfg, out_dir=tmp)
-        except Exception as exc:  # the summary of a failed run must still be written
-            log.exception("report failed; writing the status summary only")
-            result = {"report_error": f"{type(exc).__name__}: {exc}"}
-        md = header + _read_text(result.pop("markdown_path", None))
-        html = _read_text(result.pop("html_path", None)) or f"<pre>{md}</pre>"
-    Path(md_path).write_text(md)
-    Path(html_path).write_text(html)
+
+    def body() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                result = run_report(cfg, out_dir=tmp, run_over=True)
+            except Exception as exc:  # the summary of a failed run must still be written
+                log.exception("report failed; writing the status summary only")
+                result = {"report_error": f"{type(exc).__name__}: {exc}"}
+            md = header + _read_text(result.pop("markdown_path", None))
+            html = _read_text(result.pop("html_path", None)) or f"<pre>{md}</pre>"
+        Path(md_path).write_text(md)
+        Path(html_path).write_text(html)
+        return result
+
+    result = run_stage(cfg, "report", body)
+    if metrics is not None:
+        for key, value in (result.get("metrics") or {}).items():
+            metrics.log_metric(key, float(value))
     return to_json({"state": state, "error": error, **result})
 
 

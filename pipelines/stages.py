@@ -18,45 +18,55 @@ def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_nu
     from flashdraft.pipelines import runtime
 
     cfg = runtime.stage_config(config_yaml, overrides)
-    runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes))
     from flashdraft.components.plan.planner import run_plan
 
-    return runtime.finish(run_plan(cfg), metrics)
+    def body() -> dict:
+        runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes))
+        return run_plan(cfg)
+
+    return runtime.finish(runtime.run_stage(cfg, "plan", body, metrics=metrics), metrics)
 
 
 def prep(config_yaml: str, overrides: dict) -> list[int]:
     """Prompts into shards; returns the shard ids that drive the ParallelFor fan-outs.
 
-    A single output on purpose: kfp.local resolves ParallelFor items only from a task's default `Output`.
+    A single output on purpose (no Metrics): kfp.local resolves ParallelFor items only from a task's default
+    `Output`. Its figures reach the UI through the report step's Metrics.
     """
     from flashdraft.components.prep.prep import run_prep
     from flashdraft.pipelines import runtime
 
-    summary = run_prep(runtime.stage_config(config_yaml, overrides))
+    cfg = runtime.stage_config(config_yaml, overrides)
+    summary = runtime.run_stage(cfg, "prep", lambda: run_prep(cfg))
     return list(range(int(summary["num_shards"])))
 
 
-def generate(config_yaml: str, overrides: dict, shard: int) -> str:
+def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Target responses for one prompt shard."""
     from flashdraft.components.generate.generate import run_generate
     from flashdraft.pipelines import runtime
 
-    return runtime.to_json(run_generate(runtime.stage_config(config_yaml, overrides), int(shard)))
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.to_json(runtime.run_stage(cfg, "generate", lambda: run_generate(cfg, int(shard)),
+                                             shard=int(shard), metrics=metrics))
 
 
-def extract(config_yaml: str, overrides: dict, shard: int) -> str:
+def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Hidden states of one response shard into the object store (never a KFP artifact)."""
     from flashdraft.components.extract.extract import run_extract
     from flashdraft.pipelines import runtime
 
-    return runtime.to_json(run_extract(runtime.stage_config(config_yaml, overrides), int(shard)))
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.to_json(runtime.run_stage(cfg, "extract", lambda: run_extract(cfg, int(shard)),
+                                             shard=int(shard), metrics=metrics))
 
 
 def stream_end(config_yaml: str, overrides: dict) -> str:
     """Streaming: after the extract loop (even a failed one), tell the trainer the stream ended or failed."""
     from flashdraft.pipelines import runtime
 
-    return runtime.to_json(runtime.end_stream(runtime.stage_config(config_yaml, overrides)))
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.to_json(runtime.run_stage(cfg, "stream-end", lambda: runtime.end_stream(cfg)))
 
 
 def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers: bool,
@@ -70,8 +80,8 @@ def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers
     from flashdraft.pipelines import runtime
 
     cfg = runtime.stage_config(config_yaml, overrides)
-    summary = runtime.train_with_producers(cfg) if run_producers else runtime.train_in_pod(cfg)
-    return runtime.finish(summary, metrics)
+    body = runtime.train_with_producers if run_producers else runtime.train_in_pod
+    return runtime.finish(runtime.run_stage(cfg, "train", lambda: body(cfg), metrics=metrics), metrics)
 
 
 def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], image: str, namespace: str,
@@ -81,11 +91,14 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
     from flashdraft.pipelines import runtime
 
     cfg = runtime.stage_config(config_yaml, overrides)
-    summary = runtime.run_trainjob(cfg, config_yaml=config_yaml, overrides=overrides, image=image,
-                                   namespace=namespace, node_selector=node_selector, tolerations=tolerations,
-                                   gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
-                                   runtime_ref=runtime_ref)
-    return runtime.finish(summary, metrics)
+
+    def body() -> dict:
+        return runtime.run_trainjob(cfg, config_yaml=config_yaml, overrides=overrides, image=image,
+                                    namespace=namespace, node_selector=node_selector, tolerations=tolerations,
+                                    gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
+                                    runtime_ref=runtime_ref)
+
+    return runtime.finish(runtime.run_stage(cfg, "train", body, metrics=metrics), metrics)
 
 
 def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Metrics]) -> str:
@@ -93,21 +106,25 @@ def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Me
     from flashdraft.components.evaluate.evaluate import run_evaluate
     from flashdraft.pipelines import runtime
 
-    return runtime.finish(run_evaluate(runtime.stage_config(config_yaml, overrides)), metrics)
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.finish(runtime.run_stage(cfg, "evaluate", lambda: run_evaluate(cfg), metrics=metrics), metrics)
 
 
-def export(config_yaml: str, overrides: dict, evaluated: str) -> str:
+def export(config_yaml: str, overrides: dict, evaluated: str, metrics: Output[Metrics]) -> str:
     """Export the trained drafter for vLLM / SGLang."""
     from flashdraft.components.export.export import run_export
     from flashdraft.pipelines import runtime
 
-    return runtime.to_json(run_export(runtime.stage_config(config_yaml, overrides)))
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.to_json(runtime.run_stage(cfg, "export", lambda: run_export(cfg), metrics=metrics))
 
 
 def report(config_yaml: str, overrides: dict, status: dsl.PipelineTaskFinalStatus,
-           report_html: Output[HTML], summary_md: Output[Markdown]) -> str:
-    """Exit task: the run summary, written whether the run succeeded or failed."""
+           report_html: Output[HTML], summary_md: Output[Markdown], metrics: Output[Metrics]) -> str:
+    """Exit task: the run summary, written whether the run succeeded or failed: every stage's state and figures
+    in the HTML/Markdown artifacts and in this step's Metrics."""
     from flashdraft.pipelines import runtime
 
     cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.write_report(cfg, status.state, status.error_message, report_html.path, summary_md.path)
+    return runtime.write_report(cfg, status.state, status.error_message, report_html.path, summary_md.path,
+                                metrics)

@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from flashdraft import layout
-from flashdraft.config import STAGES, RunConfig
+from flashdraft import layout, status
+from flashdraft.config import RunConfig
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,8 @@ HTML_KEY = f"{layout.REPORTS}/report.html"
 MARKDOWN_KEY = f"{layout.REPORTS}/summary.md"
 SCALARS_KEY = f"{layout.REPORTS}/metrics.json"
 CONFIG_KEY = f"{layout.REPORTS}/config.json"
-NOT_RUN = "not run"
+NOT_RUN = status.NOT_RUN
+STATE_CODES = {"done": 1.0, "running": 0.5, NOT_RUN: 0.0, "failed": -1.0}  # <stage>_state in the Metrics
 
 
 # -- gathering ------------------------------------------------------------------------------------------------
@@ -93,10 +94,13 @@ def training_curves(train: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def gather(store: ObjectStore, config: dict[str, Any] | None) -> dict[str, Any]:
+def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = False) -> dict[str, Any]:
+    """Everything the report shows. run_over: called as the run's exit handler, so a task whose record still says
+    running died without recording an outcome and is shown failed."""
     metrics = stage_metrics(store)
-    stages = {s: ("done" if any(_stage_of(n) == s for n in metrics) else NOT_RUN) for s in STAGES if s != "report"}
-    return {"run": store.root, "config": config, "metrics": metrics, "stages": stages,
+    statuses = status.stage_statuses(status.read_records(store), metrics, run_over=run_over)
+    stages = {s.stage: status.describe(s) for s in statuses}
+    return {"run": store.root, "config": config, "metrics": metrics, "stages": stages, "statuses": statuses,
             "plan": metrics.get("plan"), "stored": stored_features(store, metrics),
             "train": training_curves(metrics.get("train")), "evaluate": metrics.get("evaluate"),
             "drafters": drafter_uris(store)}
@@ -128,6 +132,12 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
             out["stored_bytes_per_token"] = float(data["stored"]["bytes_per_token"])
     if "final_loss" in data["train"]:
         out["final_train_loss"] = data["train"]["final_loss"]
+    for s in data["statuses"]:  # every stage's state (1 done, 0.5 running, 0 not run, -1 failed) and figures
+        name = s.stage.replace("-", "_")
+        out[f"{name}_state"] = STATE_CODES[s.state]
+        if s.duration_s is not None:
+            out[f"{name}_duration_s"] = float(s.duration_s)
+        out.update({f"{name}_{k}": float(v) for k, v in s.figures.items()})
     return out
 
 
@@ -236,8 +246,10 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
     out: list[tuple[str, list[list[str]] | str]] = []
     cfg = data["config"] or {}
     target = cfg.get("target", {})
-    out.append(("Run", [["run", data["run"]], ["target", f"{target.get('model', '-')} ({target.get('source', '-')})"],
-                        *[[f"stage {s}", st] for s, st in data["stages"].items()]]))
+    out.append(("Run", [["run", data["run"]], ["target", f"{target.get('model', '-')} ({target.get('source', '-')})"]]))
+    out.append(("Stages", [["stage", "state", "time", "figures"]] + [
+        [s.stage, status.describe(s), "-" if s.duration_s is None else f"{s.duration_s:,.1f} s", s.headline or "-"]
+        for s in data["statuses"]]))
     if ev:
         rows = [["", "tau", "tokens/s", "speedup vs target"],
                 ["target alone (greedy)", "-", _fmt(ev["target"].get("tokens_per_s")), "1"]]
@@ -267,7 +279,7 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
             ["host", f"{_fmt(ev.get('host_cpus'))} CPUs, load average {_fmt(ev.get('host_load_1m'))} after decoding"],
             ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
     else:
-        out.append(("Speculative decoding", f"evaluate: {NOT_RUN}"))
+        out.append(("Speculative decoding", _absent(data, "evaluate")))
     if plan or stored:
         selected = plan["codecs"][plan["codec"]] if plan else {}
         out.append(("Storage: planned vs stored", [
@@ -284,7 +296,7 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
                 if rates else f"no stage reported a throughput ({NOT_RUN})"))
     train = data["train"]
     if not train:
-        out.append(("Training", f"train: {NOT_RUN} (no metrics/train.json with a loss history)"))
+        out.append(("Training", _absent(data, "train") + " (no metrics/train.json with a loss history)"))
     else:
         summary = data["metrics"].get("train", {})
         rows = [["steps", _fmt(summary.get("steps"))], ["tokens", _fmt(summary.get("tokens"))],
@@ -292,13 +304,20 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
         if train.get("final_accuracy"):
             rows.append(["final accuracy by position", " ".join(f"{a:.2f}" for a in train["final_accuracy"])])
         out.append(("Training", rows))
-    out.append(("Drafter", [[u] for u in data["drafters"]] if data["drafters"] else f"export: {NOT_RUN}"))
+    out.append(("Drafter", [[u] for u in data["drafters"]] if data["drafters"] else _absent(data, "export")))
     return out
+
+
+def _absent(data: dict[str, Any], stage: str) -> str:
+    """The note of a section whose stage left no data: `train: not run`, or `train: failed (...)`."""
+    state = next((s.state for s in data["statuses"] if s.stage == stage), NOT_RUN)
+    return f"{stage}: failed (see Stages)" if state == "failed" else f"{stage}: {state}"
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
-th{background:#f3f3f3}.note{color:#555}img{max-width:100%;margin:.5em 1em 1em 0}code{background:#f6f6f6}"""
+th{background:#f3f3f3}.note{color:#555}tr.failed td{color:#b00020;font-weight:600}tr.not-run td{color:#888}
+img{max-width:100%;margin:.5em 1em 1em 0}code{background:#f6f6f6}"""
 
 
 def _html_table(rows: list[list[str]]) -> str:
@@ -306,8 +325,16 @@ def _html_table(rows: list[list[str]]) -> str:
     parts = ["<table>"]
     if head:
         parts.append("<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>")
-    parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
+    parts += [f"<tr{_row_class(r)}>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
     return "".join(parts) + "</table>"
+
+
+def _row_class(row: list[str]) -> str:
+    """Stage rows: failed ones in red, not-run ones greyed (class names the state, for readers and tests)."""
+    state = row[1] if len(row) > 1 else ""
+    if state.startswith("failed"):
+        return " class='failed'"
+    return " class='not-run'" if state == NOT_RUN else ""
 
 
 def render_html(data: dict[str, Any], images: dict[str, str]) -> str:
@@ -344,10 +371,10 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
-                 out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Render from the store's committed metrics, commit reports/{report.html,summary.md,metrics.json}; with
-    `out_dir`, also write them there (KFP artifact paths). `config` defaults to the one stored by an earlier
-    report run."""
+                 out_dir: str | Path | None = None, run_over: bool = False) -> dict[str, Any]:
+    """Render from the store's committed metrics and stage records, commit reports/{report.html,summary.md,
+    metrics.json}; with `out_dir`, also write them there (KFP artifact paths). `config` defaults to the one stored
+    by an earlier report run. run_over: see `gather`."""
     if config is None and store.is_committed(CONFIG_KEY):
         try:
             config = store.get_json_verified(CONFIG_KEY)
@@ -355,7 +382,7 @@ def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
             config = None
     elif config is not None:
         store.commit_json(CONFIG_KEY, config)
-    data = gather(store, config)
+    data = gather(store, config, run_over)
     page, summary, scalars = render_html(data, charts(data)), render_markdown(data), scalar_metrics(data)
     store.commit(HTML_KEY, page.encode())
     store.commit(MARKDOWN_KEY, summary.encode())
@@ -373,6 +400,6 @@ def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
     return result
 
 
-def run_report(cfg: RunConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run_report(cfg: RunConfig, out_dir: str | Path | None = None, run_over: bool = False) -> dict[str, Any]:
     """The pipeline's report step (also its exit handler): works whatever subset of stages has run."""
-    return build_report(open_store(cfg.storage, cfg.run_id), cfg.model_dump(mode="json"), out_dir)
+    return build_report(open_store(cfg.storage, cfg.run_id), cfg.model_dump(mode="json"), out_dir, run_over)

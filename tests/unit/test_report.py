@@ -89,7 +89,8 @@ def test_report_cli_regenerates_from_the_run_uri(evaluated_run):
 def test_report_on_an_empty_run_says_not_run(tmp_path):
     store = ObjectStore(f"file://{tmp_path}/runs/empty")
     result = build_report(store, out_dir=tmp_path / "out")
-    assert set(result["stages"].values()) == {"not run"} and result["metrics"] == {}
+    assert set(result["stages"].values()) == {"not run"}
+    assert result["metrics"] and all(k.endswith("_state") and v == 0.0 for k, v in result["metrics"].items())
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<img" not in page and "evaluate: not run" in page and "plan and extract: not run" in page
 
@@ -103,3 +104,62 @@ def test_stored_features_counts_objects_bytes_and_bytes_per_token(tmp_path):
     metrics = {"extract-shard-00000": {"tokens": 30}, "extract-shard-00001": {"tokens": 10}, "train": {"tokens": 5}}
     got = stored_features(store, metrics)
     assert got == {"objects": len(objects), "total_bytes": total, "tokens": 40, "bytes_per_token": total / 40}
+
+
+@pytest.fixture()
+def failed_run(tmp_path, monkeypatch):
+    """plan and prep done, generate shard 0 done, shard 1 raised: records written by the pipeline's stage wrapper
+    (`runtime.run_stage`) exactly as a component body writes them."""
+    from flashdraft.pipelines import runtime
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
+    runtime.run_stage(cfg, "plan", lambda: run_plan(cfg))
+    runtime.run_stage(cfg, "prep", lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
+    runtime.run_stage(cfg, "generate", lambda: {"samples": 13, "generated_tokens": 300, "generation_seconds": 3.0},
+                      shard=0)
+
+    def boom() -> dict:
+        raise ValueError("CUDA out of memory while generating prompt p-17")
+
+    monkeypatch.setenv("FLASHDRAFT_TASK_LOG", "/var/log/flashdraft/generate-shard-00001.log")
+    with pytest.raises(ValueError, match="out of memory"):
+        runtime.run_stage(cfg, "generate", boom, shard=1)
+    monkeypatch.delenv("FLASHDRAFT_TASK_LOG")
+    return cfg
+
+
+def test_report_shows_the_failed_stage_its_error_and_log_and_later_stages_not_run_in_chromium(failed_run, tmp_path):
+    result = run_report(failed_run, out_dir=tmp_path / "out", run_over=True)
+    dom = chromium_dom(Path(result["html_path"]), tmp_path)
+    rows = {re.match(r"<td>([^<]*)</td>", m.group(2)).group(1): (m.group(1), re.sub(r"<[^>]+>", " ", m.group(2)))
+            for m in re.finditer(r"<tr( class=\"[\w-]+\")?>(<td>[\s\S]*?)</tr>", dom)}
+    stage_rows = {k: v for k, v in rows.items() if k in ("plan", "prep", "generate", "extract", "train", "evaluate",
+                                                         "export")}
+    assert set(stage_rows) == {"plan", "prep", "generate", "extract", "train", "evaluate", "export"}
+    cls, text = stage_rows["generate"]
+    assert cls == ' class="failed"'
+    assert "failed: ValueError: CUDA out of memory while generating prompt p-17" in text
+    assert "shard 1" in text and "/var/log/flashdraft/generate-shard-00001.log" in text
+    for stage in ("extract", "train", "evaluate", "export"):
+        assert stage_rows[stage][0] == ' class="not-run"' and "not run" in stage_rows[stage][1], stage
+    assert "done" in stage_rows["plan"][1] and "bytes/token planned" in stage_rows["plan"][1]
+    assert "30 prompts kept, 2 quarantined" in stage_rows["prep"][1]
+    text = re.sub(r"<[^>]+>", " ", dom)
+    plan = open_store(failed_run.storage, failed_run.run_id).get_json_verified(layout.metrics_key("plan"))
+    assert fmt_bytes(plan["codecs"][plan["codec"]]["total_bytes"]) in text, "figures that exist are still shown"
+    assert "evaluate: not run" in text
+    summary = Path(result["markdown_path"]).read_text()
+    assert "| generate | failed: ValueError: CUDA out of memory" in summary and "| train | not run |" in summary
+    assert result["metrics"]["generate_state"] == -1.0 and result["metrics"]["train_state"] == 0.0
+    assert result["metrics"]["plan_state"] == 1.0 and result["metrics"]["prep_prompts_kept"] == 30.0
+
+
+def test_a_task_that_died_without_a_record_reads_failed_once_the_run_is_over(failed_run):
+    from flashdraft.status import StageRecord, now, status_key
+
+    store = open_store(failed_run.storage, failed_run.run_id)
+    store.commit_json(status_key("extract", 0), StageRecord(stage="extract", shard=0, state="running",
+                                                            started=now()).model_dump(mode="json"))
+    assert build_report(store)["stages"]["extract"].startswith("running")  # `flashdraft report` mid-run
+    over = build_report(store, run_over=True)["stages"]["extract"]
+    assert over.startswith("failed:") and "without recording an outcome" in over

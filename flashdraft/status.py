@@ -1,0 +1,278 @@
+"""What each stage of a run did, as committed records: running, done (with its headline figures) or failed (with
+the exception, the shard and where its full log is).
+
+Every stage body writes one record per task (`status/<stage>.json`, `status/<stage>-shard-KKKKK.json`) when it
+starts and when it ends, whether `run_<stage>` returned or raised. The console of a local run, `flashdraft status`,
+the report and the KFP Metrics of every step read these records, so all of them tell the same story, including for
+a run a person did not start in this terminal. Stages without a record but with metrics (a stage run by hand with
+`flashdraft <stage>`) count as done.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from flashdraft import layout
+from flashdraft.config import STAGES
+from flashdraft.store import ObjectStore
+
+STATUS = "status"
+NOT_RUN = "not run"
+# Display order: the pipeline's stages, with the streaming `stream-end` step after extract.
+ORDER = (*STAGES[:4], "stream-end", *STAGES[4:])
+MAX_ERROR_CHARS = 2000  # the record stays small (an inline commit); the full traceback is in the log
+
+TaskState = Literal["running", "done", "failed"]
+StageState = Literal["running", "done", "failed", "not run"]
+
+
+def task_name(stage: str, shard: int | None = None) -> str:
+    """`extract-shard-00001`, the same naming as the stage's metrics file."""
+    return stage if shard is None else f"{stage}-{layout.shard_name(shard)}"
+
+
+def status_key(stage: str, shard: int | None = None) -> str:
+    return f"{STATUS}/{task_name(stage, shard)}.json"
+
+
+class StageRecord(BaseModel):
+    """One task's committed status (one stage, or one shard of a fanned-out stage)."""
+
+    stage: str = Field(description="pipeline stage: plan, prep, generate, extract, stream-end, train, ...")
+    shard: int | None = Field(default=None, description="shard index for the per-shard stages")
+    state: TaskState = Field(description="running from the body's start; done or failed when it ends")
+    started: float = Field(description="unix time the task body started")
+    ended: float | None = Field(default=None, description="unix time it returned or raised")
+    attempt: int = Field(default=1, description="1 + earlier records of this task (retries, reruns)")
+    headline: str = Field(default="", description="one line of the stage's key figures")
+    figures: dict[str, float] = Field(default_factory=dict, description="the numbers behind the headline")
+    error_type: str | None = Field(default=None, description="exception class name of a failed task")
+    error: str | None = Field(default=None, description="exception message (truncated), for a failed task")
+    log: str | None = Field(default=None, description="where the task's full log is (file or pod)")
+
+    @property
+    def task(self) -> str:
+        return task_name(self.stage, self.shard)
+
+    @property
+    def label(self) -> str:
+        """Human name: `extract shard 1`."""
+        return self.stage if self.shard is None else f"{self.stage} shard {self.shard}"
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended is None else round(self.ended - self.started, 2)
+
+    def failure(self) -> str:
+        return f"{self.error_type}: {self.error}" if self.error_type else (self.error or "")
+
+
+class StageStatus(BaseModel):
+    """A stage's state over its tasks: failed if any failed, running if any runs, else done; not run if none."""
+
+    stage: str
+    state: StageState
+    tasks: list[StageRecord] = Field(default_factory=list)
+    duration_s: float | None = Field(default=None, description="first start to last end over its tasks")
+    headline: str = ""
+    figures: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def failed_task(self) -> StageRecord | None:
+        return next((t for t in self.tasks if t.state == "failed"), None)
+
+
+def task_log_location() -> str | None:
+    """Where this process's output can be read: the local run's per-task log file, else the pod's logs."""
+    if os.environ.get("FLASHDRAFT_TASK_LOG"):
+        return os.environ["FLASHDRAFT_TASK_LOG"]
+    pod = os.environ.get("KFP_POD_NAME") or (os.environ.get("HOSTNAME") if os.environ.get(
+        "KUBERNETES_SERVICE_HOST") else None)
+    if not pod:
+        return None
+    ns_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    ns = open(ns_file).read().strip() if os.path.exists(ns_file) else None  # noqa: SIM115 - tiny read
+    return f"pod {pod}: kubectl{f' -n {ns}' if ns else ''} logs {pod} -c main"
+
+
+# -- headline figures ---------------------------------------------------------------------------------------
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def figures(stage: str, summary: dict[str, Any]) -> dict[str, float]:
+    """The numbers a stage's line and the report's stage table show, taken from what `run_<stage>` returned.
+    Counts and seconds are additive over shards (see `combine`); rates are derived from them in `derive`."""
+    s = summary
+    picks: dict[str, Any] = {}
+    if stage == "plan":
+        selected = (s.get("codecs") or {}).get(s.get("codec"), {})
+        picks = {"planned_bytes_per_token": selected.get("bytes_per_token"),
+                 "planned_total_bytes": selected.get("total_bytes")}
+    elif stage == "prep":
+        picks = {"prompts_kept": s.get("kept"), "prompts_train": s.get("num_train"), "prompts_eval": s.get("num_eval"),
+                 "quarantined": s.get("quarantined"), "duplicates": s.get("duplicates")}
+    elif stage == "generate":
+        picks = {"samples": s.get("samples"), "generated_tokens": s.get("generated_tokens"),
+                 "generation_seconds": s.get("generation_seconds")}
+    elif stage == "extract":
+        picks = {"samples": s.get("samples"), "tokens": s.get("tokens"), "bytes": s.get("bytes"),
+                 "new_tokens": s.get("new_tokens"), "extract_seconds": s.get("elapsed_s")}
+    elif stage == "train":
+        final = s.get("final") or {}
+        acc = final.get("acc_by_pos") or [None]
+        picks = {"steps": s.get("steps"), "final_loss": final.get("loss"), "slot1_accuracy": acc[0],
+                 "tokens_per_s": s.get("tokens_per_s")}
+    elif stage == "evaluate":
+        lossless = s.get("lossless") or {}
+        picks = {"tau": (s.get("drafter") or {}).get("tau"), "baseline_tau": (s.get("baseline") or {}).get("tau"),
+                 "target_tokens_per_s": (s.get("target") or {}).get("tokens_per_s"),
+                 "speculative_tokens_per_s": (s.get("drafter") or {}).get("tokens_per_s"),
+                 "lossless_passed": (1.0 if lossless.get("passed") else 0.0) if lossless.get("checked") else None}
+    elif stage == "export":
+        picks = {"step": s.get("step")}
+    return {k: v for k, v in ((k, _num(v)) for k, v in picks.items()) if v is not None}
+
+
+def combine(per_task: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Figures of a fanned-out stage over its shards: generate and extract figures are counts and seconds, so
+    the stage's figure is their sum (rates come after, from the sums)."""
+    out: dict[str, float] = {}
+    for figs in per_task:
+        for key, value in figs.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def derive(stage: str, figs: dict[str, float]) -> dict[str, float]:
+    """Add the rates: generation tokens/s, extraction tokens/s and stored bytes/token."""
+    out = dict(figs)
+    if stage == "generate" and figs.get("generation_seconds"):
+        out["tokens_per_s"] = round(figs.get("generated_tokens", 0) / figs["generation_seconds"], 1)
+    if stage == "extract":
+        if figs.get("extract_seconds"):
+            out["tokens_per_s"] = round(figs.get("new_tokens", 0) / figs["extract_seconds"], 1)
+        if figs.get("tokens"):
+            out["bytes_per_token"] = round(figs.get("bytes", 0) / figs["tokens"], 1)
+    return out
+
+
+def _n(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def headline(stage: str, figs: dict[str, float]) -> str:
+    """One line of a stage's key figures (empty for stages without any)."""
+    f = derive(stage, figs)
+    if stage == "plan" and "planned_bytes_per_token" in f:
+        return (f"{_n(f['planned_bytes_per_token'])} bytes/token planned, "
+                f"{_n(f.get('planned_total_bytes', 0) / 1e6, 1)} MB at rest")
+    if stage == "prep" and "prompts_kept" in f:
+        return (f"{_n(f['prompts_kept'])} prompts kept, {_n(f.get('quarantined'))} quarantined; used "
+                f"{_n(f.get('prompts_train'))} train, {_n(f.get('prompts_eval'))} eval")
+    if stage == "generate" and "samples" in f:
+        return (f"{_n(f['samples'])} samples, {_n(f.get('generated_tokens'))} tokens, "
+                f"{_n(f.get('tokens_per_s'), 1)} tokens/s")
+    if stage == "extract" and "samples" in f:
+        return (f"{_n(f['samples'])} samples, {_n(f.get('tokens'))} tokens, "
+                f"{_n(f.get('bytes_per_token'), 1)} bytes/token, {_n(f.get('tokens_per_s'))} tokens/s")
+    if stage == "train" and "steps" in f:
+        return (f"{_n(f['steps'])} steps, loss {_n(f.get('final_loss'), 3)}, slot-1 accuracy "
+                f"{_n(f.get('slot1_accuracy'), 3)}, {_n(f.get('tokens_per_s'))} tokens/s")
+    if stage == "evaluate" and "tau" in f:
+        lossless = {1.0: "passed", 0.0: "FAILED"}.get(f.get("lossless_passed", -1.0), "not checked")
+        return f"tau {_n(f['tau'], 2)} (untrained {_n(f.get('baseline_tau'), 2)}), lossless {lossless}"
+    if stage == "export" and "step" in f:
+        return f"drafter of step {_n(f['step'])} exported"
+    return ""
+
+
+# -- reading ------------------------------------------------------------------------------------------------
+
+
+def read_records(store: ObjectStore) -> list[StageRecord]:
+    """Every committed task record of the run (unreadable ones are skipped: the metrics still show the stage)."""
+    out = []
+    for key in store.list_committed(STATUS + "/"):
+        try:
+            out.append(StageRecord.model_validate(store.get_json_verified(key)))
+        except Exception:  # noqa: BLE001 - one bad record must not hide the others
+            continue
+    return out
+
+
+def metrics_names(store: ObjectStore) -> list[str]:
+    """Names of the committed metrics files (`train`, `extract-shard-00001`), without reading them."""
+    prefix = layout.METRICS + "/"
+    return [k[len(prefix): -len(".json")] for k in store.list_committed(prefix) if k.endswith(".json")]
+
+
+def read_record(store: ObjectStore, stage: str, shard: int | None = None) -> StageRecord | None:
+    key = status_key(stage, shard)
+    if not store.is_committed(key):
+        return None
+    try:
+        return StageRecord.model_validate(store.get_json_verified(key))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] = (),
+                   run_over: bool = False) -> list[StageStatus]:
+    """One StageStatus per pipeline stage, in pipeline order (report excluded, stream-end only when present).
+
+    metrics_names: names of committed metrics files (`train`, `extract-shard-00001`): a stage with metrics but no
+    record ran outside the pipeline and counts as done. run_over: the run has ended (the exit handler), so a task
+    still `running` died without a word (killed, out of memory, node lost) and reads failed."""
+    by_stage: dict[str, list[StageRecord]] = {}
+    for r in records:
+        by_stage.setdefault(r.stage, []).append(r)
+    with_metrics = {n.split("-shard-", 1)[0] for n in metrics_names}
+    out = []
+    for stage in ORDER:
+        if stage == "report" or (stage == "stream-end" and stage not in by_stage):
+            continue
+        tasks = sorted(by_stage.get(stage, []), key=lambda r: (r.shard is not None, r.shard or 0))
+        if run_over:
+            tasks = [t.model_copy(update={"state": "failed", "error": "the task ended without recording an "
+                                          "outcome (killed, out of memory or its node lost?)"})
+                     if t.state == "running" else t for t in tasks]
+        if not tasks:
+            out.append(StageStatus(stage=stage, state="done" if stage in with_metrics else NOT_RUN))
+            continue
+        states = {t.state for t in tasks}
+        state: StageState = "failed" if "failed" in states else "running" if "running" in states else "done"
+        ends = [t.ended for t in tasks if t.ended is not None]
+        duration = round(max(ends) - min(t.started for t in tasks), 2) if ends and state != "running" else None
+        figs = combine(t.figures for t in tasks if t.state == "done")
+        out.append(StageStatus(stage=stage, state=state, tasks=tasks, duration_s=duration,
+                               headline=headline(stage, figs), figures=derive(stage, figs)))
+    return out
+
+
+def first_failure(statuses: Iterable[StageStatus]) -> StageRecord | None:
+    """The failed task of the earliest failed stage (what a person debugging the run looks at first)."""
+    return next((s.failed_task for s in statuses if s.failed_task is not None), None)
+
+
+def describe(status: StageStatus) -> str:
+    """The state column's text: `done`, `failed: ValueError: ... (shard 1; log: ...)`, `running (1/2 shards)`."""
+    if status.state == "failed" and status.failed_task is not None:
+        t = status.failed_task
+        where = f"shard {t.shard}; " if t.shard is not None else ""
+        return f"failed: {t.failure()} ({where}log: {t.log or 'not recorded'})"
+    if status.state == "running":
+        done = sum(t.state == "done" for t in status.tasks)
+        return f"running ({done}/{len(status.tasks)} tasks done)" if len(status.tasks) > 1 else "running"
+    return status.state
+
+
+def now() -> float:
+    return round(time.time(), 3)

@@ -1,0 +1,83 @@
+"""`flashdraft status --run URI`: stage-by-stage state of a run from its committed records, on file:// and on a
+real S3 server, as a person who did not start the run would ask for it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flashdraft.pipelines import runtime
+from typer.testing import CliRunner
+
+from flashdraft.cli import app
+from flashdraft.config import load_config
+from flashdraft.status import StageRecord, now, stage_statuses, status_key
+from flashdraft.store import open_store
+
+pytestmark = pytest.mark.integration
+
+
+def _half_run(cfg) -> None:
+    """prep done, generate shard 0 done and shard 1 failed, extract shard 0 still running (no end recorded)."""
+    runtime.run_stage(cfg, "prep", lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
+    runtime.run_stage(cfg, "generate", lambda: {"samples": 13, "generated_tokens": 390, "generation_seconds": 3.0},
+                      shard=0)
+
+    def boom() -> dict:
+        raise RuntimeError("vLLM engine died: CUDA error: an illegal memory access")
+
+    with pytest.raises(RuntimeError):
+        runtime.run_stage(cfg, "generate", boom, shard=1)
+    store = open_store(cfg.storage, cfg.run_id)
+    store.commit_json(status_key("extract", 0), StageRecord(
+        stage="extract", shard=0, state="running", started=now(), attempt=2,
+        log="pod flashdraft-x-extract-1: kubectl logs flashdraft-x-extract-1 -c main").model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_status_reads_any_store(backend, tmp_path, request):
+    if backend == "s3":
+        storage = request.getfixturevalue("s3_storage")
+        overrides = {"storage.root": storage.root, "storage.endpoint_url": storage.endpoint_url}
+    else:
+        overrides = {"storage.root": f"file://{tmp_path}/runs"}
+    cfg = load_config(preset="tiny", overrides=overrides)
+    _half_run(cfg)
+    uri = open_store(cfg.storage, cfg.run_id).root
+    args = ["status", "--run", uri] + (["--endpoint-url", cfg.storage.endpoint_url] if backend == "s3" else [])
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    row = {line.split("│")[1].strip(): line for line in lines if line.count("│") >= 4}
+    assert "done" in row["prep"] and "30 prompts kept, 2 quarantined" in row["prep"]
+    assert "failed" in row["generate"] and "not run" in row["train"] and "not run" in row["export"]
+    assert "running" in row["extract"]
+    assert "generate shard 1 failed: RuntimeError: vLLM engine died: CUDA error: an illegal memory access" in out.output
+    assert "extract shard 0 running since" in out.output and "kubectl logs flashdraft-x-extract-1" in out.output
+
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
+    by_stage = {s["stage"]: s for s in data}
+    assert [s["stage"] for s in data] == ["plan", "prep", "generate", "extract", "train", "evaluate", "export"]
+    assert by_stage["generate"]["state"] == "failed" and by_stage["plan"]["state"] == "not run"
+    assert by_stage["generate"]["tasks"][1]["error_type"] == "RuntimeError"
+    assert by_stage["extract"]["tasks"][0]["attempt"] == 2
+
+
+def test_stage_states_combine_shards_and_count_hand_run_stages(tmp_path):
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
+    for shard, (samples, tokens, secs) in enumerate([(10, 300, 3.0), (12, 500, 2.0)]):
+        runtime.run_stage(cfg, "generate", lambda s=samples, t=tokens, x=secs: {
+            "samples": s, "generated_tokens": t, "generation_seconds": x}, shard=shard)
+    store = open_store(cfg.storage, cfg.run_id)
+    from flashdraft.status import read_records
+
+    statuses = {s.stage: s for s in stage_statuses(read_records(store), ["train"])}
+    gen = statuses["generate"]
+    assert gen.state == "done" and gen.figures["samples"] == 22 and gen.figures["tokens_per_s"] == 160.0
+    assert gen.headline == "22 samples, 800 tokens, 160.0 tokens/s"
+    assert statuses["train"].state == "done", "metrics without a record: run by hand with `flashdraft train`"
+    assert statuses["extract"].state == "not run"
+    runtime.run_stage(cfg, "generate", lambda: {"samples": 10, "generated_tokens": 300, "generation_seconds": 3.0},
+                      shard=0)
+    again = [r for r in read_records(store) if r.shard == 0][0]
+    assert again.attempt == 2, "a rerun of a task counts its attempts"
