@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from flashdraft.pipelines.runtime import end_stream
+from flashdraft.pipelines.runtime import end_stream, run_stage
 
 from flashdraft.config import load_config
 
@@ -24,8 +24,8 @@ def main(config_path: str) -> int:
     from flashdraft.store import open_store
 
     try:
-        for shard in range(cfg.data.num_shards):
-            run_extract(cfg, shard)
+        for shard in range(cfg.data.num_shards):  # each shard recorded like a cluster extract task
+            run_stage(cfg, "extract", lambda s=shard: run_extract(cfg, s), shard=shard)
     except BaseException as exc:
         WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).fail(
             f"extraction producer: {type(exc).__name__}: {exc}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,10 @@ from flashdraft.cli import app
 from flashdraft.config import load_config
 from flashdraft.store import open_store
 
-# Small enough for a smoke run on 2 cores; every stage still runs for real on the tiny target.
-SMOKE = {"data.max_samples": 16, "data.eval_count": 2, "data.max_response_tokens": 16, "eval.num_prompts": 2,
-         "eval.max_new_tokens": 16, "training.epochs": 1}
+# The console bound of `flashdraft run-local` (tested here for a failed run, in test_readme_commands.py for the
+# README's tiny run): one line per task start and end, a 10-line summary table, 6 lines of paths and outcome.
+CONSOLE_MAX_LINES = 60
+CONSOLE_MAX_BYTES = 8000
 
 
 def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):
@@ -27,26 +27,32 @@ def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):
     assert store.is_committed(layout.metrics_key("plan")), "the gate ran and recorded its plan"
     assert not store.list(f"{layout.PROMPTS}/") and not store.list(f"{layout.RESPONSES}/"), "nothing ran after it"
     assert result["report"] and Path(result["report"]).is_file(), "the exit handler still wrote the report"
+    assert result["failure"].stage == "plan" and result["failure"].error_type == "PlanGateError"
     summary = store.get(f"{layout.REPORTS}/summary.md").decode()
     assert "plan" in summary
 
 
-@pytest.mark.slow
-def test_run_local_tiny_smoke_prints_report_tau_and_bytes(tmp_path):
-    sets = [f"storage.root=file://{tmp_path}/store", *(f"{k}={v}" for k, v in SMOKE.items())]
-    args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp")]
-    for s in sets:
-        args += ["--set", s]
+@pytest.mark.integration
+def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path):
+    """A target path that does not exist: prep (the first stage that loads the tokenizer) fails. The console ends
+    with the stage, the exception and its log file; the report says prep failed with that error and every later
+    stage not run; the console stays short and holds no kfp executor dump."""
+    missing = tmp_path / "no-such-target"
+    args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp"), "--set",
+            f"storage.root=file://{tmp_path}/store", "--set", "target.source=hf", "--set", f"target.model={missing}"]
     out = CliRunner().invoke(app, args)
-    assert out.exit_code == 0, out.output[-3000:]
-    printed = dict(line.split(": ", 1) for line in out.output.splitlines() if line.split(": ", 1)[0] in
-                   ("report", "tau", "planned_bytes", "stored_bytes"))
-    assert Path(printed["report"]).is_file()
-    assert float(printed["tau"]) >= 1.0, "tau counts the verified token, so it is at least 1"
-    assert int(printed["planned_bytes"]) > 0 and int(printed["stored_bytes"]) > 0
+    assert out.exit_code == 1, out.output[-3000:]
+    lines = out.output.splitlines()
+    assert lines[-2].startswith("FAILED: prep: OSError: ") and str(missing) in lines[-2], lines[-4:]
+    log_file = Path(lines[-1].removeprefix("log: "))
+    assert log_file.name == "prep.log" and "Traceback" in log_file.read_text()
+    assert CONSOLE_MAX_LINES >= len(lines) and CONSOLE_MAX_BYTES >= len(out.output.encode())
+    assert "executor_input" not in out.output and "KFP Executor" not in out.output
+    assert "executor_input" in (log_file.parent / "kfp-local.log").read_text(), "the dump went to the log file"
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
-    store = open_store(cfg.storage, cfg.run_id)
-    for stage in ("plan", "prep", "evaluate"):
-        assert store.is_committed(layout.metrics_key(stage)), stage
-    scalars = json.loads(store.get(f"{layout.REPORTS}/metrics.json"))
-    assert scalars.get("tau") == pytest.approx(float(printed["tau"]))
+    summary = open_store(cfg.storage, cfg.run_id).get(f"{layout.REPORTS}/summary.md").decode()
+    assert f"| prep | failed: OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{missing}'" \
+        in summary and f"log: {log_file})" in summary
+    assert "| plan | done |" in summary
+    for stage in ("generate", "extract", "train", "evaluate", "export"):
+        assert f"| {stage} | not run |" in summary, stage

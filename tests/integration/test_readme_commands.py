@@ -1,0 +1,140 @@
+"""Every command README.md shows in a ```bash block works as shown, so the README cannot rot silently.
+
+The commands are read from README.md itself. Each one is either run here (the `flashdraft` commands, in README
+order, from a fresh folder, exactly as written) or listed in NOT_HERE with the reason it cannot run in this suite
+(a cluster, a GPU, the network, or a long real-model run). A new command in the README fails the test until it is
+run or listed; a NOT_HERE entry whose command left the README fails it too.
+
+The README's tiny `run-local` is also the console test: its output stays within the stated bound and holds each
+stage's line with its headline figures and the final summary, and no kfp executor dump. Its streaming example
+must really exercise the window: bytes produced above the window, peak stored within it and below produced.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from test_local_run import CONSOLE_MAX_BYTES, CONSOLE_MAX_LINES
+from typer.testing import CliRunner
+
+from flashdraft.cli import app
+from flashdraft.config import load_config
+from flashdraft.store import open_store
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+FLASHDRAFT = (".venv/bin/flashdraft", "flashdraft")
+
+# Command prefix -> why this suite does not run it.
+NOT_HERE = {
+    "make run-local": "the real 135M chat model end to end, 3.5-4.3 min on a quiet 2-core machine (run by hand; "
+                      "the tiny run-local below takes the same path)",
+    "make test": "the test suite itself",
+    "make images push": "docker builds and a registry push",
+    "make helm-install": "a Kubernetes cluster (the chart is installed into a real API server by tests/k8s)",
+    "make compile": "`make install` first, which pip-installs whenever pyproject.toml changed; `flashdraft "
+                    "compile` is tested in tests/unit/test_pipeline_compile.py",
+    "export KFP_HOST=": "a shell assignment for the cluster commands below it",
+    "export KFP_BEARER_TOKEN=": "kubectl against a cluster",
+    "make submit-pipeline": "a KFP API server (the requests are tested in tests/unit/test_submit_fake_kfp_api.py)",
+    "flashdraft extract --preset smollm2-local": "needs generate's responses for the run first (a pipeline step); "
+                                                 "extraction is tested in tests/unit/test_extract.py",
+    "flashdraft features verify": "needs that extraction first",
+    "flashdraft train --preset smollm2-local": "needs the run's features first; training is tested in "
+                                               "tests/integration/test_train.py",
+    "flashdraft train --preset qwen3.6-27b": "8 GPUs and the 27B target",
+    "make bench": "minutes of benchmarks (benchmarks/)",
+    "vllm serve": "vLLM on a GPU with the real target",
+    "python -m sglang.launch_server": "SGLang on a GPU with the real target",
+}
+
+
+def readme_commands() -> list[str]:
+    """The commands of every ```bash block, continuation lines joined, comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    out = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            tokens = shlex.split(line, comments=True)
+            if tokens:
+                out.append(shlex.join(tokens))
+    return out
+
+
+def _not_here(command: str) -> str | None:
+    return next((k for k in NOT_HERE if command.startswith(k)), None)
+
+
+def _flashdraft_args(command: str) -> list[str] | None:
+    tokens = shlex.split(command)
+    return tokens[1:] if tokens[0] in FLASHDRAFT else None
+
+
+def test_every_readme_command_is_run_here_or_listed_with_a_reason():
+    commands = readme_commands()
+    assert commands, "no ```bash blocks found in README.md"
+    unknown = [c for c in commands if _not_here(c) is None and _flashdraft_args(c) is None]
+    assert not unknown, f"README commands neither run by this test nor listed in NOT_HERE: {unknown}"
+    stale = [k for k in NOT_HERE if not any(c.startswith(k) for c in commands)]
+    assert not stale, f"NOT_HERE entries no longer in README.md: {stale}"
+
+
+def _run(command: str) -> str:
+    result = CliRunner().invoke(app, _flashdraft_args(command))
+    assert result.exit_code == 0, f"`{command}` failed as shown in README.md:\n{result.output[-3000:]}"
+    return result.output
+
+
+def test_readme_quick_commands_work_as_shown(tmp_path, monkeypatch):
+    """Everything runnable that does not start a pipeline run (the planner's reality check, ...)."""
+    monkeypatch.chdir(tmp_path)
+    quick = [c for c in readme_commands() if _not_here(c) is None and "run-local" not in c and " status " not in
+             f"{c} "]
+    assert any(" plan " in f"{c} " for c in quick)
+    for command in quick:
+        output = _run(command)
+        if "--json" in command and " plan " in command:
+            assert '"bytes_per_token": 51200' in output, "the README's comment says bytes_per_token = 51200"
+
+
+@pytest.mark.slow
+def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypatch):
+    """The README's tiny and streaming `run-local` commands and `status`, in a fresh folder, in README order."""
+    monkeypatch.chdir(tmp_path)
+    runs = [c for c in readme_commands() if _not_here(c) is None and ("run-local" in c or " status " in f"{c} ")]
+    assert [("streaming" in c, "status" in c) for c in runs] == [(False, False), (True, False), (False, True)], runs
+    plain, streaming, status = runs
+
+    out = _run(plain)
+    lines = out.splitlines()
+    assert len(lines) <= CONSOLE_MAX_LINES and len(out.encode()) <= CONSOLE_MAX_BYTES, out
+    assert "executor_input" not in out and "KFP Executor" not in out and "Traceback" not in out
+    for pattern in (r"plan +done .* bytes/token planned", r"prep +done .* prompts kept, \d+ quarantined",
+                    r"generate shard 0 +done .* tokens/s", r"generate shard 1 +done .* tokens/s",
+                    r"extract shard 0 +done .* bytes/token, [\d,]+ tokens/s", r"extract shard 1 +done",
+                    r"train +done .* loss [\d.]+, slot-1 accuracy [\d.]+", r"evaluate +done .* tau [\d.]+ .*lossless "
+                    r"passed", r"export +done"):
+        assert re.search(pattern, out), f"no line matching {pattern!r} in:\n{out}"
+    assert sum(" started" in line for line in lines) == 9  # plan, prep, 2 generate, 2 extract, train, eval, export
+    table = [line for line in lines if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in table] == ["plan", "prep", "generate", "extract", "train",
+                                                              "evaluate", "export"]
+    assert all(row.split("│")[2].strip() == "done" for row in table)
+    report = Path(next(line for line in lines if line.startswith("report: ")).removeprefix("report: "))
+    assert report.is_file() and lines[-1].startswith("run-local succeeded")
+    logs = Path(re.search(r"^logs: (\S+)", out, flags=re.M).group(1))
+    assert "executor_input" in (logs / "kfp-local.log").read_text(), "kfp's dumps went to the log folder"
+    assert (logs / "train.log").is_file() and (logs / "extract-shard-00001.log").is_file()
+
+    out = _run(streaming)
+    cfg = load_config(preset="tiny", overrides=dict(a.split("=", 1) for a in shlex.split(streaming) if "=" in a))
+    stream = open_store(cfg.storage, cfg.run_id).get_json_verified("metrics/stream.json")
+    assert stream["produced_bytes"] > cfg.mode.window_bytes, "the example must produce more than its window"
+    assert 0 < stream["peak_stored_bytes"] <= cfg.mode.window_bytes < stream["produced_bytes"]
+    assert re.search(r"streaming: produced .* peak stored", out)
+
+    out = _run(status)
+    assert all(f"│ {stage}" in out for stage in ("plan", "prep", "generate", "extract", "train", "evaluate",
+                                                  "export")) and "failed" not in out
