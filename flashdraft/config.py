@@ -64,6 +64,9 @@ class TargetConfig(_Section):
     num_layers: int | None = Field(default=None, ge=1)
     hidden_size: int | None = Field(default=None, ge=1)
     seed: int = 0  # only for source=tiny (random weights)
+    architecture: Literal["qwen3", "qwen3_5"] = Field(
+        default="qwen3", description="only for source=tiny: qwen3 = plain decoder (SmolLM2 tokenizer); qwen3_5 = the "
+        "production target's hybrid Qwen3_5ForConditionalGeneration (Qwen3.5/3.6 tokenizer, vocab 248320)")
 
 
 class SourceSpec(_Section):

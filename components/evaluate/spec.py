@@ -4,7 +4,7 @@ One cycle (DFlash, dflash.md section 3): the drafter proposes B-1 tokens in one 
 [last verified token, MASK x (B-1)] using the target's context features; the target verifies the block
 [last, d_1..d_{B-1}] in one forward with its KV cache; the longest prefix of drafts that equals the target's own
 choice at each position is accepted, plus the target's token after it (the bonus). The KV cache is then cropped
-back to the accepted length, and the captured features of the accepted positions extend the drafter's context.
+back to the accepted length (recurrent layers of hybrid targets: rolled back, see target_cache.py), and the captured features of the accepted positions extend the drafter's context.
 
 Both decoders use the same target forwards (prefill, then cached steps), so their timings compare honestly and
 greedy outputs must agree token for token: that is the lossless check.
@@ -20,6 +20,8 @@ from typing import Protocol
 import torch
 
 from flashdraft.capture import capture_layers
+
+from .target_cache import VerifyCache
 
 
 class DraftSession(Protocol):
@@ -120,25 +122,18 @@ def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_i
     return Generation(tokens=tokens, seconds=time.perf_counter() - start, margins=margins[: len(tokens)])
 
 
-def croppable(cache) -> bool:
-    """Whether rejected positions can be cut from this cache. Linear-attention (recurrent) layers, as in the
-    hybrid Qwen3.5/3.6 targets, fold every token into their state, so they cannot roll back."""
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-    return not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", []))
-
-
 @torch.inference_mode()
 def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], layer_ids: Sequence[int],
                          max_new_tokens: int, eos_ids: set[int], temperature: float = 0.0,
                          generator: torch.Generator | None = None, accept: AcceptRule = greedy_accept,
-                         reuse_cache: bool | None = None) -> Generation:
+                         reuse_cache: bool = True) -> Generation:
     """Speculative decode: target prefill (its token is the first output), then draft/verify cycles.
 
-    Verification runs the block against the KV cache and crops the rejected positions, or, when the cache
-    cannot be cropped (`reuse_cache=False`, or automatically for recurrent layers), re-runs the whole verified
-    sequence plus the block each cycle: slower, equally exact. `accept` is the greedy acceptance rule; it is a
-    parameter so a test can plug in a wrong one and see the lossless check catch it.
+    Verification runs the block against the target's cache, which then keeps only the accepted prefix
+    (target_cache.VerifyCache: a crop, or for recurrent layers a state snapshot, restore and re-forward of the
+    accepted tokens). `reuse_cache=False` instead re-runs the whole verified sequence plus the block each cycle:
+    quadratic, equally exact, kept as the reference the tests compare with. `accept` is the greedy acceptance
+    rule; it is a parameter so a test can plug in a wrong one and see the lossless check catch it.
     """
     device = next(model.parameters()).device
     start = time.perf_counter()
@@ -150,10 +145,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
         out = model(input_ids=verified[None], cache=cache, use_cache=True, logits_to_keep=1)
         session = drafter.new_session()
         session.extend(cap.features()[0])                 # [S, n*H] for positions 0..S-1
-        if reuse_cache is None:
-            reuse_cache = croppable(cache)
-        if not reuse_cache:
-            cache = None
+        target_cache = VerifyCache(model, cache) if reuse_cache else None
         tokens = [_pick(out.logits[0, -1], temperature, generator)]
         done = tokens[-1] in eos_ids
         while len(tokens) < max_new_tokens and not done:
@@ -161,7 +153,8 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             draft = session.propose(last).to(device=device, dtype=torch.long).reshape(-1)
             block = torch.cat([torch.tensor([last], device=device), draft])
             block_size = block.numel()
-            if reuse_cache:
+            if target_cache is not None:
+                target_cache.checkpoint()
                 out = model(input_ids=block[None], cache=cache, use_cache=True)
             else:
                 out = model(input_ids=torch.cat([verified, block])[None], use_cache=False, logits_to_keep=block_size)
@@ -174,9 +167,8 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             else:
                 n_ok, nxt = rejection_accept(draft, logits, temperature, generator)
             # Keep [last, d_1..d_n] in the cache and the context; the new token has no features until verified.
-            drop = draft.numel() - n_ok
-            if reuse_cache and drop:
-                cache.crop(-drop)
+            if target_cache is not None:
+                target_cache.keep(block, n_ok + 1, capture=cap)
             verified = torch.cat([verified, block[: n_ok + 1]])
             session.extend(features[: n_ok + 1])
             new = draft[:n_ok].tolist() + [nxt]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, fail, run_config
 
 features_app = typer.Typer(help="Inspect and verify stored hidden-state shards.", no_args_is_help=True)
 
@@ -16,8 +16,14 @@ def extract(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = N
     """Capture the target's DFlash-layer hidden states for one generation shard into committed feature shards."""
     from flashdraft.components.extract.extract import run_extract
 
+    from flashdraft.target import UnsupportedTargetError
+
     cfg = run_config(config, preset, set_)
-    typer.echo(json.dumps({k: v for k, v in run_extract(cfg, shard).items() if k != "parts"}, indent=2))
+    try:
+        summary = run_extract(cfg, shard)
+    except UnsupportedTargetError as exc:
+        raise fail(exc, 1) from None
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "parts"}, indent=2))
 
 
 @features_app.command("verify")

@@ -1,8 +1,9 @@
 """vLLM extraction engine in its own process: `python -m flashdraft.components.extract.vllm_worker`.
 
 Runs in the vLLM interpreter (`$FLASHDRAFT_VLLM_PYTHON`, a separate venv on CPU machines), so it imports only the
-standard library, torch, safetensors and vLLM. `HiddenStateExtension` is a vLLM worker extension: forward hooks
-on `model.model.layers[i]` of the worker's model collect each configured layer's output. vLLM decoder layers
+standard library, torch, safetensors, vLLM and flashdraft.capture's layer paths. `HiddenStateExtension` is a vLLM
+worker extension: forward hooks on decoder layer i of the worker's model (`model.layers[i]`, or
+`language_model.model.layers[i]` in a multimodal target) collect each configured layer's output. vLLM decoder layers
 return `(hidden, residual)` with the residual add deferred to the next layer's fused norm; their sum is the HF
 hidden state (DFlash id i == HF hidden_states[i + 1]). Captured tensors are written to safetensors files (tensors
 returned through collective_rpc come back mangled) and only file names and counts cross the RPC.
@@ -25,8 +26,13 @@ class HiddenStateExtension:
     """Mixed into vLLM's worker class via `worker_extension_cls`; methods are called with collective_rpc."""
 
     def fd_install_hooks(self, layer_ids: list[int]) -> int:
+        from flashdraft.capture import DECODER_PATHS, module_at  # torch + stdlib only: importable in the vLLM venv
+
         model = self.model_runner.get_model() if hasattr(self.model_runner, "get_model") else self.model_runner.model
-        layers = model.model.layers
+        # vLLM keeps a multimodal target's text stack at language_model.model.layers (Qwen3.5/3.6).
+        layers = next((x for x in (module_at(model, p) for p, _ in DECODER_PATHS) if x is not None and len(x)), None)
+        if layers is None:
+            raise RuntimeError(f"{type(model).__name__}: no decoder layers at any of {[p for p, _ in DECODER_PATHS]}")
         self._fd_ids = sorted(layer_ids)
         self._fd_buf = {i: [] for i in self._fd_ids}
         self._fd_handles = []

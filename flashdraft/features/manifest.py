@@ -68,11 +68,11 @@ def make_provenance(cfg: RunConfig, fingerprint: dict[str, str], hidden_size: in
 
 def expected_provenance(cfg: RunConfig) -> dict:
     """What the training config expects (loads the tokenizer and the model config, not the weights)."""
-    from flashdraft.target import load_hf_config, load_tokenizer, tokenizer_fingerprint
+    from flashdraft.target import load_tokenizer, target_geometry, tokenizer_fingerprint
 
-    hf = load_hf_config(cfg.target)
-    ids = cfg.layer_ids(int(hf.num_hidden_layers))
-    return make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), int(hf.hidden_size), ids)
+    geo = target_geometry(cfg.target)
+    ids = cfg.layer_ids(geo.num_layers)
+    return make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), geo.hidden_size, ids)
 
 
 def check_provenance(expected: dict, found: dict, where: str) -> None:
