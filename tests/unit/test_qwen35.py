@@ -169,3 +169,16 @@ def test_extract_cli_reports_an_unreadable_target_without_a_traceback(tmp_path):
     assert out.exit_code == 1
     assert f"{tmp_path / 'vit'} (model_type 'vit'): unknown config layout" in out.output
     assert "Traceback" not in out.output
+
+
+def test_production_preset_matches_the_real_target_class():
+    """qwen3.6-27b: the vocabulary the planner charges the LM head for and the layer count are those of
+    transformers' Qwen3.5 text config at 27B scale (64 layers, 5120 wide), and the ids cover both layer kinds."""
+    from transformers import Qwen3_5TextConfig
+
+    cfg = load_config(preset="qwen3.6-27b")
+    real = Qwen3_5TextConfig(num_hidden_layers=64, hidden_size=5120)
+    assert cfg.plan.target_vocab == real.vocab_size == 248320
+    assert (cfg.target.num_layers, cfg.target.hidden_size) == (64, 5120)
+    assert cfg.layer_ids() == [1, 16, 31, 46, 61]
+    assert {real.layer_types[i] for i in cfg.layer_ids()} == {"linear_attention", "full_attention"}
