@@ -156,19 +156,19 @@ class ConsoleView(threading.Thread):
     def _drain(self) -> None:
         from rich.text import Text
 
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, "rb") as f:
             f.seek(self._offset)
             chunk = f.read()
-        end = chunk.rfind("\n") + 1  # only complete lines
-        self._offset += len(chunk[:end].encode())
-        for line in chunk[:end].splitlines():
+        end = chunk.rfind(b"\n") + 1  # only complete lines
+        self._offset += end
+        for line in chunk[:end].decode("utf-8", errors="replace").splitlines():
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if event.get("kind") == "progress":
                 if self._live is not None:
-                    self._live.update(Text(f"  {event['task']}: {event['text']}"[: self.console.width - 1]))
+                    self._live.update(Text(f"  {event['text']}"[: self.console.width - 1]))
                 continue
             record = StageRecord.model_validate(event["record"])
             self.records.append(record)
