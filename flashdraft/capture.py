@@ -2,9 +2,10 @@
 
 Layer-id convention (z-lab DFlash, used everywhere in flashdraft): id ``i`` is the OUTPUT of the 0-based decoder
 layer ``model.model.layers[i]`` (``model.model.language_model.layers[i]`` in a multimodal wrapper; linear-attention
-layers of hybrid targets count like any other), which equals Hugging Face ``output_hidden_states=True`` -> ``hidden_states[i + 1]``
-(``hidden_states[0]`` is the embedding output). vLLM / speculators "aux hidden state layer" ids are ``i + 1``.
-Getting this off by one silently ruins acceptance, so tests/unit/test_capture.py pins it against a plain HF forward.
+layers of hybrid targets count like any other), which equals Hugging Face ``output_hidden_states=True`` ->
+``hidden_states[i + 1]`` (``hidden_states[0]`` is the embedding output). vLLM / speculators "aux hidden state
+layer" ids are ``i + 1``. Getting this off by one silently ruins acceptance, so tests/unit/test_capture.py (and
+test_qwen35.py for the hybrid stack) pin it against a plain HF forward.
 
 Why hooks instead of ``output_hidden_states``: that flag keeps every layer's states alive and still runs the final
 norm, lm_head and the [T, vocab] logits. Forward hooks on just the configured layers keep only what is needed, and

@@ -150,9 +150,9 @@ def resolve_model_dir(target: TargetConfig) -> Path | str:
     if target.source == "smollm2-pypi":
         return _atomic_save(_build_smollm2, cache_dir() / "models" / "smollm2-135m-instruct")
     if target.source == "tiny":
-        default_hidden = 128 if target.architecture == "qwen3_5" else 256
-        name = (f"{target.model}-{target.architecture}-L{target.num_layers or 8}-H{target.hidden_size or default_hidden}"
-                f"-s{target.seed}")
+        hidden = target.hidden_size or (128 if target.architecture == "qwen3_5" else 256)
+        arch = "" if target.architecture == "qwen3" else f"-{target.architecture}"
+        name = f"{target.model}{arch}-L{target.num_layers or 8}-H{hidden}-s{target.seed}"
         return _atomic_save(lambda out: _build_tiny(target, out), cache_dir() / "models" / name)
     raise ValueError(f"target.source: unknown {target.source!r}")
 

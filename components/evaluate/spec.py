@@ -4,7 +4,8 @@ One cycle (DFlash, dflash.md section 3): the drafter proposes B-1 tokens in one 
 [last verified token, MASK x (B-1)] using the target's context features; the target verifies the block
 [last, d_1..d_{B-1}] in one forward with its KV cache; the longest prefix of drafts that equals the target's own
 choice at each position is accepted, plus the target's token after it (the bonus). The KV cache is then cropped
-back to the accepted length (recurrent layers of hybrid targets: rolled back, see target_cache.py), and the captured features of the accepted positions extend the drafter's context.
+back to the accepted length (recurrent layers of hybrid targets: rolled back, see target_cache.py), and the
+captured features of the accepted positions extend the drafter's context.
 
 Both decoders use the same target forwards (prefill, then cached steps), so their timings compare honestly and
 greedy outputs must agree token for token: that is the lossless check.
