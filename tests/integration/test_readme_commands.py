@@ -57,9 +57,9 @@ def readme_commands() -> list[str]:
     out = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
-            tokens = shlex.split(line, comments=True)
-            if tokens:
-                out.append(shlex.join(tokens))
+            command = " ".join(re.sub(r"(^|\s)#.*$", "", line).split())  # README comments follow whitespace
+            if command:
+                out.append(command)
     return out
 
 
