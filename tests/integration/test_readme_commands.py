@@ -38,7 +38,8 @@ NOT_HERE = {
                     "compile` is tested in tests/unit/test_pipeline_compile.py",
     "export KFP_HOST=": "a shell assignment for the cluster commands below it",
     "export KFP_BEARER_TOKEN=": "kubectl against a cluster",
-    "make submit-pipeline": "a KFP API server (the requests are tested in tests/unit/test_submit_fake_kfp_api.py)",
+    "make submit-pipeline": "a KFP API server, after `make compile` (see above); the requests, --dry-run included, "
+                            "are tested in tests/unit/test_submit_fake_kfp_api.py",
     "flashdraft extract --preset smollm2-local": "needs generate's responses for the run first (a pipeline step); "
                                                  "extraction is tested in tests/unit/test_extract.py",
     "flashdraft features verify": "needs that extraction first",
