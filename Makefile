@@ -11,7 +11,7 @@ VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
 .PHONY: install test test-fast test-vllm bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
-        helm-install lint vllm-venv bench-venv clean
+        helm-install lint vllm-venv bench-venv clean gpu-check gpu-wheels
 
 $(BIN)/flashdraft: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -71,6 +71,21 @@ bench-venv: $(BENCH_VENV)/.ready
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	  $(BIN)/python $$f || exit 1; done
+
+# `make gpu-check` on a machine with one CUDA GPU, PyTorch and transformers (the device tool's H200 image: no
+# network, no pip). What that image lacks (pydantic, zstandard; transformers 5.24 instead of its 5.17) travels as
+# wheels in benchmarks/gpu_wheels (ignored by git; fill it with `make gpu-wheels` here and carry it, ~20 MB); the
+# script unpacks them onto sys.path. GPU_PY: the python holding torch.
+GPU_PY     ?= python3
+GPU_WHEELS := benchmarks/gpu_wheels
+
+gpu-wheels: install
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) pydantic==2.14.4 pydantic-core==2.50.5 \
+	  annotated-types==0.8.0 typing-inspection==0.4.5 zstandard==0.25.0 transformers==5.24.0
+
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_check.py
 
 lint: install
 	$(BIN)/ruff check flashdraft components pipelines tests benchmarks

@@ -1,0 +1,91 @@
+"""The CPU half of `make gpu-check` (benchmarks/gpu_check.py): its reference computations, comparisons, FLOP count,
+table and exit status, with the device side on CPU and micro targets (the GPU run itself needs a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_spec = importlib.util.spec_from_file_location(
+    "gpu_check", Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py")
+gc = sys.modules["gpu_check"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gc)
+gc.bootstrap()
+
+MICRO = gc.TargetSpec("micro", 8, 64, 4, 2, 16, 128, 512)
+MICRO_WIDE = gc.TargetSpec("micro-wide", 8, 96, 6, 2, 16, 192, 640)
+SIZES = gc.Sizes(rows=4, lengths=(24, 64), steps=2, eval_prompts=1, new_tokens=8)
+
+
+def test_gpu_check_cpu_half_end_to_end(tmp_path):
+    report = gc.run(tmp_path, "cpu", (MICRO, MICRO_WIDE), SIZES)
+    names = [c.name for c in report.checks]
+    assert [f"extract/micro/layer{i}" for i in (1, 2, 3, 4, 5)] == names[:5]
+    assert {"train/micro loss gap", "evaluate/micro lossless", "extract/micro-wide/layer5"} <= set(names)
+    # the device side is the CPU here: the same computation, so every comparison is exact
+    assert report.ok and all(c.value == 0 for c in report.checks if c.limit is not None)
+    assert "FAIL" not in report.table()
+
+
+def test_gpu_check_comparisons_catch_mismatches(tmp_path, monkeypatch, capsys):
+    torch.manual_seed(0)
+    ref = [torch.randn(10, 3, 8), torch.randn(7, 3, 8)]
+    got = [r.clone() for r in ref]
+    got[1][:, 2] += 0.5 * ref[1][:, 2]  # layer 2 of one sample off by 50%
+    errs = gc.layer_errors(ref, got)
+    assert errs[:2] == [0.0, 0.0] and 0.2 < errs[2] < 0.5
+    with pytest.raises(ValueError, match="feature shapes differ"):
+        gc.layer_errors(ref, [ref[0], ref[1][:6]])
+    assert gc.loss_gaps([2.0, 4.0], [2.1, math.nan]) == pytest.approx([0.05, math.inf])
+
+    report = gc.Report()
+    report.add("extract/x/layer1", errs[2], gc.EXTRACT_TOL)
+    report.add("train/x loss gap", math.nan, gc.LOSS_TOL)
+    report.add("train/x tokens/s", 123.0)
+    assert [c.ok for c in report.checks] == [False, False, True] and not report.ok
+    assert report.table().count("FAIL") == 2 and "info" in report.table()
+    monkeypatch.setattr(gc, "run", lambda *a, **k: report)
+    assert gc.main(["--device", "cpu", "--work", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("FAIL")
+
+
+def test_gpu_check_tolerance_admits_bf16_but_sees_it(tmp_path):
+    """The extraction tolerance is above what bf16 does to features (measured here on CPU), and the comparison
+    does see bf16 (a nonzero error): the check compares something."""
+    cfg = gc.run_config(gc.build_target(MICRO, tmp_path / "m"), MICRO, tmp_path)
+    rows = gc.random_rows(4, (32, 64), MICRO.vocab, seed=3)
+    ref, _ = gc.extract(cfg, rows, "cpu")
+    bf16 = cfg.model_copy(update={"target": cfg.target.model_copy(update={"dtype": "bfloat16"})})
+    errs = gc.layer_errors(ref, gc.extract(bf16, rows, "cpu")[0])
+    assert all(1e-4 < e < gc.EXTRACT_TOL for e in errs), errs
+
+
+def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
+    """The analytic FLOPs behind the TFLOP/s figure equal what torch counts for the projections, MLP and head of
+    one real training step (torch does not count masked SDPA; ours counts the allowed pairs only)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flashdraft.components.train.trainer import DistEnv, _stats_len, build_model, micro_step
+    from flashdraft.drafter.batch import pack
+
+    cfg = gc.run_config(gc.build_target(MICRO, tmp_path / "m"), MICRO, tmp_path, drafter_layers=2, block_size=4,
+                        max_anchors=12)
+    rows = gc.random_rows(3, (40, 60), MICRO.vocab, seed=4)
+    samples = gc.samples_from(rows, gc.extract(cfg, rows, "cpu")[0])
+    model = build_model(cfg, DistEnv(0, 1, 0, torch.device("cpu")))
+    with FlopCounterMode(display=False) as counter:
+        micro_step(model, model, samples, cfg, 0, DistEnv(0, 1, 0, torch.device("cpu")), 1.0,
+                   torch.zeros(_stats_len(4), dtype=torch.float64), sync=True)
+    counts = counter.get_flop_counts()["Global"]
+    matmul = sum(v for op, v in counts.items() if "attention" not in str(op))
+    batch = pack(samples, 4, 12, seed=cfg.training.seed, epoch=0, max_tokens=cfg.training.tokens_per_step)
+    ours = gc.step_flops(model.geometry, batch)
+    assert ours["matmul"] == pytest.approx(matmul, rel=0.01), (ours, dict(counts))
+    g, queries = model.geometry, int(batch.anchors.numel()) * 4
+    dense = 3 * 4 * g.head_dim * g.num_heads * queries * (batch.num_tokens + queries) * g.num_layers
+    assert 0 < ours["attention"] < dense / 2  # the DFlash mask allows well under half of the pairs
