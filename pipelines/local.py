@@ -168,8 +168,11 @@ def print_outcome(console: Any, result: dict[str, Any]) -> None:
 
     console.print(summary_table(result["statuses"]))
     stored = f"stored {fmt_bytes(result.get('stored_bytes'))} in {result.get('stored_parts', 0)} parts"
-    planned = result.get("planned_bytes")
-    say(f"feature bytes: planned {fmt_bytes(planned) if planned else '-'}, {stored}")
+    planned = fmt_bytes(result["planned_bytes"]) if result.get("planned_bytes") else "-"
+    if result.get("mode") == "streaming":  # the plan is a peak, and released parts are gone
+        say(f"feature bytes: planned peak {planned}, {stored} at the end")
+    else:
+        say(f"feature bytes: planned {planned}, {stored}")
     if stream := result.get("streaming"):
         say(f"streaming: produced {fmt_bytes(stream['produced_bytes'])} in {stream['produced_parts']} parts, peak "
             f"stored {fmt_bytes(stream['peak_stored_bytes'])} in {stream['peak_stored_parts']} parts (window "
