@@ -81,3 +81,27 @@ def test_stage_states_combine_shards_and_count_hand_run_stages(tmp_path):
                       shard=0)
     again = [r for r in read_records(store) if r.shard == 0][0]
     assert again.attempt == 2, "a rerun of a task counts its attempts"
+
+
+def test_step_metrics_and_the_exit_handler_artifacts_carry_the_same_states_and_figures(tmp_path):
+    """What the Kubeflow UI shows without opening logs: each step's Metrics (its figures and duration) and the
+    report step's HTML/Markdown/Metrics (every stage's state and figures), as the component bodies write them."""
+    from kfp.dsl import Metrics
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
+    step = Metrics()
+    runtime.run_stage(cfg, "generate", lambda: {"samples": 13, "generated_tokens": 390, "generation_seconds": 3.0},
+                      shard=0, metrics=step)
+    assert step.metadata["samples"] == 13 and step.metadata["tokens_per_s"] == 130.0
+    assert step.metadata["duration_s"] >= 0
+    _half_run(cfg)
+    exit_metrics, html, md = Metrics(), tmp_path / "report.html", tmp_path / "summary.md"
+    out = json.loads(runtime.write_report(cfg, "FAILED", "Task generate failed.", str(html), str(md), exit_metrics))
+    assert out["stages"]["generate"].startswith("failed: RuntimeError: vLLM engine died")
+    assert out["stages"]["extract"].startswith("failed: "), "still running when the run ended: died unrecorded"
+    assert exit_metrics.metadata["generate_state"] == -1.0 and exit_metrics.metadata["train_state"] == 0.0
+    assert exit_metrics.metadata["prep_state"] == 1.0 and exit_metrics.metadata["prep_prompts_kept"] == 30.0
+    summary = md.read_text()
+    assert summary.startswith(f"# flashdraft run `{cfg.run_id}`: FAILED")
+    assert "| generate | failed: RuntimeError: vLLM engine died" in summary and "| export | not run |" in summary
+    assert "<tr class='failed'><td>generate</td>" in html.read_text()
