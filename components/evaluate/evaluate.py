@@ -39,6 +39,7 @@ def summarize(gens: Sequence[Generation]) -> dict[str, Any]:
     cycles = [a for g in gens for a in g.accepted]
     if cycles:
         out["cycles"] = len(cycles)
+        out["accepted"] = sum(cycles)  # draft tokens accepted (vLLM's vllm:spec_decode_num_accepted_tokens)
         out["tau"] = round(sum(a + 1 for a in cycles) / len(cycles), 4)
         out["block_size"] = max(g.block_size for g in gens)
         out["acceptance_per_position"] = [round(sum(a > k for a in cycles) / len(cycles), 4)
@@ -148,7 +149,7 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     metrics["prompts"] = [
         {"id": p.prompt_id, "source": p.source, "prompt_tokens": len(p.input_ids),
          "new_tokens": len(runs["target"][i].tokens),
-         **{f"{n}_tau": summarize([runs[n][i]]).get("tau") for n in drafters}}
+         **{f"{n}_{k}": summarize([runs[n][i]]).get(k) for n in drafters for k in ("tau", "cycles", "accepted")}}
         for i, p in enumerate(prompts)
     ]
     return metrics
