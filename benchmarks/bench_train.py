@@ -193,17 +193,373 @@ def bench_speculators(path: Path, steps: int, warmup: int) -> dict:
     return {"impl": "speculators 0.9.0", **time_steps(step, steps, warmup), "first_loss": losses[0]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--peer", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run the peer side
-    args = ap.parse_args()
-    if args.peer is not None:
-        print(json.dumps(bench_speculators(args.peer, args.steps, args.warmup)))
-        return
+# ---------------------------------------------------------------------------------------------------------------
+# Learning efficiency: flashdraft vs speculators on identical features, plan and schedule; codec quality gate.
+# ---------------------------------------------------------------------------------------------------------------
 
+
+def block_metrics(logits, labels, valid, gamma: float) -> dict:
+    """Sums over blocks for held-out metrics; torch only (runs in both venvs). logits [N, B-1, V] for slots
+    1..B-1, labels/valid [N, B-1]. The accepted run of a block is its count of leading correct slots: with the
+    data being the target's greedy output, 1 + its mean is the tau greedy speculative decoding would get."""
+    import torch
+    import torch.nn.functional as F
+
+    N, B1, V = logits.shape
+    ce = F.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1), reduction="none").view(N, B1)
+    valid = valid.bool()
+    correct = (logits.argmax(-1) == labels) & valid
+    w = torch.exp(-torch.arange(B1, dtype=torch.float64) / gamma).float()[None, :]
+    vf = valid.float()
+    lf = (valid & torch.isfinite(ce)).float()  # a draft vocabulary cannot score tokens outside it: no loss there
+    ce = torch.nan_to_num(ce, posinf=0.0)
+    return {"ce_pos": (ce * lf).sum(0).tolist(), "correct_pos": correct.float().sum(0).tolist(),
+            "count_pos": vf.sum(0).tolist(), "wloss": float((ce * w * lf).sum()), "wsum": float((w * lf).sum()),
+            "accepted": float(correct.long().cumprod(1).sum()), "blocks": N}
+
+
+def reduce_metrics(parts: list[dict]) -> dict:
+    """Held-out loss (weighted CE, SpecForge normalisation for both sides), per-position accuracy, offline tau."""
+    B1 = len(parts[0]["count_pos"])
+    cnt = [max(1.0, sum(p["count_pos"][k] for p in parts)) for k in range(B1)]
+    return {"loss": sum(p["wloss"] for p in parts) / max(1e-9, sum(p["wsum"] for p in parts)),
+            "acc_pos": [sum(p["correct_pos"][k] for p in parts) / cnt[k] for k in range(B1)],
+            "tau": 1.0 + sum(p["accepted"] for p in parts) / max(1, sum(p["blocks"] for p in parts))}
+
+
+def curve_points(n_steps: int, every: int) -> list[int]:
+    return sorted({0, n_steps, *range(every, n_steps, every)})
+
+
+def write_curve_inputs(path: Path, train: list[dict], held: list[dict], plan: dict) -> None:
+    """The peer's copy of the data: every sample's ids/mask/features (bf16, exactly what flashdraft reads) and
+    the plan (per step: sample indices and their anchors; held-out anchors; lr per step) as JSON."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, s in enumerate(train + held):
+        tensors[f"ids.{i}"] = s["input_ids"].long().contiguous()
+        tensors[f"mask.{i}"] = s["loss_mask"].to(torch_uint8()).contiguous()
+        tensors[f"feat.{i}"] = s["features"].contiguous()
+    save_file(tensors, str(path))
+    path.with_suffix(".json").write_text(json.dumps(plan))
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def build_plan(cfg, train: list[dict], held: list[dict], max_steps: int, every: int) -> dict:
+    """Steps in flashdraft's order: per epoch a seeded shuffle, greedy token-budget rows (drafter/batch.py), the
+    anchors flashdraft's `pack` draws (a pure function of seed, epoch, sample id)."""
+    import torch
+
+    from flashdraft.drafter.anchors import eligible_anchors, sample_anchors
+    from flashdraft.drafter.batch import group_sizes
+
+    d, t = cfg.drafter, cfg.training
+    steps: list[dict] = []
+    epoch = 0
+    while len(steps) < max_steps:
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(t.seed * 1000 + epoch)).tolist()
+        start = 0
+        for n in group_sizes([min(int(train[i]["input_ids"].numel()), t.tokens_per_step) for i in order],
+                             t.tokens_per_step):
+            idx = order[start:start + n]
+            start += n
+            anchors = [sample_anchors(train[i]["loss_mask"], d.block_size, d.max_anchors, seed=t.seed, epoch=epoch,
+                                      sample_id=str(train[i]["sample_id"])).tolist() for i in idx]
+            steps.append({"epoch": epoch, "samples": idx, "anchors": anchors})
+        epoch += 1
+    steps = steps[:max_steps]
+    held_anchors = [eligible_anchors(s["loss_mask"], d.block_size).tolist() for s in held]
+    return {"steps": steps, "held_anchors": held_anchors, "n_train": len(train), "block_size": d.block_size,
+            "gamma": d.resolved_gamma, "points": curve_points(len(steps), every)}
+
+
+def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, label: str,
+                         held_eval: list[dict] | None = None) -> dict:
+    """flashdraft's own trainer pieces (build_model, micro_step, lr_at, clip, AdamW) on the plan's steps."""
+    import torch
+    from flashdraft.components.train.trainer import DistEnv, _stats_len, build_model, lr_at, micro_step
+
+    from flashdraft.drafter.batch import pack
+    from flashdraft.drafter.loss import block_labels
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(cfg.training.seed)
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    model = build_model(cfg, env)
+    if model.d2t is not None:
+        from flashdraft.drafter.vocab import count_response_tokens, top_tokens
+
+        model.set_draft_vocab(top_tokens(count_response_tokens(train, model.geometry.vocab_size),
+                                         model.geometry.draft_vocab_size))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.training.lr, weight_decay=cfg.training.weight_decay)
+    steps, B, gamma = plan["steps"], plan["block_size"], plan["gamma"]
+    held_eval = held_eval or held
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        model.eval()
+        parts = []
+        for s, anchors in zip(held_eval, plan["held_anchors"], strict=True):
+            a = torch.tensor(anchors, dtype=torch.long)
+            batch = pack([s], B, 1 << 30, seed=0, epoch=0)
+            batch.anchors = a
+            batch.labels, batch.valid = block_labels(batch.input_ids, s["loss_mask"].bool(), a, B)
+            hidden = model(*batch.drafter_inputs())
+            parts.append(block_metrics(model.logits(hidden[:, 1:]), batch.labels, batch.valid, gamma))
+        model.train()
+        return reduce_metrics(parts)
+
+    curve, seconds, first_loss = [], 0.0, None
+    stats = torch.zeros(_stats_len(B))
+    for step in range(len(steps) + 1):
+        if step in plan["points"]:
+            curve.append({"step": step, "train_s": round(seconds, 2), **evaluate()})
+            print(f"  {label} step {step}: tau {curve[-1]['tau']:.3f} loss {curve[-1]['loss']:.3f} "
+                  f"({seconds:.0f} s)", flush=True)
+        if step == len(steps):
+            break
+        spec = steps[step]
+        t0 = time.perf_counter()
+        stats.zero_()
+        micro_step(model, model, [train[i] for i in spec["samples"]], cfg, spec["epoch"], env, 1.0, stats, True)
+        torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, len(steps), cfg)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        seconds += time.perf_counter() - t0
+        first_loss = float(stats[0]) if first_loss is None else first_loss
+    return {"impl": label, "curve": curve, "first_loss": first_loss}
+
+
+def run_speculators_curve(path: Path) -> dict:
+    """Runs inside .venv-bench: speculators 0.9.0's DFlashDraftModel and its eager `ce` loss, trained on the same
+    packed rows (document ids and per-document positions), the same anchors (its `select_anchors` is handed
+    flashdraft's draw), the same labels (its verifier-argmax targets are fed the data's next tokens: the data is
+    the target's greedy output, so they are the same tokens) and the same AdamW schedule."""
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+    from speculators.losses.utils import resolve_loss_config
+    from speculators.models.dflash import DFlashDraftModel
+    from speculators.models.dflash import core as spec_core
+    from speculators.train.cli import create_transformer_layer_config
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    data, plan = load_file(str(path)), json.loads(path.with_suffix(".json").read_text())
+    B, gamma, n_train = plan["block_size"], plan["gamma"], plan["n_train"]
+    verifier = os.environ["FLASHDRAFT_BENCH_VERIFIER"]
+    layer_cfg = create_transformer_layer_config(verifier, num_layers=plan["num_layers"], draft_arch="qwen3",
+                                                hidden_act=None, sliding_window=2048,
+                                                full_attention_indices=list(range(plan["num_layers"])))
+    model = DFlashDraftModel.from_training_args(
+        layer_cfg, draft_vocab_size=layer_cfg.vocab_size, block_size=B,
+        target_layer_ids=[i + 1 for i in plan["layer_ids"]], verifier_name_or_path=verifier,
+        mask_token_id=plan["peer_mask_id"], draft_attn_impl="sdpa").float().train()
+    V = layer_cfg.vocab_size
+
+    class NextTokenLogits(torch.nn.Module):  # "verifier logits" whose argmax is the next data token
+        def forward(self, x):
+            return F.one_hot(x[..., 0].long(), V).float()
+
+    model.verifier_norm = torch.nn.Identity()
+    model.verifier_lm_head = NextTokenLogits()
+    chosen = {}
+    spec_core.select_anchors = lambda loss_mask, n, bs: (chosen["a"], torch.ones_like(chosen["a"], dtype=torch.bool))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=plan["lrs"][0] if plan["lrs"] else 1e-3)
+    loss_config = resolve_loss_config("ce", "eager")
+
+    def row(indices: list[int], anchors: list[list[int]]) -> dict:
+        ids = [data[f"ids.{i}"] for i in indices]
+        nxt = [torch.cat([x[1:], x[-1:]]) for x in ids]
+        offs = [0]
+        for x in ids:
+            offs.append(offs[-1] + x.numel())
+        chosen["a"] = torch.tensor([a + offs[j] for j, al in enumerate(anchors) for a in al], dtype=torch.long)
+        return {"hidden_states": torch.cat([data[f"feat.{i}"] for i in indices]).float()[None],
+                "input_ids": torch.cat(ids)[None],
+                "loss_mask": torch.cat([data[f"mask.{i}"] for i in indices]).long()[None],
+                "verifier_last_hidden_states": torch.cat(nxt).float()[None, :, None],
+                "document_ids": torch.cat([torch.full((x.numel(),), j) for j, x in enumerate(ids)])[None],
+                "position_ids": torch.cat([torch.arange(x.numel()) for x in ids])[None],
+                "max_anchors": chosen["a"].numel()}
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        model.eval()
+        parts = []
+        for h, anchors in enumerate(plan["held_anchors"]):
+            i = n_train + h
+            kw = row([i], [anchors])
+            _, logits, _, _, _ = model._backbone_forward(**kw)
+            a = chosen["a"]
+            idx = a[:, None] + torch.arange(1, B)[None, :]
+            ids, lm = data[f"ids.{i}"], data[f"mask.{i}"].bool()
+            parts.append(block_metrics(logits[0].view(a.numel(), B, -1)[:, 1:], ids[idx], lm[idx], gamma))
+        model.train()
+        return reduce_metrics(parts)
+
+    curve, seconds, first_loss = [], 0.0, None
+    steps = plan["steps"]
+    for step in range(len(steps) + 1):
+        if step in plan["points"]:
+            curve.append({"step": step, "train_s": round(seconds, 2), **evaluate()})
+            print(f"  speculators step {step}: tau {curve[-1]['tau']:.3f} loss {curve[-1]['loss']:.3f} "
+                  f"({seconds:.0f} s)", file=sys.stderr, flush=True)
+        if step == len(steps):
+            break
+        spec = steps[step]
+        t0 = time.perf_counter()
+        kw = row(spec["samples"], spec["anchors"])
+        _, loss, _ = model(**kw, loss_config=loss_config, gamma=gamma)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, plan["grad_clip"])
+        for g in opt.param_groups:
+            g["lr"] = plan["lrs"][step]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        seconds += time.perf_counter() - t0
+        first_loss = float(loss.detach()) if first_loss is None else first_loss
+    return {"impl": "speculators 0.9.0", "curve": curve, "first_loss": first_loss}
+
+
+def load_run_samples(cfg) -> list[dict]:
+    """Every committed sample of the run, in sample-id order (the reader's provenance checks apply)."""
+    from flashdraft.features.reader import open_reader
+
+    return sorted((vars(s) for s in open_reader(cfg, follow=False)), key=lambda s: str(s["sample_id"]))
+
+
+def ensure_features(cfg, config: str | None, preset: str, sets: list[str]) -> None:
+    """prep -> generate -> extract for the bench's data run; every stage is resumable, so a built run is reused."""
+    flags = (["--config", config] if config else []) + ["--preset", preset]
+    for s in sets:
+        flags += ["--set", s]
+    exe = [sys.executable, "-m", "flashdraft.cli"]
+    subprocess.run(exe + ["prep"] + flags, check=True, stdout=subprocess.DEVNULL)
+    for shard in range(cfg.data.num_shards):
+        subprocess.run(exe + ["generate", "--shard", str(shard)] + flags, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(exe + ["extract", "--shard", str(shard)] + flags, check=True, stdout=subprocess.DEVNULL)
+
+
+def with_codec(samples: list[dict], name: str, num_layers: int) -> list[dict]:
+    """The same samples as they would read back from `name` shards: encoded and decoded by the real codec."""
+    from flashdraft.features.codecs import Codec
+
+    codec = Codec(name)
+    out = []
+    for s in samples:
+        T, nH = s["features"].shape
+        data = codec.encode(s["features"].view(T, num_layers, nH // num_layers))
+        out.append({**s, "features": codec.decode(data, T, num_layers, nH // num_layers)})
+    return out
+
+
+def _acc(c: dict) -> str:
+    return " ".join(f"{a:.2f}" for a in c["acc_pos"])
+
+
+def print_curves(fd: dict, peer: dict | None, load: float) -> dict:
+    """Equal steps, then equal wall time (flashdraft's last point reached within the peer's training seconds)."""
+    print(f"\nLearning efficiency on identical features, rows and anchors (held-out, load average {load:.1f})")
+    head = f"{'step':>5} | {'s':>6} {'loss':>6} {'tau':>5}  acc by slot"
+    print(f"{'':>5} | flashdraft" + (" " * 40 + "| speculators 0.9.0" if peer else ""))
+    print(head + (" " * 9 + "| " + head[8:] if peer else ""))
+    rows = []
+    for k, c in enumerate(fd["curve"]):
+        line = f"{c['step']:>5} | {c['train_s']:>6.0f} {c['loss']:>6.3f} {c['tau']:>5.2f}  {_acc(c)}"
+        row = {"step": c["step"], "flashdraft": c}
+        if peer:
+            p = peer["curve"][k]
+            line += f" | {p['train_s']:>6.0f} {p['loss']:>6.3f} {p['tau']:>5.2f}  {_acc(p)}"
+            row["speculators"] = p
+        rows.append(row)
+        print(line)
+    summary = {"equal_steps": rows}
+    if peer:
+        print("\nEqual wall time (training seconds, evaluation excluded):")
+        print(f"{'s':>6} | {'speculators step':>16} {'tau':>5} {'loss':>6} | {'flashdraft step':>15} {'tau':>5} "
+              f"{'loss':>6}")
+        eq = []
+        for p in peer["curve"][1:]:
+            reached = [c for c in fd["curve"] if c["train_s"] <= p["train_s"]]
+            c = reached[-1]
+            print(f"{p['train_s']:>6.0f} | {p['step']:>16} {p['tau']:>5.2f} {p['loss']:>6.3f} | {c['step']:>15} "
+                  f"{c['tau']:>5.2f} {c['loss']:>6.3f}")
+            eq.append({"train_s": p["train_s"], "speculators": p, "flashdraft": c})
+        summary["equal_time"] = eq
+        ahead = all(c["flashdraft"]["tau"] >= c["speculators"]["tau"] for c in rows[1:])
+        print(f"flashdraft tau >= speculators at every step checkpoint: {ahead}")
+    print(f"first training loss: flashdraft {fd['first_loss']:.2f}"
+          + (f", speculators {peer['first_loss']:.2f}" if peer else ""))
+    return summary
+
+
+def curve_main(args) -> dict:
+    import tempfile
+
+    from flashdraft.components.train.trainer import lr_at
+
+    from flashdraft.config import load_config
+    from flashdraft.target import cache_dir, resolve_model_dir
+
+    sets = [f"storage.root=file://{cache_dir() / 'bench' / 'runs'}"] if not args.config else []
+    sets += args.set or []
+    cfg = load_config(args.config, preset=args.preset, overrides=sets)
+    ensure_features(cfg, args.config, args.preset, sets)
+    samples = load_run_samples(cfg)
+    if len(samples) <= args.heldout:
+        raise SystemExit(f"{len(samples)} samples: too few for {args.heldout} held-out ones")
+    train, held = samples[:-args.heldout], samples[-args.heldout:]
+    if args.max_samples:
+        train = train[:args.max_samples]
+    print(f"curve data: run {cfg.run_id}, {len(train)} train / {len(held)} held-out samples "
+          f"({sum(int(s['input_ids'].numel()) for s in train)} train tokens)", flush=True)
+    n_steps = args.curve_steps or 10**9
+    plan = build_plan(cfg, train, held, n_steps, 1)
+    n_steps = len(plan["steps"])
+    plan["points"] = curve_points(n_steps, args.every)
+    plan.update(lrs=[lr_at(k, n_steps, cfg) for k in range(n_steps)], grad_clip=cfg.training.grad_clip,
+                num_layers=cfg.drafter.num_layers, layer_ids=cfg.layer_ids(30))
+    fd = run_flashdraft_curve(cfg, train, held, plan, "flashdraft")
+    peer = None
+    if BENCH_PY.is_file() and not args.no_peer:
+        from flashdraft.drafter.model import resolve_mask_token
+        from flashdraft.target import load_tokenizer
+
+        plan["peer_mask_id"] = resolve_mask_token(None, load_tokenizer(cfg.target), 49152)[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "curve.safetensors"
+            write_curve_inputs(path, train, held, plan)
+            env = {**os.environ, "OMP_NUM_THREADS": str(THREADS),
+                   "FLASHDRAFT_BENCH_VERIFIER": str(resolve_model_dir(cfg.target))}
+            proc = subprocess.run([str(BENCH_PY), __file__, "--peer-curve", str(path)], env=env, stdout=subprocess.PIPE,
+                                  text=True)
+            if proc.returncode != 0:
+                raise SystemExit("speculators side failed (see above)")
+            peer = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = {"config": cfg.model_dump(mode="json")["training"] | {"drafter": cfg.drafter.model_dump()},
+               **print_curves(fd, peer, os.getloadavg()[0])}
+    if args.codec:
+        fp8 = run_flashdraft_curve(cfg, with_codec(train, "fp8-zstd", len(plan["layer_ids"])), held,
+                                   {**plan, "points": [0, n_steps]}, "flashdraft fp8-zstd")
+        bf, f8 = fd["curve"][-1]["tau"], fp8["curve"][-1]["tau"]
+        print(f"\nCodec quality gate (held-out tau after {n_steps} steps; held-out features bf16 for both):")
+        print(f"  bf16-zstd {bf:.3f}   fp8-zstd {f8:.3f}   difference {100 * (f8 - bf) / bf:+.1f}% (goal within 2%)")
+        summary["codec"] = {"bf16-zstd": fd["curve"][-1], "fp8-zstd": fp8["curve"][-1]}
+    return summary
+
+
+def step_main(args) -> dict:
     from flashdraft.config import load_config
     from flashdraft.target import cache_dir, resolve_model_dir
 
@@ -251,6 +607,40 @@ def main() -> None:
                 wall, cpu = peer["median_s"] / r["median_s"], peer["median_cpu_s"] / r["median_cpu_s"]
                 summary.setdefault("speedup", {})[r["impl"]] = {"wall": wall, "cpu": cpu}
                 print(f"  {r['impl']:<26} wall {wall:.2f}x   CPU time {cpu:.2f}x")
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", choices=["step", "curve", "all"], default="all",
+                    help="step: step time/memory; curve: learning curves vs speculators + codec gate")
+    ap.add_argument("--steps", type=int, default=12, help="step part: timed steps")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--preset", default="smollm2-local", help="curve part: the run whose data and recipe are used")
+    ap.add_argument("--config", default=None, help="curve part: a run config file over the preset")
+    ap.add_argument("--set", action="append", default=None, help="curve part: config overrides (key=value)")
+    ap.add_argument("--curve-steps", type=int, default=None, help="curve part: stop after this many steps "
+                    "(default: the recipe's epochs)")
+    ap.add_argument("--every", type=int, default=20, help="curve part: evaluate every this many steps")
+    ap.add_argument("--heldout", type=int, default=12, help="curve part: samples held out (the last by id)")
+    ap.add_argument("--max-samples", type=int, default=None, help="curve part: train on the first N samples only")
+    ap.add_argument("--no-peer", action="store_true", help="curve part: flashdraft only (recipe search)")
+    ap.add_argument("--no-codec", dest="codec", action="store_false", help="curve part: skip the fp8-zstd run")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--peer", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run the peer side
+    ap.add_argument("--peer-curve", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer is not None:
+        print(json.dumps(bench_speculators(args.peer, args.steps, args.warmup)))
+        return
+    if args.peer_curve is not None:
+        print(json.dumps(run_speculators_curve(args.peer_curve)))
+        return
+    summary = {}
+    if args.part in ("step", "all"):
+        summary["step"] = step_main(args)
+    if args.part in ("curve", "all"):
+        summary["curve"] = curve_main(args)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
 

@@ -145,6 +145,15 @@ class DrafterConfig(_Section):
     head_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="dtype of the frozen LM head in the loss GEMMs (softmax/CE stay fp32); "
                                     "auto = bfloat16 on CUDA, float32 on CPU")
+    init: Literal["random", "target"] = Field(
+        default="random", description="random: seeded normal init; target: draft layers and final norm start as "
+                                      "copies of target decoder layers (init_layers) and the target's final norm")
+    init_layers: list[int] | None = Field(
+        default=None, description="target decoder layers (0-based) copied into draft layers 0..n-1 when "
+                                  "init=target; default: the last num_layers layers of the target")
+    draft_vocab_size: int | None = Field(
+        default=None, ge=1, description="reduced draft vocabulary: score only the K most frequent response tokens "
+                                        "of the training data (exported as d2t for vLLM); None = the full vocab")
     hidden_size: int | None = Field(
         default=None, ge=1, description="drafter width; must equal the target's hidden size (the drafter reads "
                                         "the target's frozen embedding and LM head), so it only states it")
@@ -185,6 +194,13 @@ class DrafterConfig(_Section):
         shape = {k: getattr(self, k) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim",
                                                "intermediate_size") if getattr(self, k) is not None}
         return {**shape, "layer_types": self.resolved_layer_types(), "sliding_window": self.sliding_window}
+
+    def resolved_init_layers(self, target_layers: int) -> list[int]:
+        ids = self.init_layers if self.init_layers is not None else list(
+            range(target_layers - self.num_layers, target_layers))
+        if len(ids) != self.num_layers or not all(0 <= i < target_layers for i in ids):
+            raise ValueError(f"drafter.init_layers={ids}: need {self.num_layers} ids in 0..{target_layers - 1}")
+        return list(ids)
 
     @property
     def resolved_gamma(self) -> float:

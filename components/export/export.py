@@ -12,6 +12,7 @@ import torch
 from flashdraft.components.export.zlab import (
     MASK_PT,
     MASK_ST,
+    draft_vocab_tensors,
     speculators_config,
     split_mask,
     zlab_config,
@@ -34,8 +35,10 @@ class ExportError(RuntimeError):
 def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
     g = drafter.config_dict()
     body, mask = split_mask(drafter.weights())
+    body = draft_vocab_tensors(body, drafter.head_weight)
     files = {"config.json": json.dumps(zlab_config(g, dtype), indent=2).encode(),
-             "model.safetensors": save_bytes({k: v.to(DTYPES[dtype]).contiguous() for k, v in body.items()})}
+             "model.safetensors": save_bytes({k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
+                                              for k, v in body.items()})}
     if mask is not None:
         m = mask.to(DTYPES[dtype]).contiguous()
         files[MASK_ST] = save_bytes({"mask_embedding": m})
@@ -48,12 +51,14 @@ def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
 def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -> dict[str, bytes]:
     g = drafter.config_dict()
     body, mask = split_mask(drafter.weights())
-    tensors = {**body, "embed_tokens.weight": drafter.embed_weight, "lm_head.weight": drafter.lm_head_weight}
+    tensors = draft_vocab_tensors({**body, "embed_tokens.weight": drafter.embed_weight,
+                                   "lm_head.weight": drafter.lm_head_weight}, drafter.head_weight)
     if mask is not None:
         tensors["mask_embedding"] = mask
     cfg = speculators_config(g, dtype, verifier_architectures)
     return {"config.json": json.dumps(cfg, indent=2).encode(),
-            "model.safetensors": save_bytes({k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in tensors.items()})}
+            "model.safetensors": save_bytes({k: (v.detach().to(DTYPES[dtype]) if v.is_floating_point() else v)
+                                             .contiguous() for k, v in tensors.items()})}
 
 
 def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str = "bfloat16",

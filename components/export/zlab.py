@@ -60,13 +60,24 @@ def zlab_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
         "dflash_config": {"mask_token_id": g["mask_token_id"], "target_layer_ids": list(g["target_layer_ids"]),
                           "block_size": g["block_size"]},
         "flashdraft": {"target": g.get("target", {}), "trainable_mask": g["trainable_mask"]},
+        **({"draft_vocab_size": g["draft_vocab_size"]} if g.get("draft_vocab_size") else {}),
     }
+
+
+def draft_vocab_tensors(body: dict[str, torch.Tensor], head: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A reduced draft vocabulary as vLLM reads it: `d2t` offsets (target id = draft index + d2t) and the
+    drafter's own `lm_head.weight` [K, H] (the target's rows for those ids); without one, `body` unchanged."""
+    if "d2t" not in body:
+        return body
+    ids = body["d2t"].long()
+    return {**body, "d2t": ids - torch.arange(ids.numel()), "lm_head.weight": head.float()}
 
 
 def speculators_config(g: dict[str, Any], dtype: str, verifier_architectures: list[str]) -> dict[str, Any]:
     return {
         "architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash", "speculators_version": "0.9.0",
-        "transformer_layer_config": qwen3_config(g, dtype), "draft_vocab_size": g["vocab_size"],
+        "transformer_layer_config": qwen3_config(g, dtype),
+        "draft_vocab_size": g.get("draft_vocab_size") or g["vocab_size"],
         "block_size": g["block_size"], "target_hidden_size": g["hidden_size"], "mask_token_id": g["mask_token_id"],
         "aux_hidden_state_layer_ids": [i + 1 for i in g["target_layer_ids"]], "sample_from_anchor": False,
         "sliding_window_non_causal": True,
@@ -116,6 +127,9 @@ def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
         raise ValueError(f"{folder}/config.json: architectures {c.get('architectures')} is not DFlashDraftModel")
     dflash, extra = c["dflash_config"], c.get("flashdraft", {})
     weights = load_file(str(folder / "model.safetensors"))
+    if "d2t" in weights:  # offsets back to target ids; the reduced head is rebuilt from the target's
+        weights["d2t"] = weights["d2t"].long() + torch.arange(weights["d2t"].numel())
+        weights.pop("lm_head.weight", None)
     trainable = (folder / MASK_ST).is_file()
     if trainable:
         weights["mask_embedding"] = load_file(str(folder / MASK_ST))["mask_embedding"]
@@ -130,5 +144,6 @@ def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
         "trainable_mask": trainable, "max_position_embeddings": c.get("max_position_embeddings", 32768),
         "initializer_range": c.get("initializer_range", 0.02), "target": extra.get("target", {}),
         **_read_attention(c, folder),
+        "draft_vocab_size": c.get("draft_vocab_size") if "d2t" in weights else None,
     }
     return geometry, weights

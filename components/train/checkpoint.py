@@ -93,7 +93,8 @@ def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch
     osd = get_optimizer_state_dict(model, optimizer, options=opts)
     rank = _rank()
     if rank == 0:
-        weights = {k: v.detach().float().cpu().contiguous() for k, v in msd.items()}
+        weights = {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
+                   for k, v in msd.items()}  # integer buffers (the draft vocabulary's d2t) stay integers
         opt_tensors, opt_meta = _flatten_optimizer(osd)
         store.commit(f"{prefix}/{WEIGHTS_FILE}", save_bytes(weights))
         store.commit(f"{prefix}/optimizer.safetensors", save_bytes(opt_tensors))

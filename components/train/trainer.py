@@ -33,6 +33,7 @@ from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.drafter.batch import group_sizes, pack, token_budget_groups
 from flashdraft.drafter.loss import dflash_loss
+from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.store import io_counters, open_store
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,27 @@ def build_model(cfg: RunConfig, env: DistEnv):
     return model
 
 
+def drafter_loss(raw, hidden: torch.Tensor, batch, cfg: RunConfig):
+    """The DFlash loss over the drafter's head: the target's LM head, or its draft-vocabulary rows with labels
+    mapped to draft indices (slots whose label is outside the draft vocabulary drop out)."""
+    labels, valid = batch.labels, batch.valid
+    if raw.d2t is not None:
+        labels, valid = draft_labels(labels, valid, raw.target_to_draft())
+    return dflash_loss(hidden, raw.head_weight, labels, valid, cfg.drafter.resolved_gamma,
+                       cfg.drafter.loss_normalization)
+
+
+def build_draft_vocab(raw, reader, cfg: RunConfig) -> None:
+    """Pick the draft vocabulary from the response tokens of this run's data (counts summed over ranks)."""
+    if cfg.mode.kind == "streaming":
+        raise TrainError("drafter.draft_vocab_size needs the data up front: use mode.kind=offline, or unset it")
+    counts = _all_reduce(count_response_tokens((vars(s) for s in reader), raw.geometry.vocab_size))
+    raw.set_draft_vocab(top_tokens(counts, raw.geometry.draft_vocab_size))
+    covered = float(counts[raw.d2t.cpu()].sum()) / max(1, int(counts.sum()))
+    log.info("draft vocabulary: %d of %d tokens, covering %.2f%% of response tokens", raw.d2t.numel(),
+             raw.geometry.vocab_size, 100 * covered)
+
+
 def _stats_len(block_size: int) -> int:
     return 3 + 3 * (block_size - 1)  # loss, tokens, anchors | ce_sum, correct, count per slot
 
@@ -132,8 +154,7 @@ def micro_step(model, raw, samples: list[dict], cfg: RunConfig, epoch: int, env:
             return
         with torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
             hidden = model(*batch.drafter_inputs())
-        out = dflash_loss(hidden, raw.lm_head_weight, batch.labels, batch.valid, d.resolved_gamma,
-                          d.loss_normalization)
+        out = drafter_loss(raw, hidden, batch, cfg)
         (out.loss * scale).backward()
     B1 = d.block_size - 1
     stats[0] += float(out.loss.detach()) * scale
@@ -253,8 +274,12 @@ def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
 
     state = {"step": 0, "history": [], "train_seconds": 0.0, "tokens": 0}
     position = 0  # streaming: samples this rank has trained on since the stream began
+    if raw.d2t is not None and not latest:  # a resumed run gets its vocabulary back with the weights
+        build_draft_vocab(raw, reader, cfg)
     if latest:
         state = load_checkpoint(store, latest["prefix"], model, optimizer)
+        if raw.d2t is not None:
+            raw.refresh_head()
         log.info("resumed from %s (step %d)", latest["prefix"], state["step"])
         stream = load_rank_state(store, latest["prefix"]) if streaming else None
         if stream is not None:
@@ -366,8 +391,7 @@ def evaluate_samples(model, samples: list[dict], cfg: RunConfig, epoch: int = 0)
         batch = pack([s], d.block_size, d.max_anchors, seed=cfg.training.seed, epoch=epoch).to(dev)
         if batch.anchors.numel() == 0:
             continue
-        out = dflash_loss(model(*batch.drafter_inputs()), model.lm_head_weight, batch.labels, batch.valid,
-                          d.resolved_gamma, d.loss_normalization)
+        out = drafter_loss(model, model(*batch.drafter_inputs()), batch, cfg)
         B1 = d.block_size - 1
         stats[0] += float(out.loss)
         stats[3:3 + B1] += out.ce_sum.float().cpu()

@@ -20,6 +20,7 @@ plus `mask_embedding` when trainable).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashdraft.drafter.attention import BlockLayout, attend
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "drafter_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -61,6 +64,9 @@ class DrafterGeometry:
     # (attention.py's docstring says what W means; vLLM reads the same two fields from config.json).
     layer_types: list[str] | None = None
     sliding_window: int | None = None
+    # Reduced draft vocabulary (EAGLE-3 / SpecForge style): the drafter scores only these many target tokens; the
+    # `d2t` buffer (draft index -> target id) is saved with the weights. None: the whole target vocabulary.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self):
         if self.layer_types is not None:
@@ -154,8 +160,13 @@ def resolve_mask_token(explicit: int | None, tokenizer, vocab_size: int) -> tupl
 # -- frozen target tensors -----------------------------------------------------------------------------------
 
 
-def _weight_files(model_dir, revision: str | None) -> dict[str, Path]:
-    """Map tensor name -> local safetensors file, downloading only the index and the shards we need (hf ids)."""
+def _is_embedding(name: str) -> bool:
+    return name.endswith(("embed_tokens.weight", "lm_head.weight"))
+
+
+def _weight_files(model_dir, revision: str | None, wanted=_is_embedding) -> dict[str, Path]:
+    """Map tensor name -> local safetensors file for the names `wanted` accepts, downloading only the index and
+    the shards they live in (hf ids)."""
     local = Path(str(model_dir))
     if local.is_dir():
         def fetch(name: str) -> Path | None:
@@ -173,15 +184,14 @@ def _weight_files(model_dir, revision: str | None) -> dict[str, Path]:
     index = fetch("model.safetensors.index.json")
     if index is not None:
         weight_map = json.loads(index.read_text())["weight_map"]
-        wanted = {k: v for k, v in weight_map.items() if k.endswith(("embed_tokens.weight", "lm_head.weight"))}
-        return {k: fetch(v) for k, v in wanted.items()}
+        return {k: fetch(v) for k, v in weight_map.items() if wanted(k)}
     single = fetch("model.safetensors")
     if single is None:
         raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
     from safetensors import safe_open
 
     with safe_open(str(single), "pt") as f:
-        return {k: single for k in f.keys() if k.endswith(("embed_tokens.weight", "lm_head.weight"))}
+        return {k: single for k in f.keys() if wanted(k)}
 
 
 def _pick(names: list[str], suffix: str) -> str | None:
@@ -207,6 +217,43 @@ def load_target_embeddings(target_cfg) -> tuple[torch.Tensor, torch.Tensor]:
     embed = read(embed_name)
     head = read(head_name) if head_name is not None else embed
     return embed, head
+
+
+def target_layer_prefixes(names: list[str]) -> dict[int, str]:
+    """Decoder layer index -> tensor-name prefix ("model.layers.7.") in the target checkpoint (text model only)."""
+    import re
+
+    out: dict[int, str] = {}
+    for n in names:
+        m = re.match(r"^(.*?\blayers\.(\d+)\.)", n)
+        if m and "mtp" not in n and "vision" not in n and "visual" not in n:
+            out.setdefault(int(m.group(2)), m.group(1))
+    return out
+
+
+def load_target_init(target_cfg, layer_ids: list[int]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor | None]:
+    """Per requested target decoder layer, its tensors by drafter-layer name (`self_attn.q_proj.weight`, ...), and
+    the target's final norm weight: the `drafter.init=target` starting point."""
+    from safetensors import safe_open
+
+    from flashdraft.target import resolve_model_dir
+
+    def wanted(name: str) -> bool:
+        return ".layers." in name or name.endswith("norm.weight")
+
+    files = _weight_files(resolve_model_dir(target_cfg), target_cfg.revision, wanted)
+    prefixes = target_layer_prefixes(list(files))
+    missing = [i for i in layer_ids if i not in prefixes]
+    if missing:
+        raise KeyError(f"target {target_cfg.model}: no decoder layer(s) {missing} (drafter.init_layers)")
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(files[name]), "pt") as f:
+            return f.get_tensor(name)
+
+    layers = [{n[len(prefixes[i]):]: read(n) for n in files if n.startswith(prefixes[i])} for i in layer_ids]
+    norm_name = _pick([n for n in files if ".layers." not in n and n.endswith(".norm.weight")], "norm.weight")
+    return layers, (read(norm_name) if norm_name else None)
 
 
 # -- layers ---------------------------------------------------------------------------------------------------
@@ -324,22 +371,42 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.register_buffer("embed_weight", embed if embed is not None else torch.empty(0), persistent=False)
         self.register_buffer("lm_head_weight", lm_head if lm_head is not None else torch.empty(0), persistent=False)
+        K = g.draft_vocab_size
+        self.register_buffer("d2t", torch.arange(K) if K else None)  # persistent: the draft vocabulary
+        self.register_buffer("draft_head_weight", torch.empty(0), persistent=False)  # lm_head rows of d2t
 
     # -- construction ----------------------------------------------------------------------------------------
     def init_weights(self, seed: int) -> None:
-        """Seeded init (Qwen3 style: normal(0, initializer_range) linears, unit norms); the mask embedding starts
-        at the mean target embedding so the first steps see an in-distribution input."""
+        """Seeded init (Qwen3 style: normal(0, initializer_range) linears, unit norms). A trainable mask embedding
+        starts at zero: the mean target embedding it used to start at is a large vector shared by every mask
+        slot, which made the first loss ~66 nats (uniform: ln V ~ 10.8) with grad norm ~590."""
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name == "mask_embedding":
-                    continue
-                if p.ndim == 2:
+                    p.zero_()
+                elif p.ndim == 2:
                     p.copy_(torch.randn(p.shape, generator=gen) * self.geometry.initializer_range)
                 else:
                     p.fill_(1.0)
-            if self.mask_embedding is not None and self.embed_weight.numel():
-                self.mask_embedding.copy_(self.embed_weight.float().mean(0))
+
+    def init_from_target(self, layers: list[dict[str, torch.Tensor]], final_norm: torch.Tensor | None) -> list[str]:
+        """Start draft layer i from target decoder layer `layers[i]` and the final norm from the target's: same
+        width, so a draft layer begins as a working transformer layer reading the target's own representation.
+        Tensors with another name or shape (q/k norms a Llama target lacks, MoE experts, gated attention) keep
+        their seeded init. Returns the names copied."""
+        copied = []
+        with torch.no_grad():
+            for i, tensors in enumerate(layers):
+                own = dict(self.layers[i].named_parameters())
+                for name, t in tensors.items():
+                    if name in own and tuple(own[name].shape) == tuple(t.shape):
+                        own[name].copy_(t.float())
+                        copied.append(f"layers.{i}.{name}")
+            if final_norm is not None and tuple(final_norm.shape) == tuple(self.norm.weight.shape):
+                self.norm.weight.copy_(final_norm.float())
+                copied.append("norm.weight")
+        return copied
 
     def set_frozen(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         V, H = self.geometry.vocab_size, self.geometry.hidden_size
@@ -348,6 +415,32 @@ class DFlashDrafter(nn.Module):
                 raise ValueError(f"target {name} has shape {tuple(t.shape)}, expected ({V}, {H})")
         self.embed_weight = embed.detach().requires_grad_(False)
         self.lm_head_weight = lm_head.detach().requires_grad_(False)
+        self.refresh_head()
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Use these target token ids (sorted, distinct, `draft_vocab_size` of them) as the draft vocabulary."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
+        K, V = self.geometry.draft_vocab_size, self.geometry.vocab_size
+        if self.d2t is None or ids.numel() != K or ids.unique().numel() != K or ids.min() < 0 or ids.max() >= V:
+            raise ValueError(f"draft vocabulary: need {K} distinct ids in 0..{V - 1}, got {ids.numel()}")
+        self.d2t.copy_(ids.sort().values.to(self.d2t.device))
+        self.refresh_head()
+
+    def refresh_head(self) -> None:
+        head = self.lm_head_weight
+        if self.d2t is not None and head.numel():
+            self.draft_head_weight = head[self.d2t.to(head.device)]
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head the drafter scores with: the target's, or its draft-vocabulary rows."""
+        return self.lm_head_weight if self.d2t is None else self.draft_head_weight
+
+    def target_to_draft(self) -> torch.Tensor:
+        """[V] target id -> draft index, -1 where the token is outside the draft vocabulary."""
+        t2d = torch.full((self.geometry.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        t2d[self.d2t] = torch.arange(self.d2t.numel(), device=self.d2t.device)
+        return t2d
 
     # -- forward ---------------------------------------------------------------------------------------------
     def _cos_sin(self, positions: torch.Tensor):
@@ -387,7 +480,12 @@ class DFlashDrafter(nn.Module):
         return self.norm(x.view(N, B, -1))  # norm last: the output is not a view (FSDP2 hooks need that)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden.to(self.lm_head_weight.dtype) @ self.lm_head_weight.T
+        """Target-vocabulary logits; with a draft vocabulary, tokens outside it get -inf (never drafted)."""
+        scores = hidden.to(self.head_weight.dtype) @ self.head_weight.T
+        if self.d2t is None:
+            return scores
+        full = scores.new_full((*scores.shape[:-1], self.geometry.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.d2t, scores)
 
     # -- inference API ---------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -451,7 +549,8 @@ class DFlashDrafter(nn.Module):
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Trainable tensors by z-lab name, contiguous fp32 on CPU."""
-        return {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()}
+        return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
+                for k, v in self.state_dict().items()}
 
     def save_pretrained(self, folder: str | Path) -> Path:
         from safetensors.torch import save_file
@@ -498,7 +597,7 @@ class DFlashDrafter(nn.Module):
         target_cfg = target if target is not None else TargetConfig(**geometry.target)
         embed, head = load_target_embeddings(target_cfg)
         model = cls(geometry, attn_impl=attn_impl)
-        model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
         model.set_frozen(embed.float(), head.float())
         return model.to(device).eval()
 
@@ -518,10 +617,15 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
         target_hf_config, num_layers=cfg.drafter.num_layers, block_size=cfg.drafter.block_size,
         target_layer_ids=cfg.layer_ids(int(text_cfg.num_hidden_layers)), mask_token_id=mask_id,
         trainable_mask=trainable, target=cfg.target.model_dump(mode="json"), **cfg.drafter.geometry_overrides())
+    geometry.draft_vocab_size = cfg.drafter.draft_vocab_size
     embed, head = load_target_embeddings(cfg.target)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
     model.set_frozen(embed.float(), head.float())
     model.init_weights(cfg.training.seed if seed is None else seed)
+    if cfg.drafter.init == "target":
+        ids = cfg.drafter.resolved_init_layers(int(text_cfg.num_hidden_layers))
+        copied = model.init_from_target(*load_target_init(cfg.target, ids))
+        log.info("drafter init from target layers %s: %d tensors copied", ids, len(copied))
     return model.to(device)
 
 

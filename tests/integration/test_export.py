@@ -98,3 +98,28 @@ def test_export_without_local_folder_writes_only_the_store(tiny_cfg, tmp_path, m
     summary = run_export(tiny_cfg)
     assert summary["formats"]["zlab"]["local"] is None and list(cwd.iterdir()) == []
     assert open_store(tiny_cfg.storage, tiny_cfg.run_id).is_committed("export/zlab/model.safetensors")
+
+
+def test_draft_vocab_exports_as_vllm_reads_it_and_roundtrips(tiny_cfg, tmp_path):
+    """A reduced draft vocabulary: z-lab weights carry d2t offsets (target id = index + d2t) and the drafter's own
+    [K, H] lm_head; reloaded, the drafter scores only those ids (-inf elsewhere) with identical logits."""
+    cfg = tiny_cfg.with_overrides({"drafter.draft_vocab_size": 64})
+    model = build_drafter(cfg, load_hf_config(cfg.target), seed=5)
+    ids = torch.randperm(model.geometry.vocab_size, generator=torch.Generator().manual_seed(0))[:64]
+    model.set_draft_vocab(ids)
+    save_checkpoint(open_store(cfg.storage, cfg.run_id), model, torch.optim.AdamW(model.parameters()),
+                    model.config_dict(), {"step": 3, "history": []}, final=True)
+    run_export(cfg, out_dir=tmp_path / "out", dtype="float32")
+    folder = tmp_path / "out" / "zlab"
+    assert json.loads((folder / "config.json").read_text())["draft_vocab_size"] == 64
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        d2t, head = f.get_tensor("d2t"), f.get_tensor("lm_head.weight")
+    assert d2t.dtype == torch.int64 and torch.equal(d2t + torch.arange(64), ids.sort().values)
+    assert torch.equal(head, model.lm_head_weight[ids.sort().values])
+    loaded = DFlashDrafter.from_pretrained(folder, target=cfg.target)
+    feats = torch.randn(12, 5 * 256)
+    a, b = model.eval().draft_logits(feats, 3), loaded.draft_logits(feats, 3)
+    assert torch.equal(a, b)
+    outside = torch.ones(model.geometry.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isinf(a[:, outside]).all() and torch.isfinite(a[:, ~outside]).all()
