@@ -277,6 +277,42 @@ def train(cfg, groups: list[list[dict]], device: str, steps: int, seed: int = 0)
     return losses, seconds, model
 
 
+def rows_of(samples: list[dict], tokens: int) -> list[list[dict]]:
+    """Samples grouped into packed rows the way the trainer groups them (`group_sizes`)."""
+    from flashdraft.drafter.batch import group_sizes
+
+    groups, i = [], 0
+    for n in group_sizes([int(s["input_ids"].numel()) for s in samples], tokens):
+        groups.append(samples[i:i + n])
+        i += n
+    return groups
+
+
+@dataclass
+class Throughput:
+    tokens_per_s: float
+    tflops: float
+    step_s: float
+    anchors_per_row: float
+    losses: list[float]
+
+
+def throughput(cfg, samples: list[dict], device: str, steps: int, warmup: int = 2) -> Throughput:
+    """The trainer's step timed on `device` over rows of `samples`; the first `warmup` steps (compilation) are not
+    counted. FLOPs per step from `step_flops` on the very row that step packed."""
+    from flashdraft.drafter.batch import pack
+
+    groups = rows_of(samples, cfg.training.tokens_per_step)
+    losses, seconds, model = train(cfg, groups, device, steps)
+    timed = range(warmup, steps)
+    batches = [pack(groups[k % len(groups)], cfg.drafter.block_size, cfg.drafter.max_anchors,
+                    seed=cfg.training.seed, epoch=0, max_tokens=cfg.training.tokens_per_step) for k in timed]
+    flops = sum(sum(step_flops(model.geometry, b).values()) for b in batches)
+    total_s = sum(seconds[k] for k in timed)
+    return Throughput(sum(b.num_tokens for b in batches) / total_s, flops / total_s / 1e12, total_s / len(timed),
+                      sum(int(b.anchors.numel()) for b in batches) / len(batches), losses)
+
+
 def loss_gaps(reference: list[float], candidate: list[float]) -> list[float]:
     return [abs(c - r) / max(abs(r), 1e-12) if math.isfinite(c) else math.inf
             for r, c in zip(reference, candidate, strict=True)]
@@ -370,8 +406,6 @@ def run(work: Path, device: str, targets: tuple[TargetSpec, ...] = (TINY, WIDE),
     and, on CUDA, the training throughput."""
     import torch
 
-    from flashdraft.drafter.batch import group_sizes, pack
-
     report = Report()
     cuda = device.startswith("cuda")
     for spec in targets:
@@ -388,11 +422,7 @@ def run(work: Path, device: str, targets: tuple[TargetSpec, ...] = (TINY, WIDE),
         report.add(f"extract/{spec.name} tokens/s", got_tps, None, f"{device} (CPU fp32: {ref_tps:,.0f})")
         samples = samples_from(rows, ref)
         if first:
-            counts = group_sizes([len(r.input_ids) for r in rows], cfg.training.tokens_per_step)
-            groups, i = [], 0
-            for n in counts:
-                groups.append(samples[i:i + n])
-                i += n
+            groups = rows_of(samples, cfg.training.tokens_per_step)
             steps = sizes.steps
             cpu_losses, _, _ = train(cfg, groups, "cpu", steps)
             dev_losses, _, trained = train(cfg, groups, device, steps)
@@ -404,26 +434,23 @@ def run(work: Path, device: str, targets: tuple[TargetSpec, ...] = (TINY, WIDE),
             report.add(f"evaluate/{spec.name} lossless", float(len(bad)), 0.0,
                        f"mismatching prompts ({len(ties)} numerical ties); tau {tau}")
         elif cuda:
-            wide = run_config(folder, spec, work, drafter_layers=1, block_size=16, max_anchors=512,
+            wide = run_config(folder, spec, work, drafter_layers=1, block_size=16, max_anchors=128,
                               tokens_per_step=8192, lr=1e-4)
             rows_w = random_rows(16, (1500, 2500), spec.vocab, seed=2)
             feats_w, tps = extract(wide, rows_w, device)
             report.add(f"extract/{spec.name} tokens/s, long rows", tps, None,
                        f"{sum(len(r.input_ids) for r in rows_w):,} tokens, forward_tokens {wide.features.batch_tokens}")
-            s_w = samples_from(rows_w, feats_w)
-            losses, secs, model = train(wide, [s_w[: len(s_w) // 2], s_w[len(s_w) // 2:]], device, 6)
-            batch = pack(s_w[len(s_w) // 2:], 16, 512, seed=wide.training.seed, epoch=0, max_tokens=8192)
-            step_s = sum(secs[2:]) / len(secs[2:])  # the first steps compile
-            tflops = sum(step_flops(model.geometry, batch).values()) / step_s / 1e12
-            report.add("train/qwen3-4096 tokens/s", batch.num_tokens / step_s, None,
-                       f"{int(batch.anchors.numel())} anchors x 16, step {step_s * 1e3:.0f} ms")
+            t = throughput(wide, samples_from(rows_w, feats_w), device, steps=8)
+            report.add(f"train/{spec.name} tokens/s", t.tokens_per_s, None,
+                       f"~{t.anchors_per_row:.0f} anchors x 16 per {wide.training.tokens_per_step}-token row, "
+                       f"step {t.step_s * 1e3:.0f} ms")
             peak = peak_tflops(torch.cuda.get_device_name())
             measured = matmul_tflops(device)
-            report.add("train/qwen3-4096 TFLOP/s", tflops, None,
-                       (f"{tflops / peak[1]:.1%} of {peak[0]} bf16 peak {peak[1]:.0f}; " if peak else "")
-                       + f"{tflops / measured:.1%} of a bf16 matmul here ({measured:.0f})")
-            report.add("train/qwen3-4096 loss finite", 0.0 if all(map(math.isfinite, losses)) else math.inf, 0.0,
-                       f"losses {losses[0]:.3f} -> {losses[-1]:.3f}")
+            report.add(f"train/{spec.name} TFLOP/s", t.tflops, None,
+                       (f"{t.tflops / peak[1]:.1%} of {peak[0]} bf16 peak {peak[1]:.0f}; " if peak else "")
+                       + f"{t.tflops / measured:.1%} of a bf16 matmul here ({measured:.0f})")
+            report.add(f"train/{spec.name} loss finite", 0.0 if all(map(math.isfinite, t.losses)) else math.inf,
+                       0.0, f"losses {t.losses[0]:.3f} -> {t.losses[-1]:.3f}")
     return report
 
 

@@ -89,3 +89,16 @@ def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
     g, queries = model.geometry, int(batch.anchors.numel()) * 4
     dense = 3 * 4 * g.head_dim * g.num_heads * queries * (batch.num_tokens + queries) * g.num_layers
     assert 0 < ours["attention"] < dense / 2  # the DFlash mask allows well under half of the pairs
+
+
+def test_gpu_check_throughput_path_runs_on_cpu(tmp_path):
+    """The realistic-width throughput measurement (CUDA-only in the script) on the micro target: rows packed as the
+    trainer packs them, compile steps excluded, FLOPs of the rows actually trained."""
+    cfg = gc.run_config(gc.build_target(MICRO, tmp_path / "m"), MICRO, tmp_path, block_size=4, max_anchors=8,
+                        tokens_per_step=128)
+    rows = gc.random_rows(6, (40, 60), MICRO.vocab, seed=5)
+    samples = gc.samples_from(rows, gc.extract(cfg, rows, "cpu")[0])
+    assert [len(g) for g in gc.rows_of(samples, 128)] == [2, 2, 2]
+    t = gc.throughput(cfg, samples, "cpu", steps=4, warmup=1)
+    assert t.tokens_per_s > 0 and t.tflops > 0 and 0 < t.anchors_per_row <= 16
+    assert len(t.losses) == 4 and all(math.isfinite(x) for x in t.losses)
