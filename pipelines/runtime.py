@@ -16,9 +16,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashdraft.config import ConfigError, RunConfig, dump_config, load_config
+
+if TYPE_CHECKING:  # imported where used: a component body pays only for what it runs
+    from flashdraft.status import StageRecord
+    from flashdraft.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ def to_json(summary: dict[str, Any]) -> str:
     return json.dumps(summary, sort_keys=True, default=str)
 
 
-def _record(store: Any, record: Any) -> None:
+def _record(store: ObjectStore, record: StageRecord) -> None:
     """Commit a task's status record and tell the local console; a store failure here is logged, never raised:
     it must not replace the stage's own outcome (or its own error)."""
     from flashdraft.pipelines.console import emit
