@@ -5,9 +5,9 @@ network, no pip, nothing installed: the device tool's H200 image). What that ima
 (pydantic and its three helpers, zstandard), and transformers at the version flashdraft is tested with (the image's
 5.17 still names the decoder cache `past_key_values`, which the evaluate stage's `cache=` calls would silently
 bypass), travel as wheels in benchmarks/gpu_wheels/ (`make gpu-wheels`; ignored by git, carried to the machine);
-each wheel whose distribution is missing or at another version is unpacked onto the front of sys.path here. The targets are random
-models built here from configs (seeded), saved with a word-level tokenizer so every stage loads them like any HF
-folder. Checks, one table, exit status 1 on any failure:
+each wheel whose distribution is missing or at another version is unpacked onto the front of sys.path here. The
+targets are random models built here from configs (seeded), saved with a word-level tokenizer so every stage loads
+them like any HF folder. Checks, one table, exit status 1 on any failure:
 
 1. extract: `HFFeatureSource` (the extract stage's prefill) on CUDA in bf16 with forward_tokens = batch_tokens,
    against the same rows on CPU in fp32 (the CPU forward size), for the tiny target (the tiny preset's Qwen3
@@ -188,7 +188,6 @@ def run_config(folder: Path, spec: TargetSpec, work: Path, *, drafter_layers: in
 def random_rows(n: int, lengths: tuple[int, int], vocab: int, seed: int):
     """Rows of random tokens (prompt + response halves); only the response half carries the loss."""
     import torch
-
     from flashdraft.components.extract.extract import Row
 
     g = torch.Generator().manual_seed(seed)
@@ -227,7 +226,6 @@ def extract(cfg, rows, device: str):
 
 def layer_errors(reference, candidate) -> list[float]:
     """Relative Frobenius error per captured layer over all samples: ||cand - ref|| / ||ref||."""
-    import torch
 
     num, den = None, None
     for ref, got in zip(reference, candidate, strict=True):
@@ -254,7 +252,6 @@ def train(cfg, groups: list[list[dict]], device: str, steps: int, seed: int = 0)
     """Per-step losses and step seconds of the trainer's step (build_model, micro_step, clip, AdamW) on `device`.
     CPU: dense SDPA, fp32. CUDA: FlexAttention (compiled), bf16 autocast, bf16 head (the trainer's own choice)."""
     import torch
-
     from flashdraft.components.train.trainer import DistEnv, _stats_len, build_model, micro_step
 
     env = DistEnv(0, 1, 0, torch.device(device))
@@ -325,7 +322,8 @@ def step_flops(g, batch) -> dict[str, float]:
     q, o, k, v projections and the MLP; attention 4*hd*heads per allowed (query, key) pair (QK^T and PV, the
     dense mask's count); LM head 2*V*H per drafted slot. Backward: twice the forward (input and weight
     gradients), except fc (weight gradient only: the features need none) and the frozen LM head (input gradient
-    only), once. The matmul part equals torch's FlopCounterMode on a real step (tests/unit/test_gpu_check.py). Returns {"matmul": projections, MLP and head, "attention": ...}."""
+    only), once. The matmul part equals torch's FlopCounterMode on a real step (tests/unit/test_gpu_check.py).
+    Returns {"matmul": projections, MLP and head, "attention": ...}."""
     from flashdraft.drafter.attention import dense_mask
 
     S, N, B = batch.num_tokens, int(batch.anchors.numel()), batch.block_size
@@ -374,6 +372,7 @@ def evaluate(cfg, model, rows, device: str, max_new_tokens: int):
     from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
     from flashdraft.components.evaluate.prompts import EvalPrompt
     from flashdraft.components.evaluate.spec import speculative_generate, target_generate
+
     from flashdraft.target import load_causal_lm
 
     target = load_causal_lm(cfg.target, device=device)

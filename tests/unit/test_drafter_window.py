@@ -39,7 +39,7 @@ def test_window_limits_what_a_block_sees():
     torch.manual_seed(0)
     m = drafter(SLIDING, 6)
     S = 30
-    feats, ids = torch.randn(S, NF * H), torch.randint(0, V - 1, (S,))
+    feats = torch.randn(S, NF * H)
     base = m.draft_logits(feats, 3)
     # every layer sliding: context older than the window cannot matter
     m_all = drafter(["sliding_attention"] * 2, 6)
@@ -141,9 +141,8 @@ def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
 def test_production_preset_drafter_is_the_published_geometry():
     """qwen3.6-27b's drafter section on a config of the real target's text model (no weights) gives the published
     drafter's layer geometry (SpecForge configs/qwen3.6-27b-dflash2.json) in the exported config.json."""
-    from transformers import Qwen3_5Config
-
     from flashdraft.components.export.zlab import zlab_config
+    from transformers import Qwen3_5Config
 
     cfg = load_config(preset="qwen3.6-27b")
     target = Qwen3_5Config(text_config={"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 24,
