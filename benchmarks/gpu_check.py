@@ -173,7 +173,8 @@ def build_target(spec: TargetSpec, folder: Path, seed: int = 0, device: str = "c
 
 
 def run_config(folder: Path, spec: TargetSpec, work: Path, *, drafter_layers: int = 1, block_size: int = 8,
-               max_anchors: int = 64, tokens_per_step: int = 2048, lr: float = 1e-3):
+               max_anchors: int = 64, tokens_per_step: int = 2048, lr: float = 1e-3,
+               sliding_window: int | None = None, layer_types: list[str] | None = None):
     from flashdraft.config import load_config
 
     return load_config(preset="tiny", overrides={
@@ -182,7 +183,8 @@ def run_config(folder: Path, spec: TargetSpec, work: Path, *, drafter_layers: in
         "storage.root": f"file://{work}/runs", "features.batch_tokens": 8192,
         "drafter.num_layers": drafter_layers, "drafter.block_size": block_size,
         "drafter.max_anchors": max_anchors, "drafter.mask_token_id": spec.vocab - 1,
-        "training.tokens_per_step": tokens_per_step, "training.lr": lr, "training.grad_clip": 1.0})
+        "training.tokens_per_step": tokens_per_step, "training.lr": lr, "training.grad_clip": 1.0,
+        "drafter.sliding_window": sliding_window, "drafter.layer_types": layer_types})
 
 
 def random_rows(n: int, lengths: tuple[int, int], vocab: int, seed: int):
@@ -411,7 +413,9 @@ def run(work: Path, device: str, targets: tuple[TargetSpec, ...] = (TINY, WIDE),
         first = spec is targets[0]
         folder = build_target(spec, work / spec.name, device=device if cuda else "cpu",
                               dtype="float32" if first else "bfloat16")
-        cfg = run_config(folder, spec, work)
+        # two draft layers, the second sliding (window 48 < the rows): flex's windowed block mask meets dense SDPA's
+        cfg = run_config(folder, spec, work, drafter_layers=2, sliding_window=48,
+                         layer_types=["full_attention", "sliding_attention"])
         rows = random_rows(sizes.rows if first else 12, sizes.lengths, spec.vocab, seed=1)
         ref, ref_tps = extract(cfg, rows, "cpu")
         got, got_tps = extract(cfg, rows, device)
@@ -434,7 +438,7 @@ def run(work: Path, device: str, targets: tuple[TargetSpec, ...] = (TINY, WIDE),
                        f"mismatching prompts ({len(ties)} numerical ties); tau {tau}")
         elif cuda:
             wide = run_config(folder, spec, work, drafter_layers=1, block_size=16, max_anchors=128,
-                              tokens_per_step=8192, lr=1e-4)
+                              tokens_per_step=8192, lr=1e-4, sliding_window=2048)  # the production window
             rows_w = random_rows(16, (1500, 2500), spec.vocab, seed=2)
             feats_w, tps = extract(wide, rows_w, device)
             report.add(f"extract/{spec.name} tokens/s, long rows", tps, None,
