@@ -101,6 +101,7 @@ def test_readme_quick_commands_work_as_shown(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two whole tiny runs: ~5 min on a quiet 2-core machine, far more under load
 def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypatch):
     """The README's tiny and streaming `run-local` commands and `status`, in a fresh folder, in README order."""
     monkeypatch.chdir(tmp_path)
