@@ -119,7 +119,7 @@ def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypa
                     r"train +done .* loss [\d.]+, slot-1 accuracy [\d.]+", r"evaluate +done .* tau [\d.]+ .*lossless "
                     r"passed", r"export +done"):
         assert re.search(pattern, out), f"no line matching {pattern!r} in:\n{out}"
-    assert sum(" started" in line for line in lines) == 9  # plan, prep, 2 generate, 2 extract, train, eval, export
+    assert sum(" started" in line for line in lines) == 10  # plan, prep, 2+2 shards, train, eval, export, report
     table = [line for line in lines if line.startswith("│")]
     assert [row.split("│")[1].strip() for row in table] == ["plan", "prep", "generate", "extract", "train",
                                                               "evaluate", "export"]
