@@ -22,7 +22,7 @@ from flashdraft.target import (
     text_config,
 )
 
-MAX_NEW = 16
+MAX_NEW = 12
 
 
 @pytest.fixture(scope="module")
