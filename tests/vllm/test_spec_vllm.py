@@ -34,7 +34,7 @@ from flashdraft.config import load_config
 from flashdraft.store import open_store
 from flashdraft.target import load_tokenizer, resolve_model_dir
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NEW = 24
 
