@@ -52,9 +52,9 @@ class FaultPlan:
 
     @classmethod
     def mixed(cls, seed: int, rate: float) -> FaultPlan:
-        """Faults on `rate` of all requests, spread over every kind; a fifth of whole data-object reads corrupted."""
+        """Faults on `rate` of all requests, spread over every kind; 3 in 10 first reads of whole data objects corrupted."""
         return cls(seed=seed, slowdown=rate * 0.35, error500=rate * 0.2, reset=rate * 0.25, latency=rate * 0.2,
-                   corrupt=0.2)
+                   corrupt=0.3)
 
 
 class S3FaultProxy:
@@ -129,7 +129,9 @@ class S3FaultProxy:
             x -= p
         # Corruption is drawn separately, over the requests it can hit: there are few of them (whole-object reads
         # of data objects), and a rate over all requests would rarely reach one.
-        if method == "GET" and path.split("?")[0].endswith(plan.corrupt_suffixes) and rng.random() < plan.corrupt:
+        # Only first reads: in-flight corruption is transient, the re-read comes back clean.
+        if (n == 0 and method == "GET" and path.split("?")[0].endswith(plan.corrupt_suffixes)
+                and rng.random() < plan.corrupt):
             return "corrupt"
         return None
 
