@@ -52,9 +52,9 @@ class FaultPlan:
 
     @classmethod
     def mixed(cls, seed: int, rate: float) -> FaultPlan:
-        """Faults on `rate` of all requests over every kind; 3 in 10 first reads of whole data objects corrupted."""
+        """Faults on `rate` of all requests over every kind; every first read of a whole data object corrupted."""
         return cls(seed=seed, slowdown=rate * 0.35, error500=rate * 0.2, reset=rate * 0.25, latency=rate * 0.2,
-                   corrupt=0.3)
+                   corrupt=1.0)
 
 
 class S3FaultProxy:
