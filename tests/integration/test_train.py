@@ -111,10 +111,11 @@ def _params(cfg) -> dict[str, torch.Tensor]:
     return load_bytes(store.get_verified(f"{latest_checkpoint(store)['prefix']}/model.safetensors"))
 
 
-def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("vocab", [None, 64], ids=["full-vocab", "draft-vocab"])
+def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab):
     seqs = rule_sequences(96, seed=1)
     full = train_cfg(tiny_cfg, **{"run_id": "full", "training.epochs": 2, "training.grad_accum": 2,
-                                  "training.checkpoint_every": 2})
+                                  "training.checkpoint_every": 2, "drafter.draft_vocab_size": vocab})
     part = full.with_overrides({"run_id": "resumed"})
     write_shards(full, seqs)
     write_shards(part, seqs)
@@ -131,6 +132,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path):
         torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
     for ha, hb in zip(a["history"], b["history"], strict=True):
         assert abs(ha["loss"] - hb["loss"]) < 1e-5
+    if vocab:  # the draft vocabulary: every response token (ids 1000..1047), then the most frequent others
+        assert pa["d2t"].dtype == torch.int64 and set(range(1000, 1048)) <= set(pa["d2t"].tolist())
 
 
 @pytest.mark.slow
