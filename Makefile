@@ -50,8 +50,9 @@ $(VLLM_VENV)/.ready:
 
 vllm-venv: $(VLLM_VENV)/.ready
 
+VLLM_TESTS ?= tests
 test-vllm: install vllm-venv
-	FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) -q -m vllm tests
+	FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) -q -m vllm $(VLLM_TESTS)
 
 # The peer for benchmarks/bench_train.py: speculators 0.9.0 (its DFlash model + eager loss) in its own venv; its
 # declared deps pull torchvision/torchaudio/vLLM-era pins, so only the packages its imports need are installed.

@@ -152,8 +152,21 @@ def clean_runs(s3_server):
     return Runs()
 
 
+
+def _root_conftest():
+    """tests/conftest.py by path: `from conftest import` is ambiguous once tests/k8s/conftest.py is loaded too
+    (both are top-level modules named `conftest`, and the last one imported wins)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_flashdraft_tests_conftest",
+                                                  Path(__file__).resolve().parents[1] / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 def _aws(mp: pytest.MonkeyPatch) -> None:
-    from conftest import S3_KEY, S3_SECRET
+    c = _root_conftest()
+    S3_KEY, S3_SECRET = c.S3_KEY, c.S3_SECRET
 
     mp.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
     mp.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
@@ -341,7 +354,8 @@ def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times
 
 
 def _rclone(data: Path, port: int) -> subprocess.Popen:
-    from conftest import S3_KEY, S3_SECRET, _venv_bin
+    c = _root_conftest()
+    S3_KEY, S3_SECRET, _venv_bin = c.S3_KEY, c.S3_SECRET, c._venv_bin
 
     proc = subprocess.Popen([_venv_bin("rclone"), "serve", "s3", "--auth-key", f"{S3_KEY},{S3_SECRET}", "--addr",
                              f"127.0.0.1:{port}", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -362,7 +376,7 @@ def test_s3_server_killed_and_restarted_mid_run_resumes_and_completes(clean_runs
                                                                       tmp_path):
     import threading
 
-    from conftest import _free_port
+    _free_port = _root_conftest()._free_port
     from flashdraft.components.extract.extract import run_extract
 
     _aws(monkeypatch)
