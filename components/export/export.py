@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import torch
-from flashdraft.components.export.zlab import (
+from flashdraft.zlab import (
     MASK_PT,
     MASK_ST,
     draft_vocab_tensors,

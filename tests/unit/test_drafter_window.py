@@ -110,7 +110,7 @@ def test_drafter_config_fields_and_errors(tiny_cfg):
 
 def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
     from flashdraft.components.export.export import _files_zlab
-    from flashdraft.components.export.zlab import read_zlab
+    from flashdraft.zlab import read_zlab
 
     hf = load_hf_config(tiny_cfg.target)
     cfg = load_config(preset="tiny", overrides={"drafter.num_layers": 2, "drafter.num_heads": 8,
@@ -141,7 +141,7 @@ def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
 def test_production_preset_drafter_is_the_published_geometry():
     """qwen3.6-27b's drafter section on a config of the real target's text model (no weights) gives the published
     drafter's layer geometry (SpecForge configs/qwen3.6-27b-dflash2.json) in the exported config.json."""
-    from flashdraft.components.export.zlab import zlab_config
+    from flashdraft.zlab import zlab_config
     from transformers import Qwen3_5Config
 
     cfg = load_config(preset="qwen3.6-27b")

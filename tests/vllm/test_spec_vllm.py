@@ -111,7 +111,7 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.components.evaluate.evaluate import _eos_ids
     from flashdraft.components.evaluate.spec import speculative_generate
     from flashdraft.components.export.export import _files_zlab
-    from flashdraft.components.export.zlab import read_zlab
+    from flashdraft.zlab import read_zlab
 
     from flashdraft.drafter.model import DFlashDrafter
     from flashdraft.target import load_causal_lm
