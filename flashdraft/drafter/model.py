@@ -584,7 +584,7 @@ class DFlashDrafter(nn.Module):
                 config = json.loads((folder / CONFIG_FILE).read_text())
                 weights = load_bytes((folder / WEIGHTS_FILE).read_bytes())
             elif (folder / "config.json").is_file():
-                from flashdraft.components.export.zlab import read_zlab
+                from flashdraft.zlab import read_zlab
 
                 config, weights = read_zlab(folder)
             else:
