@@ -59,15 +59,16 @@ def _marker_message(store: ObjectStore, key: str) -> str:
 
 
 def _released_key(key: str) -> str:
-    return f"{STREAM_PREFIX}/released/{key.replace('/', '__')}"
+    return f"{STREAM_PREFIX}/released/{key.replace('/', '__')}.json"
 
 
 def released_part(store: ObjectStore, key: str) -> dict | None:
-    """Stats of a part the consumer already used up and deleted ({samples, tokens, bytes, sha256}), else None."""
-    try:
-        return store.get_json(_released_key(key))
-    except FileNotFoundError:
-        return None
+    """Stats of a part the consumer already used up and deleted ({samples, tokens, bytes, sha256}), else None.
+
+    The tombstone is committed and read back verified: its sha256 ends up in the shard's DONE record, so a
+    byte flipped in flight must be re-read, not copied (the fault tests caught exactly that)."""
+    tombstone = _released_key(key)
+    return store.get_json_verified(tombstone) if store.is_committed(tombstone) else None
 
 
 class WindowProducer:
@@ -136,9 +137,9 @@ class WindowConsumer:
             return False
         rec = self.store.read_commit(key)
         if rec is not None:  # a tombstone, so a resumed producer knows this part existed
-            self.store.put_json(_released_key(key), {"samples": rec.meta.get("samples"),
-                                                     "tokens": rec.meta.get("tokens"), "bytes": rec.size,
-                                                     "sha256": rec.sha256})
+            self.store.commit_json(_released_key(key), {"samples": rec.meta.get("samples"),
+                                                        "tokens": rec.meta.get("tokens"), "bytes": rec.size,
+                                                        "sha256": rec.sha256})
         self.store.uncommit(key)
         for k in self.store.list(marker + "/"):
             self.store.delete(k)

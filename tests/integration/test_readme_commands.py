@@ -47,6 +47,8 @@ NOT_HERE = {
                                                "tests/integration/test_train.py",
     "flashdraft train --preset qwen3.6-27b": "8 GPUs and the 27B target",
     "make bench": "minutes of benchmarks (benchmarks/)",
+    ".venv/bin/python benchmarks/bench_train.py": "minutes of training per recipe, in the bench venv (`make bench-venv`); "
+                                                  "its parts are tested in tests/unit/test_bench_train.py",
     "vllm serve": "vLLM on a GPU with the real target",
     "python -m sglang.launch_server": "SGLang on a GPU with the real target",
 }
