@@ -34,10 +34,10 @@ from flashdraft.components.prep.demo import demo_rows
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from flashdraft import layout
 from flashdraft.capture import capture_layers
 from flashdraft.config import CODECS, StorageConfig, load_config
 from flashdraft.features.codecs import Codec, relative_error_per_layer
-from flashdraft.features.manifest import part_key
 from flashdraft.features.reader import OfflineReader
 from flashdraft.features.shard import build_shard, encode_sample
 from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
@@ -223,7 +223,7 @@ def bench_reader(cfg, samples: list[dict], feats: list[torch.Tensor], work: Path
                      for s, f in zip(samples, feats, strict=True)]
             store = s3.child(name)
             for c in range(copies):
-                store.commit(part_key(c, 0), build_shard(codec, ids, feats[0].shape[-1], {}, blobs),
+                store.commit(layout.feature_part_key(c, 0), build_shard(codec, ids, feats[0].shape[-1], {}, blobs),
                              {"samples": len(blobs)})
             for whole in (True, False):
                 reader = OfflineReader(store, seed=0, threads=8, prefetch=32, whole_parts=whole)

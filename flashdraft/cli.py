@@ -22,6 +22,7 @@ _COMMAND_MODULES = [
     "flashdraft.components.train.cli",
     "flashdraft.components.export.cli",
     "flashdraft.components.evaluate.cli",
+    "flashdraft.components.report.cli",
     "flashdraft.pipelines.cli",
 ]
 

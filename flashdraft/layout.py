@@ -1,6 +1,7 @@
 """Where each stage's outputs live inside a run's store (`storage.root/<run_id>/`).
 
-One place for the key names, so a stage and its consumers can never disagree about a path.
+One place for the key names, so a stage and its consumers can never disagree about a path. Only names live here;
+what the objects hold is documented by the module that writes them (named beside each group).
 """
 
 PROMPTS = "prompts"          # prompts/train-00000.parquet ..., prompts/eval.parquet, prompts/manifest.json
@@ -10,6 +11,7 @@ CHECKPOINTS = "checkpoints"  # checkpoints/step-00000100/...
 EXPORT = "export"            # export/zlab/, export/speculators/
 REPORTS = "reports"          # reports/report.html, reports/summary.md
 METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
+STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/status.py)
 
 
 def shard_name(index: int) -> str:
@@ -37,3 +39,84 @@ def responses_done_key(shard: int) -> str:
 
 def metrics_key(stage: str) -> str:
     return f"{METRICS}/{stage}.json"
+
+
+def metrics_name(key: str) -> str | None:
+    """The task name of a `metrics/<name>.json` key (`train`, `extract-shard-00001`); None for any other key."""
+    prefix = METRICS + "/"
+    if key.startswith(prefix) and key.endswith(".json"):
+        return key[len(prefix): -len(".json")]
+    return None
+
+
+def status_key(task: str) -> str:
+    """The committed state record of one task (`task` as named by status.task_name)."""
+    return f"{STATUS}/{task}.json"
+
+
+def responses_shard_prefix(shard: int) -> str:
+    return f"{RESPONSES}/{shard_name(shard)}/"
+
+
+# -- features (flashdraft/features/manifest.py, shard.py) ---------------------------------------------------
+
+FEATURE_PART_SUFFIX = ".fds"
+FEATURES_MANIFEST = f"{FEATURES}/manifest.json"
+
+
+def feature_shard_prefix(shard: int) -> str:
+    return f"{FEATURES}/{shard_name(shard)}/"
+
+
+def feature_part_key(shard: int, part: int) -> str:
+    return f"{feature_shard_prefix(shard)}part-{part:05d}{FEATURE_PART_SUFFIX}"
+
+
+def features_done_key(shard: int) -> str:
+    """Committed JSON marking an extraction shard complete (its parts' stats)."""
+    return f"{feature_shard_prefix(shard)}DONE"
+
+
+# -- streaming markers (flashdraft/features/window.py) -----------------------------------------------------
+
+STREAM = f"{FEATURES}/_stream"
+STREAM_EOS = f"{STREAM}/EOS"        # producer finished
+STREAM_FAILED = f"{STREAM}/FAILED"  # producer failed
+STREAM_STOP = f"{STREAM}/STOP"      # consumer stopped
+
+
+def stream_consumed_prefix(part_key: str) -> str:
+    """Folder of the per-worker markers that a streamed part was consumed (ends with "/")."""
+    return f"{STREAM}/consumed/{part_key.replace('/', '__')}/"
+
+
+def stream_consumed_key(part_key: str, worker: int) -> str:
+    return f"{stream_consumed_prefix(part_key)}worker-{worker:05d}"
+
+
+def stream_released_key(part_key: str) -> str:
+    """Tombstone of a streamed part the consumer used up and deleted."""
+    return f"{STREAM}/released/{part_key.replace('/', '__')}.json"
+
+
+# -- checkpoints (flashdraft/checkpoint.py) -------------------------------------------------------------------
+
+CHECKPOINT_LATEST = f"{CHECKPOINTS}/latest.json"
+
+
+def checkpoint_prefix(step: int) -> str:
+    return f"{CHECKPOINTS}/step-{step:08d}"
+
+
+# -- export (components/export/export.py) and report (components/report/report.py) --------------------------
+
+
+def export_prefix(fmt: str) -> str:
+    """Folder of one exported drafter format (`zlab`, `speculators`)."""
+    return f"{EXPORT}/{fmt}/"
+
+
+REPORT_HTML = f"{REPORTS}/report.html"
+REPORT_MARKDOWN = f"{REPORTS}/summary.md"
+REPORT_SCALARS = f"{REPORTS}/metrics.json"
+REPORT_CONFIG = f"{REPORTS}/config.json"

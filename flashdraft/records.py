@@ -61,7 +61,7 @@ def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
 
 def response_chunk_keys(store: ObjectStore, shard: int) -> list[str]:
     """Committed response chunks of one generation shard, in order."""
-    prefix = f"{layout.RESPONSES}/{layout.shard_name(shard)}/"
+    prefix = layout.responses_shard_prefix(shard)
     return [k for k in store.list_committed(prefix) if k.endswith(".parquet")]
 
 

@@ -21,7 +21,6 @@ from flashdraft import layout
 from flashdraft.config import STAGES
 from flashdraft.store import ObjectStore
 
-STATUS = "status"
 NOT_RUN = "not run"
 # Display order: the pipeline's stages, with the streaming `stream-end` step after extract.
 ORDER = (*STAGES[:4], "stream-end", *STAGES[4:])
@@ -37,7 +36,7 @@ def task_name(stage: str, shard: int | None = None) -> str:
 
 
 def status_key(stage: str, shard: int | None = None) -> str:
-    return f"{STATUS}/{task_name(stage, shard)}.json"
+    return layout.status_key(task_name(stage, shard))
 
 
 class StageRecord(BaseModel):
@@ -200,7 +199,7 @@ def headline(stage: str, figs: dict[str, float]) -> str:
 def read_records(store: ObjectStore) -> list[StageRecord]:
     """Every committed task record of the run (unreadable ones are skipped: the metrics still show the stage)."""
     out = []
-    for key in store.list_committed(STATUS + "/"):
+    for key in store.list_committed(layout.STATUS + "/"):
         try:
             out.append(StageRecord.model_validate(store.get_json_verified(key)))
         except Exception:  # noqa: BLE001 - one bad record must not hide the others
@@ -210,8 +209,8 @@ def read_records(store: ObjectStore) -> list[StageRecord]:
 
 def metrics_names(store: ObjectStore) -> list[str]:
     """Names of the committed metrics files (`train`, `extract-shard-00001`), without reading them."""
-    prefix = layout.METRICS + "/"
-    return [k[len(prefix): -len(".json")] for k in store.list_committed(prefix) if k.endswith(".json")]
+    names = (layout.metrics_name(k) for k in store.list_committed(layout.METRICS + "/"))
+    return [n for n in names if n is not None]
 
 
 def read_record(store: ObjectStore, stage: str, shard: int | None = None) -> StageRecord | None:

@@ -124,7 +124,7 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
 def outcome(cfg: RunConfig) -> dict[str, Any]:
     """What a finished run left in the store: stage states and the first failed task, report path, tau, planned vs
     stored feature bytes."""
-    from flashdraft.components.evaluate.report import stage_metrics
+    from flashdraft.components.report.report import stage_metrics
 
     from flashdraft import layout
     from flashdraft.features.manifest import committed_parts
@@ -150,9 +150,8 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
     out["stored_parts"] = len(parts)
     if stream:
         out["streaming"] = stream
-    report_key = f"{layout.REPORTS}/report.html"
-    if store.exists(report_key):
-        url = store.url(report_key)
+    if store.exists(layout.REPORT_HTML):
+        url = store.url(layout.REPORT_HTML)
         out["report"] = urlparse(url).path if url.startswith("file://") else url
     return out
 
@@ -160,7 +159,7 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
 def print_outcome(console: Any, result: dict[str, Any]) -> None:
     """The end of the console: the stage table, the run's key figures, where the report and logs are, and for a
     failed run, last, the failed task, its exception and its log file."""
-    from flashdraft.components.evaluate.report import fmt_bytes
+    from flashdraft.components.report.report import fmt_bytes
     from flashdraft.pipelines.console import summary_table
 
     def say(text: str, style: str | None = None) -> None:

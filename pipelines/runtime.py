@@ -217,7 +217,7 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
     # A restarted pair (after a kill or a failure) starts both sides afresh: markers left by the previous attempt
     # (a producer FAILED, a consumer STOP) would end the new one at once.
     store = open_store(cfg.storage, cfg.run_id)
-    for stale in (window.FAILED_KEY, window.STOP_KEY):
+    for stale in (layout.STREAM_FAILED, layout.STREAM_STOP):
         if store.exists(stale):
             log.info("streaming: clearing %s from a previous attempt", stale)
             store.delete(stale)
@@ -238,7 +238,7 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
             raise
         store = open_store(cfg.storage, cfg.run_id)
         # The trainer may finish first (training.max_steps): a producer still waiting for room would wait forever.
-        stopped_early = producer.poll() is None and not store.exists(window.EOS_KEY)
+        stopped_early = producer.poll() is None and not store.exists(layout.STREAM_EOS)
         if stopped_early:
             stopping.set()
             log.info("streaming: the trainer finished before the producers; stopping them")
@@ -259,13 +259,13 @@ def end_stream(cfg: RunConfig) -> dict[str, Any]:
 
     Runs even when extract tasks failed (after their retries), so the trainer never waits for a dead producer.
     """
-    from flashdraft.features.manifest import done_key
+    from flashdraft import layout
     from flashdraft.features.window import WindowProducer
     from flashdraft.store import open_store
 
     store = open_store(cfg.storage, cfg.run_id)
     producer = WindowProducer(store, cfg.mode)
-    missing = [s for s in range(cfg.data.num_shards) if not store.is_committed(done_key(s))]
+    missing = [s for s in range(cfg.data.num_shards) if not store.is_committed(layout.features_done_key(s))]
     if missing:
         producer.fail(f"extraction did not complete shard(s) {missing}")
         raise RuntimeError(f"streaming: extraction did not complete shard(s) {missing}; the trainer was told")
@@ -283,7 +283,7 @@ def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
 def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path: str, metrics: Any = None) -> str:
     """Exit handler body: the run report (whatever stages ran), copied into the task's HTML/Markdown artifacts, and
     every stage's state and figures (report/metrics.json) as this step's KFP Metrics."""
-    from flashdraft.components.evaluate.report import run_report
+    from flashdraft.components.report.report import run_report
 
     header = f"# flashdraft run `{cfg.run_id}`: {state}\n\n" + (f"Error: {error}\n\n" if error else "")
 

@@ -1,1 +1,1 @@
-"""Stage 5: speculative evaluation of the trained drafter (tau, acceptance, speed, lossless check) and the report."""
+"""Stage 5: speculative evaluation of the trained drafter (tau, acceptance, speed, lossless check)."""

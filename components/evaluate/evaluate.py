@@ -79,12 +79,13 @@ def _eos_ids(tok, model) -> set[int]:
 
 def trained_drafter_prefix(store: ObjectStore) -> str:
     """The checkpoint folder the trainer's `checkpoints/latest.json` names (committed after all its files)."""
-    from flashdraft.components.train.checkpoint import LATEST, latest_checkpoint
+    from flashdraft import layout
+    from flashdraft.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(store)
     if latest is None:
-        raise FileNotFoundError(f"no trained drafter: {store.url(LATEST)} is not committed; run `flashdraft train` "
-                                "first")
+        raise FileNotFoundError(f"no trained drafter: {store.url(layout.CHECKPOINT_LATEST)} is not committed; "
+                                "run `flashdraft train` first")
     if not latest.get("final"):
         log.warning("evaluate: training has not finished; using its newest checkpoint %s", latest["prefix"])
     return latest["prefix"]

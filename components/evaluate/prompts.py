@@ -38,7 +38,7 @@ def opening_messages(messages: list[dict[str, Any]], regenerate_turns: list[int]
 
 def encode_chat(tok, messages: list[dict[str, Any]], where: str) -> list[int]:
     """Generation-prompt token ids, rendered exactly as the generate stage renders training prompts."""
-    from flashdraft.components.generate.chat import build_turn
+    from flashdraft.chat import build_turn
 
     if not messages:
         raise ValueError(f"{where}: no user/system message before the first assistant turn")

@@ -9,6 +9,11 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors.torch import save as save_bytes
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.store import io_counters, open_store
 from flashdraft.zlab import (
     MASK_PT,
     MASK_ST,
@@ -17,11 +22,6 @@ from flashdraft.zlab import (
     split_mask,
     zlab_config,
 )
-from safetensors.torch import save as save_bytes
-
-from flashdraft import layout
-from flashdraft.config import RunConfig
-from flashdraft.store import io_counters, open_store
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
                speculators: bool = False) -> dict:
     """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
     `out_dir/<format>/`. dtype: bfloat16 (z-lab checkpoints' dtype), float16 or float32 (bit-exact)."""
-    from flashdraft.components.train.checkpoint import latest_checkpoint
-
+    from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.drafter.model import DFlashDrafter
     from flashdraft.target import load_hf_config
 
@@ -100,11 +99,11 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
         for fname, data in files.items():
             if folder is not None:
                 (folder / fname).write_bytes(data)
-            store.commit(f"{layout.EXPORT}/{name}/{fname}", data)
+            store.commit(layout.export_prefix(name) + fname, data)
         summary["formats"][name] = {"local": str(folder.resolve()) if folder else None,
-                                    "store": store.url(f"{layout.EXPORT}/{name}/"),
+                                    "store": store.url(layout.export_prefix(name)),
                                     "bytes": {f: len(d) for f, d in files.items()}}
-        log.info("exported %s to %s%s", name, store.url(f"{layout.EXPORT}/{name}/"),
+        log.info("exported %s to %s%s", name, store.url(layout.export_prefix(name)),
                  f" and {folder}" if folder else "")
     summary["store_io"] = io_counters(io0)
     store.commit_json(layout.metrics_key("export"), summary)

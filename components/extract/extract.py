@@ -35,15 +35,7 @@ import torch
 from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
-from flashdraft.features.manifest import (
-    build_manifest,
-    codec_from_config,
-    committed_parts,
-    done_key,
-    make_provenance,
-    part_key,
-    shard_prefix,
-)
+from flashdraft.features.manifest import build_manifest, codec_from_config, committed_parts, make_provenance
 from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
 from flashdraft.features.window import WindowProducer, released_part
 from flashdraft.records import iter_responses
@@ -159,10 +151,10 @@ class HFFeatureSource:
 
 def _resume_point(store: ObjectStore, shard: int, rows: list[Row]) -> tuple[int, int]:
     """(next part index, samples already committed) from the contiguous committed parts of this shard."""
-    done_parts = {k for k in committed_parts(store) if k.startswith(shard_prefix(shard))}
+    done_parts = {k for k in committed_parts(store) if k.startswith(layout.feature_shard_prefix(shard))}
     part, skip = 0, 0
     while True:
-        key = part_key(shard, part)
+        key = layout.feature_part_key(shard, part)
         if key not in done_parts:
             released = released_part(store, key)  # streaming: already consumed and deleted by the trainer
             if released is None:
@@ -231,7 +223,7 @@ class ShardWriter(threading.Thread):
                     break
 
     def _commit_part(self) -> None:
-        key = part_key(self.shard, self.part)
+        key = layout.feature_part_key(self.shard, self.part)
         data = build_shard(self.codec, self.layer_ids, self.hidden, self.provenance, self.pending)
         tokens = sum(t for _, t, _ in self.pending)
         meta = {"samples": len(self.pending), "tokens": tokens, "provenance": self.provenance}
@@ -267,7 +259,7 @@ def run_extract(cfg: RunConfig, shard: int) -> dict:
     except Exception as exc:
         window.fail(f"extract shard {shard}: {type(exc).__name__}: {exc}")
         raise
-    if all(store.is_committed(done_key(k)) for k in range(cfg.data.num_shards)):
+    if all(store.is_committed(layout.features_done_key(k)) for k in range(cfg.data.num_shards)):
         window.finish()
     return summary
 
@@ -279,8 +271,8 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
-    if store.is_committed(done_key(shard)):
-        summary = store.get_json_verified(done_key(shard))
+    if store.is_committed(layout.features_done_key(shard)):
+        summary = store.get_json_verified(layout.features_done_key(shard))
         log.info("features shard %d already complete: nothing to do", shard)
         return {**summary, "skipped": True}
     geo = target_geometry(cfg.target)  # from the text config (nested under text_config in Qwen3.5/3.6)
@@ -336,7 +328,7 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     summary["bytes_per_token"] = round(summary["bytes"] / max(summary["tokens"], 1), 2)
     store.commit_json(layout.metrics_key(f"extract-{layout.shard_name(shard)}"),
                       {**summary, "store_io": io_counters(io0)})
-    store.commit_json(done_key(shard), summary)
+    store.commit_json(layout.features_done_key(shard), summary)
     build_manifest(store)
     log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary["samples"],
              summary["tokens"], summary["bytes_per_token"], summary["tokens_per_s"] or 0)
@@ -347,7 +339,7 @@ def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[st
     """(key, {samples, tokens, bytes, sha256}) of parts 0..num_parts-1, stored or (streaming) released."""
     out = []
     for p in range(num_parts):
-        key = part_key(shard, p)
+        key = layout.feature_part_key(shard, p)
         rec = store.read_commit(key)
         stats = released_part(store, key) if rec is None else {
             "samples": rec.meta["samples"], "tokens": rec.meta["tokens"], "bytes": rec.size, "sha256": rec.sha256}

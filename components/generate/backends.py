@@ -17,9 +17,8 @@ import subprocess
 import sys
 import time
 
+from flashdraft.chat import Reply
 from flashdraft.config import RunConfig
-
-from .chat import Reply
 
 log = logging.getLogger(__name__)
 VLLM_PYTHON_ENV = "FLASHDRAFT_VLLM_PYTHON"

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from flashdraft import layout
+from flashdraft.chat import Reply, build_turn
 from flashdraft.config import RunConfig
 from flashdraft.records import (
     PROMPT_SCHEMA,
@@ -30,8 +31,6 @@ from flashdraft.records import (
     table_to_parquet_bytes,
 )
 from flashdraft.store import NotCommittedError, ObjectStore, io_counters, open_store
-
-from .chat import Reply, build_turn
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from flashdraft.components.generate.chat import prompt_token_count
-
 from flashdraft import layout
+from flashdraft.chat import prompt_token_count
 from flashdraft.config import RunConfig
 from flashdraft.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.store import io_counters, open_store

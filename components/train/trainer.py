@@ -7,7 +7,7 @@
 * Step: `grad_accum` micro-batches, each normalised on its own (see drafter/loss.py), averaged; AdamW, cosine
   with `warmup_ratio` warmup, grad-norm clip; bf16 autocast on CUDA. DDP by default, FSDP2 (`fully_shard` per
   layer) with `training.strategy=fsdp2`.
-* Checkpoints (components/train/checkpoint.py) every `checkpoint_every` optimizer steps and at the end. The
+* Checkpoints (flashdraft/checkpoint.py) every `checkpoint_every` optimizer steps and at the end. The
   data position is (epoch, micro-batches done in it), or in streaming mode each rank's stream position (the
   reader releases a part from the window only once a checkpoint covers it); anchors are a pure function of
   (seed, epoch, sample), so an interrupted + resumed run reproduces an uninterrupted one in both modes.
@@ -242,14 +242,14 @@ def streaming_total_steps(cfg: RunConfig) -> int:
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
     """Train (or resume) and return the JSON summary. `stop_after` ends the process's work after that many
     optimizer steps without a final checkpoint (simulated preemption for tests)."""
-    from flashdraft.components.train.checkpoint import (
+    from tqdm import tqdm
+
+    from flashdraft.checkpoint import (
         latest_checkpoint,
         load_checkpoint,
         load_rank_state,
         save_checkpoint,
     )
-    from tqdm import tqdm
-
     from flashdraft.features.reader import open_reader
     from flashdraft.target import set_cpu_threads
 

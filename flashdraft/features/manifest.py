@@ -23,8 +23,6 @@ from flashdraft.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-PART_SUFFIX = ".fds"
-MANIFEST_KEY = f"{layout.FEATURES}/manifest.json"
 # Fields that must match between the data and the training config (flashdraft_version is informational).
 CHECKED_FIELDS = ("target_model", "target_revision", "target_source", "tokenizer_sha", "chat_template_sha",
                   "layer_ids", "hidden_size", "codec")
@@ -32,18 +30,6 @@ CHECKED_FIELDS = ("target_model", "target_revision", "target_source", "tokenizer
 
 class ProvenanceError(ValueError):
     """Feature data made for a different target/tokenizer/layers/codec than the training config."""
-
-
-def shard_prefix(shard: int) -> str:
-    return f"{layout.FEATURES}/{layout.shard_name(shard)}/"
-
-
-def part_key(shard: int, part: int) -> str:
-    return f"{shard_prefix(shard)}part-{part:05d}{PART_SUFFIX}"
-
-
-def done_key(shard: int) -> str:
-    return f"{shard_prefix(shard)}DONE"
 
 
 def flashdraft_version() -> str:
@@ -90,7 +76,7 @@ def check_provenance(expected: dict, found: dict, where: str) -> None:
 
 def committed_parts(store: ObjectStore) -> list[str]:
     """Keys of every committed feature shard, in (generation shard, part) order."""
-    return [k for k in store.list_committed(f"{layout.FEATURES}/") if k.endswith(PART_SUFFIX)]
+    return [k for k in store.list_committed(f"{layout.FEATURES}/") if k.endswith(layout.FEATURE_PART_SUFFIX)]
 
 
 def build_manifest(store: ObjectStore) -> dict:
@@ -109,5 +95,5 @@ def build_manifest(store: ObjectStore) -> dict:
                 "totals": {"parts": len(parts), "samples": sum(p["samples"] or 0 for p in parts.values()),
                            "tokens": sum(p["tokens"] or 0 for p in parts.values()),
                            "bytes": sum(p["bytes"] for p in parts.values())}}
-    store.commit_json(MANIFEST_KEY, manifest)
+    store.commit_json(layout.FEATURES_MANIFEST, manifest)
     return manifest

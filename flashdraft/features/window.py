@@ -27,10 +27,6 @@ from flashdraft.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-STREAM_PREFIX = f"{layout.FEATURES}/_stream"
-EOS_KEY = f"{STREAM_PREFIX}/EOS"
-FAILED_KEY = f"{STREAM_PREFIX}/FAILED"
-STOP_KEY = f"{STREAM_PREFIX}/STOP"
 
 
 class StreamFailed(RuntimeError):
@@ -58,16 +54,12 @@ def _marker_message(store: ObjectStore, key: str) -> str:
         return ""
 
 
-def _released_key(key: str) -> str:
-    return f"{STREAM_PREFIX}/released/{key.replace('/', '__')}.json"
-
-
 def released_part(store: ObjectStore, key: str) -> dict | None:
     """Stats of a part the consumer already used up and deleted ({samples, tokens, bytes, sha256}), else None.
 
     The tombstone is committed and read back verified: its sha256 ends up in the shard's DONE record, so a
     byte flipped in flight must be re-read, not copied (the fault tests caught exactly that)."""
-    tombstone = _released_key(key)
+    tombstone = layout.stream_released_key(key)
     return store.get_json_verified(tombstone) if store.is_committed(tombstone) else None
 
 
@@ -82,8 +74,9 @@ class WindowProducer:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         waited = False
         while True:
-            if self.store.exists(STOP_KEY):
-                raise StreamFailed(f"the consumer stopped the stream: {_marker_message(self.store, STOP_KEY)}")
+            if self.store.exists(layout.STREAM_STOP):
+                stop = _marker_message(self.store, layout.STREAM_STOP)
+                raise StreamFailed(f"the consumer stopped the stream: {stop}")
             parts = stored_parts(self.store)
             if sum(parts.values()) + nbytes <= self.mode.window_bytes and len(parts) + 1 <= self.mode.window_shards:
                 if waited:
@@ -98,14 +91,10 @@ class WindowProducer:
             time.sleep(self.poll_s)
 
     def finish(self) -> None:
-        self.store.put_json(EOS_KEY, {"message": "producer finished"})
+        self.store.put_json(layout.STREAM_EOS, {"message": "producer finished"})
 
     def fail(self, message: str) -> None:
-        self.store.put_json(FAILED_KEY, {"message": message})
-
-
-def _consumed_marker(key: str) -> str:
-    return f"{STREAM_PREFIX}/consumed/{key.replace('/', '__')}"
+        self.store.put_json(layout.STREAM_FAILED, {"message": message})
 
 
 class WindowConsumer:
@@ -117,7 +106,7 @@ class WindowConsumer:
 
     def done_by_me(self, key: str) -> bool:
         """This worker already finished `key` (other workers may still be using it)."""
-        return self.store.exists(f"{_consumed_marker(key)}/worker-{self.worker:05d}")
+        return self.store.exists(layout.stream_consumed_key(key, self.worker))
 
     def full(self) -> bool:
         """The producer cannot add another part as large as the largest stored one: it waits for a release."""
@@ -131,25 +120,25 @@ class WindowConsumer:
     def part_done(self, key: str) -> bool:
         """Mark `key` consumed by this worker; delete it once all workers have. True when it was deleted.
         Idempotent: finishing an already released part is a no-op."""
-        marker = _consumed_marker(key)
-        self.store.put(f"{marker}/worker-{self.worker:05d}", b"")
-        if len(self.store.list(marker + "/")) < self.workers:
+        marker = layout.stream_consumed_prefix(key)
+        self.store.put(layout.stream_consumed_key(key, self.worker), b"")
+        if len(self.store.list(marker)) < self.workers:
             return False
         rec = self.store.read_commit(key)
         if rec is not None:  # a tombstone, so a resumed producer knows this part existed
-            self.store.commit_json(_released_key(key), {"samples": rec.meta.get("samples"),
+            self.store.commit_json(layout.stream_released_key(key), {"samples": rec.meta.get("samples"),
                                                         "tokens": rec.meta.get("tokens"), "bytes": rec.size,
                                                         "sha256": rec.sha256})
         self.store.uncommit(key)
-        for k in self.store.list(marker + "/"):
+        for k in self.store.list(marker):
             self.store.delete(k)
         return True
 
     def check(self) -> bool:
         """True once the producer has finished; raises StreamFailed if it failed."""
-        if self.store.exists(FAILED_KEY):
-            raise StreamFailed(f"the producer failed: {_marker_message(self.store, FAILED_KEY)}")
-        return self.store.exists(EOS_KEY)
+        if self.store.exists(layout.STREAM_FAILED):
+            raise StreamFailed(f"the producer failed: {_marker_message(self.store, layout.STREAM_FAILED)}")
+        return self.store.exists(layout.STREAM_EOS)
 
     def stop(self, message: str) -> None:
-        self.store.put_json(STOP_KEY, {"message": message})
+        self.store.put_json(layout.STREAM_STOP, {"message": message})

@@ -22,7 +22,7 @@ import pytest
 
 from flashdraft import layout
 from flashdraft.config import RunConfig, load_config
-from flashdraft.features.manifest import MANIFEST_KEY, committed_parts, done_key
+from flashdraft.features.manifest import committed_parts
 from flashdraft.store import ObjectStore, StoreUnavailableError, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -91,17 +91,17 @@ def committed_outputs(store: ObjectStore, cfg: RunConfig) -> dict[str, str]:
     """sha256 of everything a run commits that must not depend on faults: responses, feature parts (streaming:
     as recorded when produced, since the trainer deletes them), the feature manifest, the final weights, the
     export. Every committed object is read back verified."""
-    from flashdraft.components.train.checkpoint import latest_checkpoint
+    from flashdraft.checkpoint import latest_checkpoint
 
     out = {k: sha(store.get_verified(k)) for k in store.list_committed(f"{layout.RESPONSES}/")
            if k.endswith(".parquet")}
     if cfg.mode.kind == "streaming":
         for shard in range(cfg.data.num_shards):
-            for part in store.get_json_verified(done_key(shard))["parts"]:
+            for part in store.get_json_verified(layout.features_done_key(shard))["parts"]:
                 out[part["key"]] = part["sha256"]
     else:
         out.update({k: sha(store.get_verified(k)) for k in committed_parts(store)})
-        out[MANIFEST_KEY] = sha(store.get_verified(MANIFEST_KEY))
+        out[layout.FEATURES_MANIFEST] = sha(store.get_verified(layout.FEATURES_MANIFEST))
     latest = latest_checkpoint(store)
     assert latest and latest["final"]
     out["weights"] = sha(store.get_verified(f"{latest['prefix']}/model.safetensors"))
@@ -212,7 +212,7 @@ def seed_from(src: ObjectStore, dst: ObjectStore, prefixes=(layout.PROMPTS, layo
 def part_shas(store: ObjectStore, cfg: RunConfig) -> dict[str, str]:
     """Feature parts of a finished extraction, as recorded in the shards' DONE summaries."""
     return {p["key"]: p["sha256"] for shard in range(cfg.data.num_shards)
-            for p in store.get_json_verified(done_key(shard))["parts"]}
+            for p in store.get_json_verified(layout.features_done_key(shard))["parts"]}
 
 
 def test_a_store_down_past_the_retry_budget_fails_the_stage_clearly_and_commits_nothing_half(
@@ -236,7 +236,7 @@ def test_a_store_down_past_the_retry_budget_fails_the_stage_clearly_and_commits_
         store = direct(cfg, s3_server)
         assert half_committed(store) == []
         assert committed_parts(store) == ["features/shard-00000/part-00000.fds"]
-        assert not store.is_committed(done_key(0))
+        assert not store.is_committed(layout.features_done_key(0))
         proxy.restore()
         run_extract(cfg, 0)  # the store is back: the rerun resumes and completes
         run_extract(cfg, 1)
@@ -298,15 +298,15 @@ def test_extraction_killed_ten_times_commits_what_an_uninterrupted_run_does(clea
     figures("extraction kill loop", **stats, mismatches=len(mismatches), half_committed=len(half))
     assert half == [], "after a kill, every committed object reads back verified"
     assert mismatches == []
-    assert store.get_verified(MANIFEST_KEY) == direct(ref_cfg, s3_server).get_verified(MANIFEST_KEY)
+    manifest = layout.FEATURES_MANIFEST
+    assert store.get_verified(manifest) == direct(ref_cfg, s3_server).get_verified(manifest)
 
 
 def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times(clean_runs, s3_server,
                                                                                   monkeypatch):
     import threading
 
-    from flashdraft.components.train.checkpoint import latest_checkpoint
-
+    from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.features.window import released_part, stored_parts
 
     _aws(monkeypatch)
@@ -477,4 +477,5 @@ def test_full_disk_and_read_only_store_root_fail_clearly_and_a_rerun_completes(c
     want = {k: v for k, v in ref.items() if k.endswith(".fds")}
     figures("full and read-only disk", parts_before_full=full_at,
             mismatches=sum(got.get(k) != v for k, v in want.items()))
-    assert got == want and store.get_verified(MANIFEST_KEY) == direct(ref_cfg, s3_server).get_verified(MANIFEST_KEY)
+    manifest = layout.FEATURES_MANIFEST
+    assert got == want and store.get_verified(manifest) == direct(ref_cfg, s3_server).get_verified(manifest)

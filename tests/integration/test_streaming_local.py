@@ -11,7 +11,6 @@ from flashdraft.pipelines.local import run_local
 
 from flashdraft import layout
 from flashdraft.config import load_config
-from flashdraft.features.window import FAILED_KEY
 from flashdraft.store import open_store
 
 # One tiny-target sample is ~100-150 KB of features and a part holds one extraction batch, so 128-token batches
@@ -48,5 +47,5 @@ def test_streaming_producer_killed_ends_the_run_with_a_clear_error(tmp_path, mon
     result = run_local(cfg, str(tmp_path / "kfp"))
     assert result["state"] == "FAILED"
     assert "train" in result["error"]
-    failed = open_store(cfg.storage, cfg.run_id).get_json(FAILED_KEY)
+    failed = open_store(cfg.storage, cfg.run_id).get_json(layout.STREAM_FAILED)
     assert "exited with status 137" in failed["message"]

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 import torch
-from flashdraft.components.train.checkpoint import latest_checkpoint
 from flashdraft.components.train.trainer import evaluate_samples, run_train
 from safetensors.torch import load as load_bytes
 
 from flashdraft import layout
 from flashdraft.capture import capture_layers
-from flashdraft.features.manifest import codec_from_config, make_provenance, part_key
-from flashdraft.features.shard import build_shard, encode_sample
+from flashdraft.checkpoint import latest_checkpoint
+from flashdraft.features.manifest import codec_from_config, make_provenance
+from flashdraft.features.shard import Sample, build_shard, encode_sample
 from flashdraft.store import open_store
 from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer, tokenizer_fingerprint
 
@@ -67,13 +67,12 @@ def write_shards(cfg, seqs, parts: int = 2) -> None:
         rows = [(sid, len(t), encode_sample(codec, t, m, f))
                 for (sid, t, m), f in zip(seqs[p * per:(p + 1) * per], feats[p * per:(p + 1) * per], strict=True)]
         data = build_shard(codec, ids, hf.hidden_size, prov, rows)
-        store.commit(part_key(0, p), data, {"samples": len(rows), "tokens": sum(r[1] for r in rows),
+        store.commit(layout.feature_part_key(0, p), data, {"samples": len(rows), "tokens": sum(r[1] for r in rows),
                                             "provenance": prov})
 
 
-def as_samples(cfg, seqs) -> list[dict]:
-    return [{"sample_id": sid, "input_ids": torch.tensor(t), "loss_mask": torch.tensor(m, dtype=torch.bool),
-             "features": f.reshape(f.shape[0], -1).bfloat16()}
+def as_samples(cfg, seqs) -> list[Sample]:
+    return [Sample(sid, torch.tensor(t), torch.tensor(m, dtype=torch.bool), f.reshape(f.shape[0], -1).bfloat16())
             for (sid, t, m), f in zip(seqs, target_features(cfg, seqs), strict=True)]
 
 
@@ -188,7 +187,7 @@ def test_streaming_interrupted_and_resumed_equals_uninterrupted(tiny_cfg):
     # 6 parts x 16 samples x 2 passes, 16 samples a step: a part spans 2 steps. Stop after step 7: the step-4
     # checkpoint covers parts 0-1 (released); part 2 was used up at step 6 but must stay for the resume from 4.
     assert run_train(part, stop_after=7) == {"stopped_at": 7, "total_steps": 50}
-    assert committed_parts(store) == [part_key(0, p) for p in range(2, 6)]
+    assert committed_parts(store) == [layout.feature_part_key(0, p) for p in range(2, 6)]
     b = run_train(part)
     assert [h["step"] for h in b["history"]] == list(range(1, a["steps"] + 1))
     for ha, hb in zip(a["history"], b["history"], strict=True):
@@ -238,7 +237,7 @@ def test_streaming_two_ranks_interrupted_and_resumed_equals_uninterrupted(tiny_c
     _two_gloo_ranks(part, stop_after=3)
     store = open_store(part.storage, part.run_id)
     assert latest_checkpoint(store)["step"] == 2
-    assert committed_parts(store) == [part_key(0, p) for p in range(2, 6)]
+    assert committed_parts(store) == [layout.feature_part_key(0, p) for p in range(2, 6)]
     _two_gloo_ranks(part)
     a, b = (open_store(c.storage, c.run_id).get_json_verified(layout.metrics_key("train")) for c in (full, part))
     assert a["steps"] == b["steps"] == 6 and a["world_size"] == 2

@@ -6,8 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from flashdraft.components.train.checkpoint import LATEST, step_prefix
-
+from flashdraft import layout
 from flashdraft.store import open_store
 
 
@@ -17,10 +16,10 @@ def commit_drafter(cfg, seed: int, step: int = 1) -> str:
     from flashdraft.target import load_hf_config
 
     store = open_store(cfg.storage, cfg.run_id)
-    prefix = step_prefix(step)
+    prefix = layout.checkpoint_prefix(step)
     with tempfile.TemporaryDirectory() as tmp:
         build_drafter(cfg, load_hf_config(cfg.target), seed=seed).save_pretrained(tmp)
         for f in sorted(Path(tmp).iterdir()):
             store.commit(f"{prefix}/{f.name}", f.read_bytes())
-    store.commit_json(LATEST, {"step": step, "prefix": prefix, "final": True})
+    store.commit_json(layout.CHECKPOINT_LATEST, {"step": step, "prefix": prefix, "final": True})
     return store.url(prefix)

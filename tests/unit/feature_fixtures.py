@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from flashdraft.features.codecs import Codec
-from flashdraft.features.manifest import expected_provenance, part_key
+from flashdraft.features.manifest import expected_provenance
 from flashdraft.features.shard import build_shard, encode_sample
+from flashdraft.layout import feature_part_key
 from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.store import ObjectStore, open_store
 
@@ -43,8 +44,8 @@ def commit_parts(store: ObjectStore, cfg, layout: dict[int, list[int]]) -> list[
     for shard, counts in layout.items():
         for part, n in enumerate(counts):
             data, meta = part_bytes(cfg, shard, part, n)
-            store.commit(part_key(shard, part), data, meta)
-            keys.append(part_key(shard, part))
+            store.commit(feature_part_key(shard, part), data, meta)
+            keys.append(feature_part_key(shard, part))
     return keys
 
 

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("base", "inference", "trainer")
 # Where each component folder's stage runs (pools.stage_pool: cpu -> base, inference, trainer). Files named after
-# a stage (components/evaluate/report.py) follow that stage instead of their folder.
+# a stage (e.g. components/<stage>/<other stage>.py) follow that stage instead of their folder.
 STAGE_IMAGE = {
     "plan": "base", "prep": "base", "report": "base", "export": "base",
     "generate": "inference", "extract": "inference", "evaluate": "inference",

@@ -12,7 +12,8 @@ import torch
 from feature_fixtures import write_responses
 from flashdraft.components.extract.extract import FAULT_ENV, length_buckets, run_extract
 
-from flashdraft.features.manifest import MANIFEST_KEY, committed_parts, done_key, part_key
+from flashdraft import layout
+from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
 from flashdraft.store import open_store
 from flashdraft.target import load_causal_lm
@@ -33,8 +34,8 @@ def test_extract_writes_committed_shards_matching_hf(cfg):
     summary = run_extract(cfg, 0)
     store = open_store(cfg.storage, cfg.run_id)
     parts = _parts(cfg)
-    assert len(parts) >= 2 and summary["samples"] == len(rows) and store.is_committed(done_key(0))
-    assert store.get_json_verified(MANIFEST_KEY)["totals"]["samples"] == len(rows)
+    assert len(parts) >= 2 and summary["samples"] == len(rows) and store.is_committed(layout.features_done_key(0))
+    assert store.get_json_verified(layout.FEATURES_MANIFEST)["totals"]["samples"] == len(rows)
     samples = [s for k in sorted(parts) for s in iter_shard(parts[k], k)]
     assert [s.sample_id for s in samples] == [r["sample_id"] for r in rows]
     model = load_causal_lm(cfg.target)
@@ -77,8 +78,9 @@ def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr[-2000:]
     store = open_store(cfg.storage, cfg.run_id)
-    assert store.exists(part_key(0, 1)) and not store.is_committed(part_key(0, 1))  # the orphan...
-    assert committed_parts(store) == [part_key(0, 0)]                               # ...is invisible
+    orphan = layout.feature_part_key(0, 1)
+    assert store.exists(orphan) and not store.is_committed(orphan)     # the orphan...
+    assert committed_parts(store) == [layout.feature_part_key(0, 0)]  # ...is invisible
 
     summary = run_extract(cfg, 0)
     assert summary["resumed_from_sample"] > 0

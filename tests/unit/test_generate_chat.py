@@ -2,8 +2,8 @@
 exactly the tokens the target generated (its stop token included)."""
 
 import pytest
-from flashdraft.components.generate.chat import Reply, build_turn, encode, prompt_token_count, render
 
+from flashdraft.chat import Reply, build_turn, encode, prompt_token_count, render
 from flashdraft.config import load_config
 from flashdraft.target import load_tokenizer
 

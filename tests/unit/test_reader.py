@@ -6,7 +6,8 @@ import pytest
 import torch
 from feature_fixtures import commit_parts, provenance
 
-from flashdraft.features.manifest import ProvenanceError, part_key
+from flashdraft import layout
+from flashdraft.features.manifest import ProvenanceError
 from flashdraft.features.parts import PartCache, read_header
 from flashdraft.features.reader import OfflineReader, open_reader
 from flashdraft.features.shard import ShardFormatError
@@ -116,7 +117,7 @@ def test_resume_from_state_dict_continues_exactly(store):
 
 
 def test_corrupted_sample_is_reported_with_its_shard(store):
-    key = part_key(1, 0)
+    key = layout.feature_part_key(1, 0)
     data = bytearray(store.get(key))
     data[-5] ^= 0x10
     store.put(key, bytes(data))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from evaluate_fixtures import commit_drafter
 from flashdraft.components.evaluate.evaluate import run_evaluate
-from flashdraft.components.evaluate.report import HTML_KEY, build_report, fmt_bytes, run_report, stored_features
 from flashdraft.components.plan.planner import run_plan
 from flashdraft.components.prep.prep import run_prep
+from flashdraft.components.report.report import build_report, fmt_bytes, run_report, stored_features
 from typer.testing import CliRunner
 
 from flashdraft import layout
@@ -79,10 +79,10 @@ def test_report_cli_regenerates_from_the_run_uri(evaluated_run):
     cfg, metrics, _ = evaluated_run
     store = open_store(cfg.storage, cfg.run_id)
     run_report(cfg)                       # stores the config beside the report
-    store.uncommit(HTML_KEY)
+    store.uncommit(layout.REPORT_HTML)
     res = CliRunner().invoke(app, ["report", "--run", store.root])
     assert res.exit_code == 0, res.output
-    page = store.get_verified(HTML_KEY).decode()
+    page = store.get_verified(layout.REPORT_HTML).decode()
     assert cfg.target.model in page and f"{metrics['drafter']['tau']:g}" in page
 
 

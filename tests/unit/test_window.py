@@ -8,17 +8,18 @@ import time
 import pytest
 from feature_fixtures import part_bytes
 
+from flashdraft import layout
 from flashdraft.config import ModeConfig
-from flashdraft.features.manifest import committed_parts, part_key
+from flashdraft.features.manifest import committed_parts
 from flashdraft.features.reader import StreamReader
-from flashdraft.features.window import STREAM_PREFIX, StreamFailed, WindowConsumer, WindowProducer
+from flashdraft.features.window import StreamFailed, WindowConsumer, WindowProducer
 from flashdraft.store import ObjectStore
 
 
 def _stored_bytes(store: ObjectStore) -> int:
     total = 0
     for k in store.list("features/"):
-        if k.startswith(STREAM_PREFIX) or k.endswith(".commit"):
+        if k.startswith(layout.STREAM) or k.endswith(".commit"):
             continue
         try:
             total += store.size(k)
@@ -43,7 +44,7 @@ def test_peak_stored_bytes_stay_within_the_window(tiny_cfg, tmp_path):
         producer = WindowProducer(store, mode, poll_s=0.01, timeout_s=30)
         for p, (data, meta) in enumerate(parts):
             producer.wait_for_room(len(data))
-            store.commit(part_key(0, p), data, meta)
+            store.commit(layout.feature_part_key(0, p), data, meta)
             produced[0] += len(data)
         producer.finish()
 
@@ -68,7 +69,7 @@ def test_peak_stored_bytes_stay_within_the_window(tiny_cfg, tmp_path):
 def test_producer_failure_ends_the_consumer_with_its_message(tiny_cfg):
     store = ObjectStore("memory://window-fail")
     data, meta = part_bytes(tiny_cfg, 0, 0, 2)
-    store.commit(part_key(0, 0), data, meta)
+    store.commit(layout.feature_part_key(0, 0), data, meta)
     WindowProducer(store, ModeConfig()).fail("extract shard 3: CUDA out of memory")
     reader = StreamReader(store, window=WindowConsumer(store), poll_s=0.01, timeout_s=5)
     with pytest.raises(StreamFailed, match="CUDA out of memory"):
@@ -78,7 +79,7 @@ def test_producer_failure_ends_the_consumer_with_its_message(tiny_cfg):
 def test_consumer_stop_ends_a_waiting_producer(tiny_cfg):
     store = ObjectStore("memory://window-stop")
     data, meta = part_bytes(tiny_cfg, 0, 0, 2)
-    store.commit(part_key(0, 0), data, meta)
+    store.commit(layout.feature_part_key(0, 0), data, meta)
     producer = WindowProducer(store, ModeConfig(window_shards=1), poll_s=0.01, timeout_s=10)
     threading.Timer(0.1, lambda: WindowConsumer(store).stop("trainer reached max_steps")).start()
     with pytest.raises(StreamFailed, match="max_steps"):
@@ -91,8 +92,7 @@ def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(ti
     from feature_fixtures import write_responses
     from flashdraft.components.extract.extract import run_extract
 
-    from flashdraft.features.manifest import done_key
-    from flashdraft.features.window import EOS_KEY
+    from flashdraft import layout
 
     cfg = tiny_cfg.with_overrides({"mode.kind": "streaming", "mode.window_shards": 2, "mode.reuse": 1,
                                    "features.shard_bytes": 30_000, "features.batch_tokens": 64,
@@ -105,10 +105,10 @@ def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(ti
     consumer.start()
     summary = run_extract(cfg, 0)
     consumer.join(timeout=120)
-    assert store.exists(EOS_KEY) and sorted(seen) == sorted(r["sample_id"] for r in rows)
+    assert store.exists(layout.STREAM_EOS) and sorted(seen) == sorted(r["sample_id"] for r in rows)
     assert summary["samples"] == len(rows) and len(summary["parts"]) > 2  # more parts than the window holds
     # A producer restarted after the trainer released every part must not produce them again.
-    store.uncommit(done_key(0))
+    store.uncommit(layout.features_done_key(0))
     again = run_extract(cfg, 0)
     assert again["resumed_from_sample"] == len(rows) and again["new_tokens"] == 0
     assert committed_parts(store) == [] and again["parts"] == summary["parts"]
@@ -124,7 +124,7 @@ def test_deferred_release_gives_way_when_the_window_is_full(tiny_cfg, tmp_path, 
         producer = WindowProducer(store, mode, poll_s=0.01, timeout_s=30)
         for p, (data, meta) in enumerate(parts):
             producer.wait_for_room(len(data))
-            store.commit(part_key(0, p), data, meta)
+            store.commit(layout.feature_part_key(0, p), data, meta)
         producer.finish()
 
     thread = threading.Thread(target=produce)
@@ -141,7 +141,7 @@ def test_a_restarted_worker_does_not_retake_a_part_it_finished(tiny_cfg):
     store = ObjectStore(f"memory://window-{id(tiny_cfg)}")
     for p in range(2):
         data, meta = part_bytes(tiny_cfg, 0, p, 4)
-        store.commit(part_key(0, p), data, meta)
+        store.commit(layout.feature_part_key(0, p), data, meta)
     WindowProducer(store, ModeConfig(kind="streaming")).finish()
 
     def rank(r: int) -> StreamReader:

@@ -35,12 +35,6 @@ from flashdraft import layout
 from flashdraft.drafter.model import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.store import ObjectStore
 
-LATEST = f"{layout.CHECKPOINTS}/latest.json"
-
-
-def step_prefix(step: int) -> str:
-    return f"{layout.CHECKPOINTS}/step-{step:08d}"
-
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -87,7 +81,7 @@ def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch
     """Collective: every rank calls it. Rank 0 writes model/optimizer/state, each rank its RNG state (and its
     `rank_state`, e.g. its streaming reader position), then rank 0 commits latest.json after a barrier."""
     step = int(trainer_state["step"])
-    prefix = step_prefix(step)
+    prefix = layout.checkpoint_prefix(step)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
     osd = get_optimizer_state_dict(model, optimizer, options=opts)
@@ -106,7 +100,7 @@ def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch
         store.commit_json(rank_state_key(prefix, rank), rank_state)
     _barrier()
     if rank == 0:
-        store.commit_json(LATEST, {"step": step, "prefix": prefix, "final": final})
+        store.commit_json(layout.CHECKPOINT_LATEST, {"step": step, "prefix": prefix, "final": final})
     _barrier()
     return prefix
 
@@ -122,7 +116,7 @@ def load_rank_state(store: ObjectStore, prefix: str) -> dict | None:
 
 
 def latest_checkpoint(store: ObjectStore) -> dict | None:
-    return store.get_json_verified(LATEST) if store.is_committed(LATEST) else None
+    return store.get_json_verified(layout.CHECKPOINT_LATEST) if store.is_committed(layout.CHECKPOINT_LATEST) else None
 
 
 def load_checkpoint(store: ObjectStore, prefix: str, model: torch.nn.Module,

@@ -21,10 +21,6 @@ from flashdraft.config import RunConfig
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
-HTML_KEY = f"{layout.REPORTS}/report.html"
-MARKDOWN_KEY = f"{layout.REPORTS}/summary.md"
-SCALARS_KEY = f"{layout.REPORTS}/metrics.json"
-CONFIG_KEY = f"{layout.REPORTS}/config.json"
 NOT_RUN = status.NOT_RUN
 STATE_CODES = {"done": 1.0, "running": 0.5, NOT_RUN: 0.0, "failed": -1.0}  # <stage>_state in the Metrics
 
@@ -37,9 +33,9 @@ def stage_metrics(store: ObjectStore) -> dict[str, dict[str, Any]]:
     reported in place of their content so one bad file cannot hide the rest."""
     out: dict[str, dict[str, Any]] = {}
     for key in store.list_committed(layout.METRICS + "/"):
-        if not key.endswith(".json"):
+        name = layout.metrics_name(key)
+        if name is None:
             continue
-        name = key[len(layout.METRICS) + 1: -len(".json")]
         try:
             out[name] = store.get_json_verified(key)
         except Exception as exc:  # noqa: BLE001 - the report must render whatever else exists
@@ -375,20 +371,21 @@ def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
     """Render from the store's committed metrics and stage records, commit reports/{report.html,summary.md,
     metrics.json}; with `out_dir`, also write them there (KFP artifact paths). `config` defaults to the one stored
     by an earlier report run. run_over: see `gather`."""
-    if config is None and store.is_committed(CONFIG_KEY):
+    if config is None and store.is_committed(layout.REPORT_CONFIG):
         try:
-            config = store.get_json_verified(CONFIG_KEY)
+            config = store.get_json_verified(layout.REPORT_CONFIG)
         except NotCommittedError:
             config = None
     elif config is not None:
-        store.commit_json(CONFIG_KEY, config)
+        store.commit_json(layout.REPORT_CONFIG, config)
     data = gather(store, config, run_over)
     page, summary, scalars = render_html(data, charts(data)), render_markdown(data), scalar_metrics(data)
-    store.commit(HTML_KEY, page.encode())
-    store.commit(MARKDOWN_KEY, summary.encode())
-    store.commit_json(SCALARS_KEY, scalars)
-    result: dict[str, Any] = {"report_html": store.url(HTML_KEY), "summary_md": store.url(MARKDOWN_KEY),
-                              "metrics": scalars, "stages": data["stages"]}
+    store.commit(layout.REPORT_HTML, page.encode())
+    store.commit(layout.REPORT_MARKDOWN, summary.encode())
+    store.commit_json(layout.REPORT_SCALARS, scalars)
+    result: dict[str, Any] = {"report_html": store.url(layout.REPORT_HTML),
+                              "summary_md": store.url(layout.REPORT_MARKDOWN), "metrics": scalars,
+                              "stages": data["stages"]}
     if out_dir is not None:
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
