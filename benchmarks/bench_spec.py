@@ -36,13 +36,14 @@ from flashdraft.config import load_config
 from flashdraft.drafter.batch import pack
 from flashdraft.drafter.loss import dflash_loss
 from flashdraft.drafter.model import build_drafter
+from flashdraft.features.shard import Sample
 from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer, resolve_model_dir, set_cpu_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def overfit(cfg, model, samples: list[dict], steps: int, lr: float):
-    """A drafter trained on `samples` (input_ids, loss_mask, features) with the trainer's packing and loss."""
+def overfit(cfg, model, samples: list[Sample], steps: int, lr: float):
+    """A drafter trained on `samples` with the trainer's packing and loss."""
     drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=cfg.training.seed)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     d = cfg.drafter
@@ -113,8 +114,7 @@ def main() -> None:
         with capture_layers(model, layer_ids) as cap, torch.inference_mode():
             model(input_ids=ids[None], logits_to_keep=1)
             feats = cap.features()[0].clone()
-        samples.append({"input_ids": ids, "loss_mask": (torch.arange(len(ids)) >= len(p)).to(torch.uint8),
-                        "features": feats, "sample_id": f"demo-{i}"})
+        samples.append(Sample(f"demo-{i}", ids, (torch.arange(len(ids)) >= len(p)).to(torch.uint8), feats))
     print(f"overfitting a drafter on {len(samples)} prompts x {args.max_new_tokens} reply tokens, {args.steps} steps")
     drafter = overfit(cfg, model, samples, args.steps, args.lr)
 

@@ -283,10 +283,12 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
                          held_eval: list[dict] | None = None) -> dict:
     """flashdraft's own trainer pieces (build_model, micro_step, lr_at, clip, AdamW) on the plan's steps."""
     import torch
-    from flashdraft.components.train.trainer import DistEnv, _stats_len, build_model, lr_at, micro_step
+    from flashdraft.components.train.distributed import DistEnv
+    from flashdraft.components.train.trainer import build_model, lr_at, micro_step
 
     from flashdraft.drafter.batch import pack
     from flashdraft.drafter.loss import block_labels
+    from flashdraft.features.shard import Sample
 
     torch.set_num_threads(THREADS)
     torch.manual_seed(cfg.training.seed)
@@ -308,7 +310,7 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
         parts = []
         for s, anchors in zip(held_eval, plan["held_anchors"], strict=True):
             a = torch.tensor(anchors, dtype=torch.long)
-            batch = pack([s], B, 1 << 30, seed=0, epoch=0)
+            batch = pack([Sample(**s)], B, 1 << 30, seed=0, epoch=0)
             batch.anchors = a
             batch.labels, batch.valid = block_labels(batch.input_ids, s["loss_mask"].bool(), a, B)
             hidden = model(*batch.drafter_inputs())
@@ -317,7 +319,6 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
         return reduce_metrics(parts)
 
     curve, seconds, first_loss = [], 0.0, None
-    stats = torch.zeros(_stats_len(B))
     for step in range(len(steps) + 1):
         if step in plan["points"]:
             curve.append({"step": step, "train_s": round(seconds, 2), **evaluate()})
@@ -327,15 +328,15 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
             break
         spec = steps[step]
         t0 = time.perf_counter()
-        stats.zero_()
-        micro_step(model, model, [train[i] for i in spec["samples"]], cfg, spec["epoch"], env, 1.0, stats, True)
+        stats = micro_step(model, model, [Sample(**train[i]) for i in spec["samples"]], cfg, spec["epoch"], env.device,
+                           1.0, True)
         torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, len(steps), cfg)
         opt.step()
         opt.zero_grad(set_to_none=True)
         seconds += time.perf_counter() - t0
-        first_loss = float(stats[0]) if first_loss is None else first_loss
+        first_loss = float(stats.loss) if first_loss is None else first_loss
     return {"impl": label, "curve": curve, "first_loss": first_loss}
 
 

@@ -36,6 +36,10 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flashdraft.features.shard import Sample
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = Path(__file__).with_name("gpu_wheels")
@@ -242,19 +246,21 @@ def layer_errors(reference, candidate) -> list[float]:
 # -- training --------------------------------------------------------------------------------------------------
 
 
-def samples_from(rows, feats) -> list[dict]:
+def samples_from(rows, feats) -> list[Sample]:
     import torch
 
-    return [{"sample_id": r.sample_id, "input_ids": torch.tensor(r.input_ids),
-             "loss_mask": torch.tensor(r.loss_mask), "features": f.reshape(f.shape[0], -1)}
+    from flashdraft.features.shard import Sample
+
+    return [Sample(r.sample_id, torch.tensor(r.input_ids), torch.tensor(r.loss_mask), f.reshape(f.shape[0], -1))
             for r, f in zip(rows, feats, strict=True)]
 
 
-def train(cfg, groups: list[list[dict]], device: str, steps: int, seed: int = 0):
+def train(cfg, groups: list[list[Sample]], device: str, steps: int, seed: int = 0):
     """Per-step losses and step seconds of the trainer's step (build_model, micro_step, clip, AdamW) on `device`.
     CPU: dense SDPA, fp32. CUDA: FlexAttention (compiled), bf16 autocast, bf16 head (the trainer's own choice)."""
     import torch
-    from flashdraft.components.train.trainer import DistEnv, _stats_len, build_model, micro_step
+    from flashdraft.components.train.distributed import DistEnv
+    from flashdraft.components.train.trainer import build_model, micro_step
 
     env = DistEnv(0, 1, 0, torch.device(device))
     torch.manual_seed(seed)
@@ -263,25 +269,24 @@ def train(cfg, groups: list[list[dict]], device: str, steps: int, seed: int = 0)
     opt = torch.optim.AdamW(params, lr=cfg.training.lr, weight_decay=cfg.training.weight_decay)
     losses, seconds = [], []
     for step in range(steps):
-        stats = torch.zeros(_stats_len(cfg.drafter.block_size), dtype=torch.float64)
         _sync(device)
         t = time.perf_counter()
-        micro_step(model, model, groups[step % len(groups)], cfg, 0, env, 1.0, stats, sync=True)
+        stats = micro_step(model, model, groups[step % len(groups)], cfg, 0, env.device, 1.0, sync=True)
         torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         _sync(device)
         seconds.append(time.perf_counter() - t)
-        losses.append(float(stats[0]))
+        losses.append(float(stats.loss))
     return losses, seconds, model
 
 
-def rows_of(samples: list[dict], tokens: int) -> list[list[dict]]:
+def rows_of(samples: list[Sample], tokens: int) -> list[list[Sample]]:
     """Samples grouped into packed rows the way the trainer groups them (`group_sizes`)."""
     from flashdraft.drafter.batch import group_sizes
 
     groups, i = [], 0
-    for n in group_sizes([int(s["input_ids"].numel()) for s in samples], tokens):
+    for n in group_sizes([int(s.input_ids.numel()) for s in samples], tokens):
         groups.append(samples[i:i + n])
         i += n
     return groups
@@ -296,7 +301,7 @@ class Throughput:
     losses: list[float]
 
 
-def throughput(cfg, samples: list[dict], device: str, steps: int, warmup: int = 2) -> Throughput:
+def throughput(cfg, samples: list[Sample], device: str, steps: int, warmup: int = 2) -> Throughput:
     """The trainer's step timed on `device` over rows of `samples`; the first `warmup` steps (compilation) are not
     counted. FLOPs per step from `step_flops` on the very row that step packed."""
     from flashdraft.drafter.batch import pack

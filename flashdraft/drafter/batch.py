@@ -7,13 +7,14 @@ context from its own sample. Anchors are sampled per sample (anchors.py) and shi
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from flashdraft.drafter.anchors import sample_anchors
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.loss import block_labels
+from flashdraft.features.shard import Sample
 
 
 @dataclass
@@ -46,7 +47,7 @@ class PackedBatch:
                 self.positions[self.anchors])
 
 
-def pack(samples: list[dict], block_size: int, max_anchors: int, *, seed: int, epoch: int,
+def pack(samples: list[Sample], block_size: int, max_anchors: int, *, seed: int, epoch: int,
          max_tokens: int | None = None) -> PackedBatch:
     """One row from consecutive samples (each truncated to `max_tokens` first, when given)."""
     if max_tokens is not None:
@@ -54,29 +55,28 @@ def pack(samples: list[dict], block_size: int, max_anchors: int, *, seed: int, e
     feats, ids, pos, doc, anchors = [], [], [], [], []
     offset = 0
     for d, s in enumerate(samples):
-        T = int(s["input_ids"].numel())
-        a = sample_anchors(s["loss_mask"], block_size, max_anchors, seed=seed, epoch=epoch,
-                           sample_id=str(s["sample_id"]))
-        feats.append(s["features"])
-        ids.append(s["input_ids"].long())
+        T = int(s.input_ids.numel())
+        a = sample_anchors(s.loss_mask, block_size, max_anchors, seed=seed, epoch=epoch, sample_id=str(s.sample_id))
+        feats.append(s.features)
+        ids.append(s.input_ids.long())
         pos.append(torch.arange(T))
         doc.append(torch.full((T,), d, dtype=torch.long))
         anchors.append(a + offset)
         offset += T
     input_ids = torch.cat(ids)
-    loss_mask = torch.cat([s["loss_mask"].bool() for s in samples])
+    loss_mask = torch.cat([s.loss_mask.bool() for s in samples])
     anchors_t = torch.cat(anchors)
     labels, valid = block_labels(input_ids, loss_mask, anchors_t, block_size)
     return PackedBatch(torch.cat(feats), input_ids, torch.cat(pos), torch.cat(doc), anchors_t, labels, valid,
                        block_size, len(samples))
 
 
-def truncate(sample: dict, max_tokens: int) -> dict:
+def truncate(sample: Sample, max_tokens: int) -> Sample:
     """A sample longer than the row budget keeps its first `max_tokens` tokens (features and mask alike)."""
-    if int(sample["input_ids"].numel()) <= max_tokens:
+    if int(sample.input_ids.numel()) <= max_tokens:
         return sample
-    return {**sample, "input_ids": sample["input_ids"][:max_tokens], "loss_mask": sample["loss_mask"][:max_tokens],
-            "features": sample["features"][:max_tokens]}
+    return replace(sample, input_ids=sample.input_ids[:max_tokens], loss_mask=sample.loss_mask[:max_tokens],
+                   features=sample.features[:max_tokens])
 
 
 def group_sizes(lengths: Iterable[int], tokens_per_batch: int) -> list[int]:
@@ -96,13 +96,13 @@ def group_sizes(lengths: Iterable[int], tokens_per_batch: int) -> list[int]:
     return sizes
 
 
-def token_budget_groups(samples: Iterable[dict], tokens_per_batch: int) -> Iterator[list[dict]]:
+def token_budget_groups(samples: Iterable[Sample], tokens_per_batch: int) -> Iterator[list[Sample]]:
     """The same greedy packing as `group_sizes`, on a live stream of samples (streaming mode)."""
-    group: list[dict] = []
+    group: list[Sample] = []
     used = 0
     for s in samples:
         s = truncate(s, tokens_per_batch)
-        T = int(s["input_ids"].numel())
+        T = int(s.input_ids.numel())
         if group and used + T > tokens_per_batch:
             yield group
             group, used = [], 0

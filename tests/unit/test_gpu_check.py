@@ -68,7 +68,8 @@ def test_gpu_check_tolerance_admits_bf16_but_sees_it(tmp_path):
 def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
     """The analytic FLOPs behind the TFLOP/s figure equal what torch counts for the projections, MLP and head of
     one real training step (torch does not count masked SDPA; ours counts the allowed pairs only)."""
-    from flashdraft.components.train.trainer import DistEnv, _stats_len, build_model, micro_step
+    from flashdraft.components.train.distributed import DistEnv
+    from flashdraft.components.train.trainer import build_model, micro_step
     from torch.utils.flop_counter import FlopCounterMode
 
     from flashdraft.drafter.batch import pack
@@ -79,8 +80,7 @@ def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
     samples = gc.samples_from(rows, gc.extract(cfg, rows, "cpu")[0])
     model = build_model(cfg, DistEnv(0, 1, 0, torch.device("cpu")))
     with FlopCounterMode(display=False) as counter:
-        micro_step(model, model, samples, cfg, 0, DistEnv(0, 1, 0, torch.device("cpu")), 1.0,
-                   torch.zeros(_stats_len(4), dtype=torch.float64), sync=True)
+        micro_step(model, model, samples, cfg, 0, torch.device("cpu"), 1.0, sync=True)
     counts = counter.get_flop_counts()["Global"]
     matmul = sum(v for op, v in counts.items() if "attention" not in str(op))
     batch = pack(samples, 4, 12, seed=cfg.training.seed, epoch=0, max_tokens=cfg.training.tokens_per_step)
