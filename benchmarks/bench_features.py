@@ -152,7 +152,7 @@ def bench_extract(cfg, samples: list[dict], work: Path, repeats: int) -> dict:
     for rep in range(repeats):
         ours = cfg.with_overrides({"storage.root": f"file://{work}/ours", "run_id": f"bench-{rep}"})
         write_responses(open_store(ours.storage, ours.run_id), samples)
-        ours_s.append(run_extract(ours, 0)["elapsed_s"])
+        ours_s.append(run_extract(ours, 0).elapsed_s)
         naive_s.append(naive_extract(cfg, samples, work / f"naive-{rep}"))
     ours_t, naive_t = statistics.median(ours_s), statistics.median(naive_s)
     return {"tokens": tokens, "ours_tok_s": tokens / ours_t, "naive_tok_s": tokens / naive_t,

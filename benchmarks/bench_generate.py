@@ -37,8 +37,7 @@ def _run(args, backend: str, root: str):
         "generation.batch_size": args.batch_size})
     run_prep(cfg)
     t0 = time.time()
-    done = run_generate(cfg, 0)
-    done["wall_s"] = time.time() - t0
+    done = {**run_generate(cfg, 0).dump(), "wall_s": time.time() - t0}
     return done, [r["input_ids"] for r in iter_responses(open_store(cfg.storage, cfg.run_id), 0)]
 
 

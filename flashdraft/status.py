@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -100,44 +100,6 @@ def task_log_location() -> str | None:
 
 
 # -- headline figures ---------------------------------------------------------------------------------------
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def figures(stage: str, summary: dict[str, Any]) -> dict[str, float]:
-    """The numbers a stage's line and the report's stage table show, taken from what `run_<stage>` returned.
-    Counts and seconds are additive over shards (see `combine`); rates are derived from them in `derive`."""
-    s = summary
-    picks: dict[str, Any] = {}
-    if stage == "plan":
-        selected = (s.get("codecs") or {}).get(s.get("codec"), {})
-        picks = {"planned_bytes_per_token": selected.get("bytes_per_token"),
-                 "planned_total_bytes": selected.get("total_bytes")}
-    elif stage == "prep":
-        picks = {"prompts_kept": s.get("kept"), "prompts_train": s.get("num_train"), "prompts_eval": s.get("num_eval"),
-                 "quarantined": s.get("quarantined"), "duplicates": s.get("duplicates")}
-    elif stage == "generate":
-        picks = {"samples": s.get("samples"), "generated_tokens": s.get("generated_tokens"),
-                 "generation_seconds": s.get("generation_seconds")}
-    elif stage == "extract":
-        picks = {"samples": s.get("samples"), "tokens": s.get("tokens"), "bytes": s.get("bytes"),
-                 "new_tokens": s.get("new_tokens"), "extract_seconds": s.get("elapsed_s")}
-    elif stage == "train":
-        final = s.get("final") or {}
-        acc = final.get("acc_by_pos") or [None]
-        picks = {"steps": s.get("steps"), "final_loss": final.get("loss"), "slot1_accuracy": acc[0],
-                 "tokens_per_s": s.get("tokens_per_s")}
-    elif stage == "evaluate":
-        lossless = s.get("lossless") or {}
-        picks = {"tau": (s.get("drafter") or {}).get("tau"), "baseline_tau": (s.get("baseline") or {}).get("tau"),
-                 "target_tokens_per_s": (s.get("target") or {}).get("tokens_per_s"),
-                 "speculative_tokens_per_s": (s.get("drafter") or {}).get("tokens_per_s"),
-                 "lossless_passed": (1.0 if lossless.get("passed") else 0.0) if lossless.get("checked") else None}
-    elif stage == "export":
-        picks = {"step": s.get("step")}
-    return {k: v for k, v in ((k, _num(v)) for k, v in picks.items()) if v is not None}
 
 
 def combine(per_task: Iterable[dict[str, float]]) -> dict[str, float]:

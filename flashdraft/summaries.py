@@ -3,8 +3,9 @@
 One model per stage, so the readers (the report, the local runner, the KFP metrics, the status records) use
 attributes instead of probing dicts. The JSON a stage commits is built first and validated into its model, so the
 stored content is unchanged: `dump()` gives back exactly the keys that were set. Models accept keys they do not
-declare (`extra="allow"`): metrics written by an older flashdraft still read, and a stage may add a figure
-without a reader breaking. `store_io` (store operations and retries, in every stage's metrics file) is one such.
+declare (`extra="allow"`) and every field has a default: metrics written by an older flashdraft (or a stage run by
+hand with only some figures) still read, and a stage may add a figure without a reader breaking. `store_io`
+(store operations and retries, in every stage's metrics file) is one such undeclared key.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-def numbers(mapping: dict[str, Any]) -> dict[str, float]:
-    """The numbers of a JSON object, top level and one level down (`drafter.tau` as `drafter_tau`): what a stage
-    logs as KFP metrics and the report scans for throughputs. Booleans are not numbers here."""
+def numbers(mapping: dict[str, Any], sep: str = "_") -> dict[str, float]:
+    """The numbers of a JSON object, top level and one level down (`drafter.tau` as `drafter_tau`, or with
+    `sep="."` as `drafter.tau`): what a stage logs as KFP metrics and the report scans for throughputs. Booleans
+    are not numbers here."""
     out: dict[str, float] = {}
     for key, value in mapping.items():
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for sub, leaf in items:
             if isinstance(leaf, int | float) and not isinstance(leaf, bool):
-                out[f"{key}_{sub}" if sub else key] = float(leaf)
+                out[f"{key}{sep}{sub}" if sub else key] = float(leaf)
     return out
 
 
@@ -61,39 +63,41 @@ class CodecPlan(BaseModel):
 class PlanSummary(StageSummary):
     """components/plan/planner.py: storage and GPU-hour plan, and the offline budget gate."""
 
-    target: str = Field(description="target model id")
-    layer_ids: list[int] = Field(description="target layers whose hidden states are extracted")
-    num_layers: int = Field(description="target decoder layers")
-    hidden_size: int = Field(description="target hidden size")
-    samples: int = Field(description="planned training samples")
-    tokens_per_sample: float = Field(description="planned tokens per sample (prompt + response)")
-    total_tokens: float = Field(description="samples x tokens_per_sample")
-    bytes_per_token: int = Field(description="the naive bf16 layout's bytes per token (reference)")
-    codecs: dict[str, CodecPlan] = Field(description="every codec's cost")
-    codec: str = Field(description="the selected codec (features.codec)")
-    total_bytes_at_rest: float = Field(description="offline: bytes stored at once with the selected codec")
-    peak_bytes_streaming: int = Field(description="streaming: the window's peak bytes")
-    objects: int = Field(description="objects the offline run stores")
-    shards: int = Field(description="feature shards")
-    tokens_to_generate: float = Field(description="response tokens the target generates")
-    tokens_to_extract: float = Field(description="tokens extraction runs through the target")
-    gpu_hours: dict[str, dict[str, Any]] = Field(description="per GPU stage: gpu, tokens, rate, GPU-hours")
-    streaming_bandwidth_bytes_per_s: float | None = Field(description="streaming: store bandwidth needed")
-    inference_per_trainer_gpu: float | None = Field(description="streaming: extract GPUs per trainer GPU")
-    trainer_gpus: int = Field(description="training world size")
-    mode: str = Field(description="mode.kind of the run")
-    recommended_mode: str = Field(description="offline, streaming or 'none fits'")
-    budget_bytes: int | None = Field(description="storage.budget_bytes")
-    fits_budget: bool = Field(description="the offline data fits the budget")
+    target: str | None = Field(None, description="target model id")
+    layer_ids: list[int] | None = Field(None, description="target layers whose hidden states are extracted")
+    num_layers: int | None = Field(None, description="target decoder layers")
+    hidden_size: int | None = Field(None, description="target hidden size")
+    samples: int | None = Field(None, description="planned training samples")
+    tokens_per_sample: float | None = Field(None, description="planned tokens per sample (prompt + response)")
+    total_tokens: float | None = Field(None, description="samples x tokens_per_sample")
+    bytes_per_token: int | None = Field(None, description="the naive bf16 layout's bytes per token (reference)")
+    codecs: dict[str, CodecPlan] | None = Field(None, description="every codec's cost")
+    codec: str | None = Field(None, description="the selected codec (features.codec)")
+    total_bytes_at_rest: float | None = Field(None, description="offline: bytes stored at once with the selected codec")
+    peak_bytes_streaming: int | None = Field(None, description="streaming: the window's peak bytes")
+    objects: int | None = Field(None, description="objects the offline run stores")
+    shards: int | None = Field(None, description="feature shards")
+    tokens_to_generate: float | None = Field(None, description="response tokens the target generates")
+    tokens_to_extract: float | None = Field(None, description="tokens extraction runs through the target")
+    gpu_hours: dict[str, dict[str, Any]] | None = Field(None, description="per GPU stage: gpu, tokens, rate, GPU-hours")
+    streaming_bandwidth_bytes_per_s: float | None = Field(None, description="streaming: store bandwidth needed")
+    inference_per_trainer_gpu: float | None = Field(None, description="streaming: extract GPUs per trainer GPU")
+    trainer_gpus: int | None = Field(None, description="training world size")
+    mode: str | None = Field(None, description="mode.kind of the run")
+    recommended_mode: str | None = Field(None, description="offline, streaming or 'none fits'")
+    budget_bytes: int | None = Field(None, description="storage.budget_bytes")
+    fits_budget: bool | None = Field(None, description="the offline data fits the budget")
     gate: str | None = Field(None, description="why an offline run may not start; None when it may")
 
     @property
-    def selected(self) -> CodecPlan:
-        return self.codecs[self.codec]
+    def selected(self) -> CodecPlan | None:
+        """The selected codec's cost."""
+        return (self.codecs or {}).get(self.codec or "")
 
     def figures(self) -> dict[str, float]:
-        return _figures({"planned_bytes_per_token": self.selected.bytes_per_token,
-                         "planned_total_bytes": self.selected.total_bytes})
+        sel = self.selected
+        return _figures({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
+                         "planned_total_bytes": sel.total_bytes if sel else None})
 
 
 # -- prep ---------------------------------------------------------------------------------------------------
@@ -102,25 +106,25 @@ class PlanSummary(StageSummary):
 class PrepSummary(StageSummary):
     """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json)."""
 
-    num_shards: int = Field(description="generation shards (the pipeline's fan-out)")
-    num_train: int = Field(description="train prompts")
-    num_eval: int = Field(description="held-out prompts")
-    shard_rows: list[int] = Field(description="prompts per shard")
-    rows_read: int = Field(description="rows read from all sources")
-    kept: int = Field(description="unique, valid rows within the length limit")
-    duplicates: int = Field(description="exact duplicates removed")
-    quarantined: int = Field(description="rejected rows (prompts/quarantine.jsonl)")
-    bad_rows: dict[str, int] = Field(description="quarantined rows by reason")
-    multi_turn: int = Field(description="prompts with more than one turn to regenerate")
-    prompt_tokens: dict[str, Any] = Field(description="token count statistics of the used prompts")
-    sources: dict[str, dict[str, Any]] = Field(description="per source: rows read, kept, rejected by reason")
-    tokenizer_sha: str = Field(description="tokenizer fingerprint")
-    chat_template_sha: str = Field(description="chat template fingerprint")
-    seed: int = Field(description="data.seed of the shuffle")
-    seconds: float = Field(description="wall time")
-    shard_keys: list[str] = Field(description="store keys of the train shards")
-    eval_key: str = Field(description="store key of the held-out prompts")
-    quarantine_key: str = Field(description="store key of the quarantine file")
+    num_shards: int | None = Field(None, description="generation shards (the pipeline's fan-out)")
+    num_train: int | None = Field(None, description="train prompts")
+    num_eval: int | None = Field(None, description="held-out prompts")
+    shard_rows: list[int] | None = Field(None, description="prompts per shard")
+    rows_read: int | None = Field(None, description="rows read from all sources")
+    kept: int | None = Field(None, description="unique, valid rows within the length limit")
+    duplicates: int | None = Field(None, description="exact duplicates removed")
+    quarantined: int | None = Field(None, description="rejected rows (prompts/quarantine.jsonl)")
+    bad_rows: dict[str, int] | None = Field(None, description="quarantined rows by reason")
+    multi_turn: int | None = Field(None, description="prompts with more than one turn to regenerate")
+    prompt_tokens: dict[str, Any] | None = Field(None, description="token count statistics of the used prompts")
+    sources: dict[str, dict[str, Any]] | None = Field(None, description="per source: rows read, kept, rejected")
+    tokenizer_sha: str | None = Field(None, description="tokenizer fingerprint")
+    chat_template_sha: str | None = Field(None, description="chat template fingerprint")
+    seed: int | None = Field(None, description="data.seed of the shuffle")
+    seconds: float | None = Field(None, description="wall time")
+    shard_keys: list[str] | None = Field(None, description="store keys of the train shards")
+    eval_key: str | None = Field(None, description="store key of the held-out prompts")
+    quarantine_key: str | None = Field(None, description="store key of the quarantine file")
     markdown: str = Field("", description="the summary as a Markdown table")
 
     def figures(self) -> dict[str, float]:
@@ -134,20 +138,20 @@ class PrepSummary(StageSummary):
 class GenerateSummary(StageSummary):
     """components/generate/generate.py: one shard's DONE record (responses/shard-K/DONE)."""
 
-    shard: int = Field(description="generation shard")
-    num_chunks: int = Field(description="response chunks of the shard")
-    chunks_generated_now: int = Field(description="chunks this attempt generated (the rest were committed)")
-    samples: int = Field(description="samples (prompts) generated")
-    turns: int = Field(description="assistant turns generated")
-    prompt_tokens: int = Field(description="prompt tokens")
-    generated_tokens: int = Field(description="response tokens generated")
-    empty: int = Field(description="empty responses")
-    truncated: int = Field(description="responses cut at the length limit")
-    generation_seconds: float = Field(description="generation time summed over chunks")
-    tokens_per_s: float = Field(description="generated tokens per second")
-    backend_startup_s: float = Field(description="backend load time of this attempt")
-    backend: str = Field(description="generation.backend")
-    fingerprint: dict[str, Any] = Field(description="what the responses depend on (drift check on resume)")
+    shard: int | None = Field(None, description="generation shard")
+    num_chunks: int | None = Field(None, description="response chunks of the shard")
+    chunks_generated_now: int | None = Field(None, description="chunks this attempt generated (others were committed)")
+    samples: int | None = Field(None, description="samples (prompts) generated")
+    turns: int | None = Field(None, description="assistant turns generated")
+    prompt_tokens: int | None = Field(None, description="prompt tokens")
+    generated_tokens: int | None = Field(None, description="response tokens generated")
+    empty: int | None = Field(None, description="empty responses")
+    truncated: int | None = Field(None, description="responses cut at the length limit")
+    generation_seconds: float | None = Field(None, description="generation time summed over chunks")
+    tokens_per_s: float | None = Field(None, description="generated tokens per second")
+    backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
+    backend: str | None = Field(None, description="generation.backend")
+    fingerprint: dict[str, Any] | None = Field(None, description="what the responses depend on (drift check on resume)")
 
     def figures(self) -> dict[str, float]:
         return _figures({"samples": self.samples, "generated_tokens": self.generated_tokens,
@@ -172,21 +176,21 @@ class PartStats(BaseModel):
 class ExtractSummary(StageSummary):
     """components/extract/extract.py: one shard's DONE record (features/shard-K/DONE)."""
 
-    shard: int = Field(description="generation shard extracted")
-    backend: str = Field(description="features.backend")
-    device: str = Field(description="device the target ran on")
-    codec: dict[str, Any] = Field(description="codec parameters")
-    layer_ids: list[int] = Field(description="target layers extracted")
-    samples: int = Field(description="samples stored")
-    tokens: int = Field(description="tokens stored")
-    bytes: int = Field(description="bytes stored")
-    parts: list[PartStats] = Field(description="the shard's parts")
-    skipped_empty_samples: int = Field(description="responses without tokens, not extracted")
-    resumed_from_sample: int = Field(description="samples already committed before this attempt")
-    new_tokens: int = Field(description="tokens this attempt extracted")
-    elapsed_s: float = Field(description="this attempt's extraction time")
-    tokens_per_s: float | None = Field(description="new_tokens / elapsed_s")
-    bytes_per_token: float = Field(description="bytes / tokens")
+    shard: int | None = Field(None, description="generation shard extracted")
+    backend: str | None = Field(None, description="features.backend")
+    device: str | None = Field(None, description="device the target ran on")
+    codec: dict[str, Any] | None = Field(None, description="codec parameters")
+    layer_ids: list[int] | None = Field(None, description="target layers extracted")
+    samples: int | None = Field(None, description="samples stored")
+    tokens: int | None = Field(None, description="tokens stored")
+    bytes: int | None = Field(None, description="bytes stored")
+    parts: list[PartStats] | None = Field(None, description="the shard's parts")
+    skipped_empty_samples: int | None = Field(None, description="responses without tokens, not extracted")
+    resumed_from_sample: int | None = Field(None, description="samples already committed before this attempt")
+    new_tokens: int | None = Field(None, description="tokens this attempt extracted")
+    elapsed_s: float | None = Field(None, description="this attempt's extraction time")
+    tokens_per_s: float | None = Field(None, description="new_tokens / elapsed_s")
+    bytes_per_token: float | None = Field(None, description="bytes / tokens")
 
     def figures(self) -> dict[str, float]:
         return _figures({"samples": self.samples, "tokens": self.tokens, "bytes": self.bytes,
@@ -221,7 +225,7 @@ class StreamStats(BaseModel):
 class TrainSummary(StageSummary):
     """components/train/trainer.py: the trainer's summary (metrics/train.json)."""
 
-    steps: int = Field(description="optimizer steps done")
+    steps: int | None = Field(None, description="optimizer steps done")
     tokens: int = Field(0, description="tokens trained on")
     tokens_per_s: float | None = Field(None, description="training tokens per second")
     final: FinalTrainStats | None = Field(None, description="last-10%-of-steps loss and accuracy")
@@ -264,23 +268,28 @@ class LosslessCheck(BaseModel):
 class EvaluateSummary(StageSummary):
     """components/evaluate/evaluate.py: metrics/evaluate.json."""
 
-    num_prompts: int = Field(description="held-out prompts decoded")
-    max_new_tokens: int = Field(description="tokens decoded per prompt")
-    temperature: float = Field(description="sampling temperature (0: greedy)")
-    device: str = Field(description="device")
-    threads: int = Field(description="torch threads")
-    layer_ids: list[int] = Field(description="target layers the drafter reads")
-    target: DecodeStats = Field(description="the target alone")
-    drafter: DecodeStats = Field(description="the trained drafter")
+    num_prompts: int | None = Field(None, description="held-out prompts decoded")
+    max_new_tokens: int | None = Field(None, description="tokens decoded per prompt")
+    temperature: float | None = Field(None, description="sampling temperature (0: greedy)")
+    device: str | None = Field(None, description="device")
+    threads: int | None = Field(None, description="torch threads")
+    layer_ids: list[int] | None = Field(None, description="target layers the drafter reads")
+    target: DecodeStats | None = Field(None, description="the target alone")
+    drafter: DecodeStats | None = Field(None, description="the trained drafter")
     baseline: DecodeStats | None = Field(None, description="an untrained drafter of the same shape")
-    lossless: LosslessCheck = Field(description="the lossless check")
+    lossless: LosslessCheck | None = Field(None, description="the lossless check")
     prompts: list[dict[str, Any]] = Field(default_factory=list, description="per-prompt figures")
+    drafter_uri: str | None = Field(None, description="the evaluated checkpoint")
+    baseline_init: str | None = Field(None, description="how the untrained baseline was initialised")
+    host_cpus: int | None = Field(None, description="CPUs of the host (load makes CPU timings noisy)")
+    host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
 
     def figures(self) -> dict[str, float]:
-        passed = (1.0 if self.lossless.passed else 0.0) if self.lossless.checked else None
-        return _figures({"tau": self.drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
-                         "target_tokens_per_s": self.target.tokens_per_s,
-                         "speculative_tokens_per_s": self.drafter.tokens_per_s, "lossless_passed": passed})
+        ll, drafter, target = self.lossless, self.drafter or DecodeStats(), self.target or DecodeStats()
+        passed = (1.0 if ll.passed else 0.0) if ll and ll.checked else None
+        return _figures({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
+                         "target_tokens_per_s": target.tokens_per_s,
+                         "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
 
 
 # -- export -------------------------------------------------------------------------------------------------
@@ -289,14 +298,14 @@ class EvaluateSummary(StageSummary):
 class ExportSummary(StageSummary):
     """components/export/export.py: metrics/export.json."""
 
-    checkpoint: str = Field(description="the exported checkpoint's store prefix")
-    step: int = Field(description="its optimizer step")
-    final: bool = Field(description="training had finished")
-    dtype: str = Field(description="exported weight dtype")
-    mask_token_id: int | None = Field(description="the drafter's mask token")
-    trainable_mask: bool = Field(description="the mask embedding is trained")
-    target_layer_ids: list[int] = Field(description="target layers the drafter reads")
-    formats: dict[str, dict[str, Any]] = Field(description="per format: local folder, store URI, file sizes")
+    checkpoint: str | None = Field(None, description="the exported checkpoint's store prefix")
+    step: int | None = Field(None, description="its optimizer step")
+    final: bool | None = Field(None, description="training had finished")
+    dtype: str | None = Field(None, description="exported weight dtype")
+    mask_token_id: int | None = Field(None, description="the drafter's mask token")
+    trainable_mask: bool | None = Field(None, description="the mask embedding is trained")
+    target_layer_ids: list[int] | None = Field(None, description="target layers the drafter reads")
+    formats: dict[str, dict[str, Any]] | None = Field(None, description="per format: local folder, store URI, sizes")
 
     def figures(self) -> dict[str, float]:
         return _figures({"step": self.step})
@@ -308,8 +317,8 @@ class ExportSummary(StageSummary):
 class StreamEndSummary(StageSummary):
     """pipelines/runtime.py end_stream: the streaming extract loop's end marker."""
 
-    shards: int = Field(description="shards extracted")
-    state: str = Field(description="the marker written (EOS)")
+    shards: int | None = Field(None, description="shards extracted")
+    state: str | None = Field(None, description="the marker written (EOS)")
 
 
 class ReportSummary(StageSummary):
@@ -326,5 +335,14 @@ class ReportSummary(StageSummary):
 
 SUMMARIES: dict[str, type[StageSummary]] = {
     "plan": PlanSummary, "prep": PrepSummary, "generate": GenerateSummary, "extract": ExtractSummary,
-    "train": TrainSummary, "evaluate": EvaluateSummary, "export": ExportSummary,
+    "train": TrainSummary, "evaluate": EvaluateSummary, "export": ExportSummary, "stream-end": StreamEndSummary,
+    "report": ReportSummary,
 }
+
+
+def summary_of(stage: str, value: StageSummary | dict[str, Any]) -> StageSummary:
+    """`value` as `stage`'s model. A model passes through; a dict (a stored metrics file, a TrainJob's status, a
+    stage run by hand) is validated here, the one place such dicts become typed."""
+    if isinstance(value, StageSummary):
+        return value
+    return SUMMARIES.get(stage, StageSummary).model_validate(value)

@@ -17,12 +17,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
+from pydantic import BaseModel
+
 from flashdraft.config import RunConfig
+from flashdraft.summaries import EvaluateSummary, PlanSummary, StreamStats
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 def localize(cfg: RunConfig) -> RunConfig:
@@ -136,20 +140,23 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
     statuses = stage_statuses(read_records(store), stage_metrics(store), run_over=True)
     out["statuses"], out["failure"] = statuses, first_failure(statuses)
 
-    def metrics(stage: str) -> dict[str, Any]:
+    def metrics(model: type[M], stage: str) -> M | None:
         key = layout.metrics_key(stage)
-        return store.get_json_verified(key) if store.is_committed(key) else {}
+        return model.model_validate(store.get_json_verified(key)) if store.is_committed(key) else None
 
-    plan, evaluation, stream = metrics("plan"), metrics("evaluate"), metrics("stream")
-    out["tau"] = evaluation.get("drafter", {}).get("tau")
-    out["baseline_tau"] = evaluation.get("baseline", {}).get("tau")
-    out["planned_bytes"] = plan.get("peak_bytes_streaming" if cfg.mode.kind == "streaming" else
-                                    "total_bytes_at_rest")
+    plan, evaluation = metrics(PlanSummary, "plan"), metrics(EvaluateSummary, "evaluate")
+    stream = metrics(StreamStats, "stream")
+    out["tau"] = evaluation.drafter.tau if evaluation and evaluation.drafter else None
+    out["baseline_tau"] = evaluation.baseline.tau if evaluation and evaluation.baseline else None
+    if plan is None:
+        out["planned_bytes"] = None
+    else:
+        out["planned_bytes"] = plan.peak_bytes_streaming if cfg.mode.kind == "streaming" else plan.total_bytes_at_rest
     parts = committed_parts(store)
     out["stored_bytes"] = sum(store.size(k) for k in parts)
     out["stored_parts"] = len(parts)
-    if stream:
-        out["streaming"] = stream
+    if stream is not None:
+        out["streaming"] = stream.model_dump(mode="json")  # as committed (metrics/stream.json)
     if store.exists(layout.REPORT_HTML):
         url = store.url(layout.REPORT_HTML)
         out["report"] = urlparse(url).path if url.startswith("file://") else url

@@ -16,9 +16,18 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from flashdraft.config import ConfigError, RunConfig, dump_config, load_config
+from flashdraft.summaries import (
+    ReportSummary,
+    StageSummary,
+    StreamEndSummary,
+    StreamStats,
+    TrainSummary,
+    numbers,
+    summary_of,
+)
 
 if TYPE_CHECKING:  # imported where used: a component body pays only for what it runs
     from flashdraft.status import StageRecord
@@ -49,8 +58,8 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
             f"`flashdraft compile --set training.num_nodes={cfg.training.num_nodes}`")
 
 
-def to_json(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, sort_keys=True, default=str)
+def to_json(summary: StageSummary) -> str:
+    return json.dumps(summary.dump(), sort_keys=True, default=str)
 
 
 def _record(store: ObjectStore, record: StageRecord) -> None:
@@ -67,8 +76,8 @@ def _record(store: ObjectStore, record: StageRecord) -> None:
         log.warning("could not commit the status record of %s", record.task, exc_info=True)
 
 
-def run_stage(cfg: RunConfig, stage: str, body: Callable[[], dict[str, Any]], *, shard: int | None = None,
-              metrics: Any = None) -> dict[str, Any]:
+def run_stage(cfg: RunConfig, stage: str, body: Callable[[], StageSummary | dict[str, Any]], *,
+              shard: int | None = None, metrics: Any = None) -> StageSummary:
     """Run one task's `run_<stage>` as the pipeline does: a committed `status/<task>.json` record when it starts
     and when it ends (done with its headline figures, or failed with the exception and where the log is), its
     output in the run's log folder under kfp.local, and its figures and duration in the step's KFP Metrics.
@@ -87,7 +96,7 @@ def run_stage(cfg: RunConfig, stage: str, body: Callable[[], dict[str, Any]], *,
                                     log=log_path or status.task_log_location())
         _record(store, record)
         try:
-            summary = body()
+            summary = summary_of(stage, body())
         except BaseException as exc:
             log.error("%s failed", status.task_name(stage, shard), exc_info=True)  # the traceback, in its log
             message = str(exc)
@@ -96,7 +105,7 @@ def run_stage(cfg: RunConfig, stage: str, body: Callable[[], dict[str, Any]], *,
             _record(store, record.model_copy(update={"state": "failed", "ended": status.now(),
                                                      "error_type": type(exc).__name__, "error": message}))
             raise
-        figures = status.figures(stage, summary)
+        figures = summary.figures()
         done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures,
                                          "headline": status.headline(stage, figures)})
         _record(store, done)
@@ -106,14 +115,11 @@ def run_stage(cfg: RunConfig, stage: str, body: Callable[[], dict[str, Any]], *,
     return summary
 
 
-def finish(summary: dict[str, Any], metrics: Any) -> str:
+def finish(summary: StageSummary, metrics: Any) -> str:
     """Log the summary's numbers (top level and one level down, e.g. drafter_tau) as KFP metrics shown in the UI,
     and return the summary as JSON."""
-    for key, value in summary.items():
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, leaf in items:
-            if isinstance(leaf, int | float) and not isinstance(leaf, bool):
-                metrics.log_metric(f"{key}_{sub}" if sub else key, float(leaf))
+    for key, value in numbers(summary.dump()).items():
+        metrics.log_metric(key, value)
     return to_json(summary)
 
 
@@ -128,19 +134,20 @@ def _flashdraft_cmd() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "flashdraft.cli"]
 
 
-def train_in_pod(cfg: RunConfig) -> dict[str, Any]:
+def train_in_pod(cfg: RunConfig) -> TrainSummary:
     """Train in this pod: in-process for one rank; through `flashdraft train` (which re-launches itself under
     torchrun --nproc_per_node) for several GPUs."""
     if cfg.training.nproc_per_node <= 1:
         from flashdraft.components.train.trainer import run_train
 
-        return run_train(cfg)
+        return TrainSummary.model_validate(run_train(cfg))  # the one place run_train's result is read
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([*_flashdraft_cmd(), "train", "--config", _write_config(cfg, tmp)], check=True)
     from flashdraft import layout
     from flashdraft.store import open_store
 
-    return open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("train"))
+    return TrainSummary.model_validate(open_store(cfg.storage, cfg.run_id).get_json_verified(
+        layout.metrics_key("train")))
 
 
 class WindowMonitor(threading.Thread):
@@ -198,7 +205,7 @@ def _watch_producer(producer: subprocess.Popen, cfg: RunConfig, stopping: thread
     return thread
 
 
-def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
+def train_with_producers(cfg: RunConfig) -> TrainSummary:
     """Local streaming: extraction producers in a background process, the trainer in this one, concurrently.
 
     The producer process extracts every shard through `run_extract` (the code a cluster extract pod runs), waiting
@@ -251,10 +258,10 @@ def train_with_producers(cfg: RunConfig) -> dict[str, Any]:
         raise RuntimeError(f"streaming extraction producers exited with status {producer.returncode}")
     log.info("streaming: produced %d bytes in %d parts; peak stored %d bytes (window %d)", stats["produced_bytes"],
              stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes)
-    return {**summary, "streaming": stats}
+    return TrainSummary.model_validate({**summary.dump(), "streaming": StreamStats.model_validate(stats)})
 
 
-def end_stream(cfg: RunConfig) -> dict[str, Any]:
+def end_stream(cfg: RunConfig) -> StreamEndSummary:
     """After the streaming extract loop: EOS when every shard is extracted, else FAILED naming the missing ones.
 
     Runs even when extract tasks failed (after their retries), so the trainer never waits for a dead producer.
@@ -270,7 +277,7 @@ def end_stream(cfg: RunConfig) -> dict[str, Any]:
         producer.fail(f"extraction did not complete shard(s) {missing}")
         raise RuntimeError(f"streaming: extraction did not complete shard(s) {missing}; the trainer was told")
     producer.finish()
-    return {"shards": cfg.data.num_shards, "state": "EOS"}
+    return StreamEndSummary(shards=cfg.data.num_shards, state="EOS")
 
 
 def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
@@ -287,24 +294,25 @@ def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path
 
     header = f"# flashdraft run `{cfg.run_id}`: {state}\n\n" + (f"Error: {error}\n\n" if error else "")
 
-    def body() -> dict[str, Any]:
+    def body() -> ReportSummary:
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 result = run_report(cfg, out_dir=tmp, run_over=True)
             except Exception as exc:  # the summary of a failed run must still be written
                 log.exception("report failed; writing the status summary only")
-                result = {"report_error": f"{type(exc).__name__}: {exc}"}
-            md = header + _read_text(result.pop("markdown_path", None))
-            html = _read_text(result.pop("html_path", None)) or f"<pre>{md}</pre>"
+                result = ReportSummary(report_error=f"{type(exc).__name__}: {exc}")
+            md = header + _read_text(result.markdown_path)
+            html = _read_text(result.html_path) or f"<pre>{md}</pre>"
         Path(md_path).write_text(md)
         Path(html_path).write_text(html)
         return result
 
-    result = run_stage(cfg, "report", body)
+    result = cast(ReportSummary, run_stage(cfg, "report", body))  # body's own model, passed through
     if metrics is not None:
-        for key, value in (result.get("metrics") or {}).items():
+        for key, value in result.metrics.items():
             metrics.log_metric(key, float(value))
-    return to_json({"state": state, "error": error, **result})
+    out = result.model_dump(mode="json", exclude_unset=True, exclude={"markdown_path", "html_path"})
+    return json.dumps({"state": state, "error": error, **out}, sort_keys=True, default=str)
 
 
 def _read_text(path: str | None) -> str:

@@ -38,7 +38,7 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
 
     cfg = runtime.stage_config(config_yaml, overrides)
     summary = runtime.run_stage(cfg, "prep", lambda: run_prep(cfg))
-    return list(range(int(summary["num_shards"])))
+    return list(range(int(summary.num_shards)))
 
 
 def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:

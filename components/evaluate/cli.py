@@ -25,7 +25,7 @@ def evaluate(
         summary = run_evaluate(cfg, force=force)
     except (LosslessError, FileNotFoundError) as exc:
         raise fail(exc, 1) from None
-    brief = {k: summary.get(k) for k in ("target", "drafter", "baseline", "lossless")}
+    brief = summary.model_dump(mode="json", exclude_unset=True, include={"target", "drafter", "baseline", "lossless"})
     typer.echo(json.dumps(brief, indent=2))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.store import ObjectStore, io_counters, open_store
+from flashdraft.summaries import EvaluateSummary
 
 from .prompts import EvalPrompt, load_eval_prompts
 from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
@@ -156,7 +157,7 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     return metrics
 
 
-def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
+def run_evaluate(cfg: RunConfig, *, force: bool = False) -> EvaluateSummary:
     """Evaluate the trained drafter against the target and an untrained baseline; commit metrics/evaluate.json.
 
     A committed, passing result is reused unless `force` (exactly-once). Raises LosslessError on a mismatch.
@@ -168,8 +169,8 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     if not force and store.is_committed(METRICS_KEY):
-        done = store.get_json_verified(METRICS_KEY)
-        if done.get("lossless", {}).get("passed") or not done.get("lossless", {}).get("checked", True):
+        done = EvaluateSummary.model_validate(store.get_json_verified(METRICS_KEY))
+        if done.lossless.passed or not done.lossless.checked:
             log.info("evaluate: %s already committed; nothing to do", store.url(METRICS_KEY))
             return done
     device = _device()
@@ -196,4 +197,4 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> dict[str, Any]:
         raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {first['drafter']} "
                             f"speculative output diverges from the target's greedy output at token "
                             f"{first['first_mismatch']} of prompt {first['prompt_id']}")
-    return metrics
+    return EvaluateSummary.model_validate(metrics)

@@ -28,7 +28,7 @@ def export(
                              speculators=speculators)
     except ExportError as exc:
         raise fail(exc, 2) from None
-    typer.echo(json.dumps(summary, indent=2))
+    typer.echo(json.dumps(summary.dump(), indent=2))
 
 
 def register(app: typer.Typer) -> None:

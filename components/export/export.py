@@ -14,6 +14,7 @@ from safetensors.torch import save as save_bytes
 from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.store import io_counters, open_store
+from flashdraft.summaries import ExportSummary
 from flashdraft.zlab import (
     MASK_PT,
     MASK_ST,
@@ -62,7 +63,7 @@ def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -
 
 
 def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str = "bfloat16",
-               speculators: bool = False) -> dict:
+               speculators: bool = False) -> ExportSummary:
     """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
     `out_dir/<format>/`. dtype: bfloat16 (z-lab checkpoints' dtype), float16 or float32 (bit-exact)."""
     from flashdraft.checkpoint import latest_checkpoint
@@ -107,4 +108,4 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
                  f" and {folder}" if folder else "")
     summary["store_io"] = io_counters(io0)
     store.commit_json(layout.metrics_key("export"), summary)
-    return summary
+    return ExportSummary.model_validate(summary)

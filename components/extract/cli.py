@@ -23,7 +23,7 @@ def extract(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = N
         summary = run_extract(cfg, shard)
     except UnsupportedTargetError as exc:
         raise fail(exc, 1) from None
-    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "parts"}, indent=2))
+    typer.echo(json.dumps(summary.model_dump(mode="json", exclude_unset=True, exclude={"parts"}), indent=2))
 
 
 @features_app.command("verify")

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from flashdraft.components.extract.source import FeatureSource
 
 from flashdraft import layout
 from flashdraft.config import RunConfig
@@ -40,6 +41,7 @@ from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, 
 from flashdraft.features.window import WindowProducer, released_part
 from flashdraft.records import iter_responses
 from flashdraft.store import ObjectStore, io_counters, open_store
+from flashdraft.summaries import ExtractSummary
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,8 @@ def length_buckets(lengths: list[int], forward_tokens: int) -> list[list[int]]:
 
 
 class HFFeatureSource:
-    """Length-bucketed prefill through a truncated HF target with hooks on the configured layers."""
+    """Length-bucketed prefill through a truncated HF target with hooks on the configured layers (a
+    `FeatureSource`, components/extract/source.py)."""
 
     def __init__(self, cfg: RunConfig, layer_ids: list[int], device: str):
         from transformers.utils import logging as hf_logging
@@ -245,7 +248,7 @@ def extraction_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_extract(cfg: RunConfig, shard: int) -> dict:
+def run_extract(cfg: RunConfig, shard: int) -> ExtractSummary:
     """Extract generation shard `shard` into committed feature shards; returns a JSON-able summary.
 
     In streaming mode (`mode.kind=streaming`) each part waits for room in the window; the job that completes
@@ -264,7 +267,7 @@ def run_extract(cfg: RunConfig, shard: int) -> dict:
     return summary
 
 
-def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
+def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> ExtractSummary:
     from tqdm import tqdm
 
     from flashdraft.target import load_tokenizer, set_cpu_threads, target_geometry, tokenizer_fingerprint
@@ -274,7 +277,7 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     if store.is_committed(layout.features_done_key(shard)):
         summary = store.get_json_verified(layout.features_done_key(shard))
         log.info("features shard %d already complete: nothing to do", shard)
-        return {**summary, "skipped": True}
+        return ExtractSummary.model_validate({**summary, "skipped": True})
     geo = target_geometry(cfg.target)  # from the text config (nested under text_config in Qwen3.5/3.6)
     layer_ids = cfg.layer_ids(geo.num_layers)
     if max(layer_ids) >= geo.num_layers:
@@ -332,7 +335,7 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> dict:
     build_manifest(store)
     log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary["samples"],
              summary["tokens"], summary["bytes_per_token"], summary["tokens_per_s"] or 0)
-    return summary
+    return ExtractSummary.model_validate(summary)
 
 
 def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[str, dict]]:
@@ -350,7 +353,7 @@ def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[st
     return out
 
 
-def _feature_source(cfg: RunConfig, layer_ids: list[int], device: str):
+def _feature_source(cfg: RunConfig, layer_ids: list[int], device: str) -> FeatureSource:
     if cfg.features.backend == "vllm":
         from flashdraft.components.extract.vllm_backend import VLLMFeatureSource
 

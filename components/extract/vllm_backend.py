@@ -26,6 +26,9 @@ VLLM_PYTHON_ENV = "FLASHDRAFT_VLLM_PYTHON"
 
 
 class VLLMFeatureSource:
+    """Prefill through vLLM in a worker subprocess, features from hooks there (a `FeatureSource`,
+    components/extract/source.py)."""
+
     def __init__(self, cfg: RunConfig, layer_ids: list[int]):
         from flashdraft.target import resolve_model_dir
 

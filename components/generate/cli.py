@@ -22,4 +22,5 @@ def register(app: typer.Typer) -> None:
             done = run_generate(cfg, shard)
         except (GenerationDriftError, NotCommittedError, ValueError) as exc:
             raise fail(exc, 1) from None
-        typer.echo(json.dumps({k: v for k, v in done.items() if k != "fingerprint"}, sort_keys=True))
+        brief = done.model_dump(mode="json", exclude_unset=True, exclude={"fingerprint"})
+        typer.echo(json.dumps(brief, sort_keys=True))

@@ -31,6 +31,7 @@ from flashdraft.records import (
     table_to_parquet_bytes,
 )
 from flashdraft.store import NotCommittedError, ObjectStore, io_counters, open_store
+from flashdraft.summaries import GenerateSummary
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str]:
     return table.to_pylist(), store.read_commit(key).sha256
 
 
-def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
+def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     """Generate (or resume, or confirm) responses for prompt shard `shard`; returns the shard's DONE record."""
     io0 = io_counters()
     from tqdm import tqdm
@@ -135,7 +136,7 @@ def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
         done = store.get_json_verified(done_key)
         _check_drift(done["fingerprint"], fingerprint, store.url(done_key))
         log.info("shard %d already generated (%s): nothing to do", shard, store.url(done_key))
-        return {**done, "skipped": True}
+        return GenerateSummary.model_validate({**done, "skipped": True})
 
     size = cfg.generation.chunk_size
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
@@ -183,4 +184,4 @@ def run_generate(cfg: RunConfig, shard: int) -> dict[str, Any]:
     log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated", shard,
              totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],
              totals["truncated"])
-    return done
+    return GenerateSummary.model_validate(done)

@@ -23,6 +23,7 @@ from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 
 from flashdraft import layout
 from flashdraft.config import CODECS, ConfigError, RunConfig
+from flashdraft.summaries import PlanSummary
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features
 LOSSLESS = {"bf16": True, "bf16-zstd": True, "fp8": False, "fp8-zstd": False}
@@ -195,7 +196,7 @@ def plan_markdown(plan: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_plan(cfg: RunConfig) -> dict[str, Any]:
+def run_plan(cfg: RunConfig) -> PlanSummary:
     """Pipeline gate: compute the plan, store it as metrics/plan.json, refuse an over-budget offline run."""
     from flashdraft.store import open_store
 
@@ -203,4 +204,4 @@ def run_plan(cfg: RunConfig) -> dict[str, Any]:
     open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("plan"), plan)
     if plan["gate"]:
         raise PlanGateError(plan["gate"])
-    return plan
+    return PlanSummary.model_validate(plan)

@@ -19,4 +19,4 @@ def register(app: typer.Typer) -> None:
             summary = run_prep(cfg)
         except (SourceError, PrepDriftError) as exc:
             raise fail(exc, 1) from None
-        typer.echo(summary["markdown"])
+        typer.echo(summary.markdown)

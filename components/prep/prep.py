@@ -23,6 +23,7 @@ from flashdraft.chat import prompt_token_count
 from flashdraft.config import RunConfig
 from flashdraft.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.store import io_counters, open_store
+from flashdraft.summaries import PrepSummary
 
 from .formats import BAD_REASONS, BadRow, content_key, normalize_row
 from .sources import SourceError, iter_source
@@ -111,7 +112,7 @@ def _markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_prep(cfg: RunConfig) -> dict[str, Any]:
+def run_prep(cfg: RunConfig) -> PrepSummary:
     """Prepare the run's prompts; returns the summary (with `num_shards` and a Markdown table)."""
     from flashdraft.target import load_tokenizer, tokenizer_fingerprint
 
@@ -127,7 +128,7 @@ def run_prep(cfg: RunConfig) -> dict[str, Any]:
                 f"{store.url(layout.PROMPTS_MANIFEST)} was prepared with a different data config or tokenizer "
                 f"(fingerprint {manifest['fingerprint']} != {fingerprint}); use a new run_id")
         log.info("prompts already prepared (%s): nothing to do", store.url(layout.PROMPTS_MANIFEST))
-        return {**manifest["summary"], "skipped": True}
+        return PrepSummary.model_validate({**manifest["summary"], "skipped": True})
 
     kept, quarantine, per_source = _read_sources(cfg, tok)
     random.Random(cfg.data.seed).shuffle(kept)
@@ -169,4 +170,4 @@ def run_prep(cfg: RunConfig) -> dict[str, Any]:
                                                 cfg.data.max_prompt_tokens})
     log.info("prep: %d train prompts in %d shards, %d eval, %d quarantined, %d duplicates (%.1f s)",
              len(train_rows), n_shards, len(eval_rows), len(quarantine), summary["duplicates"], summary["seconds"])
-    return summary
+    return PrepSummary.model_validate(summary)

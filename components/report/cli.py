@@ -36,7 +36,7 @@ def report(
         typer.secho("pass --run RUN_URI, or --preset/--config for the run to report on", fg=typer.colors.RED,
                     err=True)
         raise typer.Exit(2)
-    typer.echo(json.dumps(result, indent=2))
+    typer.echo(json.dumps(result.dump(), indent=2))
 
 
 def register(app: typer.Typer) -> None:

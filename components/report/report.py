@@ -19,6 +19,15 @@ from typing import Any
 from flashdraft import layout, status
 from flashdraft.config import RunConfig
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
+from flashdraft.summaries import (
+    DecodeStats,
+    EvaluateSummary,
+    LosslessCheck,
+    PlanSummary,
+    ReportSummary,
+    TrainSummary,
+    numbers,
+)
 
 log = logging.getLogger(__name__)
 NOT_RUN = status.NOT_RUN
@@ -68,12 +77,12 @@ def drafter_uris(store: ObjectStore) -> list[str]:
     return uris
 
 
-def training_curves(train: dict[str, Any] | None) -> dict[str, Any]:
+def training_curves(train: TrainSummary | None) -> dict[str, Any]:
     """From metrics/train.json (the trainer's summary): loss per step, accuracy per block position per step, and
     the final (last-10%-of-steps) accuracy per position. Missing pieces are simply absent."""
-    if not train or not isinstance(train.get("history"), list):
+    if train is None or not train.history:
         return {}
-    rows = [r for r in train["history"] if isinstance(r, dict) and isinstance(r.get("loss"), int | float)]
+    rows = [r for r in train.history if isinstance(r.get("loss"), int | float)]
     out: dict[str, Any] = {}
     if rows:
         out["loss"] = [(r.get("step", i + 1), float(r["loss"])) for i, r in enumerate(rows)]
@@ -82,12 +91,16 @@ def training_curves(train: dict[str, Any] | None) -> dict[str, Any]:
             out["accuracy_curves"] = {
                 k + 1: [(r.get("step", i + 1), float(r["acc_by_pos"][k])) for i, r in enumerate(with_acc)]
                 for k in range(len(with_acc[0]["acc_by_pos"]))}
-    final = train.get("final") or {}
-    if isinstance(final.get("acc_by_pos"), list):
-        out["final_accuracy"] = [float(x) for x in final["acc_by_pos"]]
-    if isinstance(final.get("loss"), int | float):
-        out["final_loss"] = float(final["loss"])
+    if train.final is not None:
+        out["final_accuracy"] = [float(x) for x in train.final.acc_by_pos]
+        out["final_loss"] = float(train.final.loss)
     return out
+
+
+def _summary(metrics: dict[str, dict[str, Any]], model: type[Any], stage: str) -> Any:
+    """metrics/<stage>.json as its model; None when the stage left none (or an unreadable one)."""
+    found = metrics.get(stage)
+    return None if found is None or set(found) == {"error"} else model.model_validate(found)
 
 
 def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = False) -> dict[str, Any]:
@@ -96,10 +109,11 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
     metrics = stage_metrics(store)
     statuses = status.stage_statuses(status.read_records(store), metrics, run_over=run_over)
     stages = {s.stage: status.describe(s) for s in statuses}
+    train: TrainSummary | None = _summary(metrics, TrainSummary, "train")
     return {"run": store.root, "config": config, "metrics": metrics, "stages": stages, "statuses": statuses,
-            "plan": metrics.get("plan"), "stored": stored_features(store, metrics),
-            "train": training_curves(metrics.get("train")), "evaluate": metrics.get("evaluate"),
-            "drafters": drafter_uris(store)}
+            "plan": _summary(metrics, PlanSummary, "plan"), "stored": stored_features(store, metrics),
+            "train_summary": train, "train": training_curves(train),
+            "evaluate": _summary(metrics, EvaluateSummary, "evaluate"), "drafters": drafter_uris(store)}
 
 
 # -- scalars (KFP Metrics artifact) -----------------------------------------------------------------------------
@@ -108,19 +122,21 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
 def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
     """Flat numbers for a KFP Metrics artifact; a section that did not run contributes nothing."""
     out: dict[str, float] = {}
-    ev = data["evaluate"] or {}
-    for key, src in (("tau", ("drafter", "tau")), ("baseline_tau", ("baseline", "tau")),
-                     ("target_tokens_per_s", ("target", "tokens_per_s")),
-                     ("speculative_tokens_per_s", ("drafter", "tokens_per_s")), ("speedup", ("drafter", "speedup"))):
-        value = (ev.get(src[0]) or {}).get(src[1])
-        if isinstance(value, int | float):
-            out[key] = float(value)
-    if "lossless" in ev and ev["lossless"].get("checked"):
-        out["lossless_passed"] = 1.0 if ev["lossless"]["passed"] else 0.0
-    if data["plan"]:
-        selected = data["plan"]["codecs"][data["plan"]["codec"]]
-        out["planned_bytes_per_token"] = float(selected["bytes_per_token"])
-        out["planned_total_bytes"] = float(selected["total_bytes"])
+    ev: EvaluateSummary | None = data["evaluate"]
+    if ev is not None:
+        drafter, baseline, target = ev.drafter, ev.baseline, ev.target
+        for key, value in (("tau", drafter and drafter.tau), ("baseline_tau", baseline and baseline.tau),
+                           ("target_tokens_per_s", target and target.tokens_per_s),
+                           ("speculative_tokens_per_s", drafter and drafter.tokens_per_s),
+                           ("speedup", drafter and drafter.speedup)):
+            if value is not None:
+                out[key] = float(value)
+        if ev.lossless is not None and ev.lossless.checked:
+            out["lossless_passed"] = 1.0 if ev.lossless.passed else 0.0
+    plan: PlanSummary | None = data["plan"]
+    if plan is not None and plan.selected is not None:
+        out["planned_bytes_per_token"] = float(plan.selected.bytes_per_token)
+        out["planned_total_bytes"] = float(plan.selected.total_bytes)
     if data["stored"]:
         out["stored_total_bytes"] = float(data["stored"]["total_bytes"])
         out["stored_objects"] = float(data["stored"]["objects"])
@@ -157,7 +173,7 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
     import matplotlib.pyplot as plt
 
     out: dict[str, str] = {}
-    train, ev = data["train"], data["evaluate"] or {}
+    train, ev = data["train"], data["evaluate"]
     if train.get("loss"):
         fig, ax = plt.subplots(figsize=(6, 3.2))
         steps, losses = zip(*train["loss"], strict=True)
@@ -176,19 +192,20 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3)
         out["train_accuracy"] = _png(fig)
-    rows = [(n, ev[n]["acceptance_per_position"]) for n in ("drafter", "baseline")
-            if isinstance(ev.get(n), dict) and ev[n].get("acceptance_per_position")]
+    decoders = {"drafter": ev.drafter, "baseline": ev.baseline} if ev is not None else {}
+    rows = [(n, d) for n, d in decoders.items() if d is not None and d.acceptance_per_position]
     if rows:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         width = 0.8 / len(rows)
-        for i, (name, rates) in enumerate(rows):
+        for i, (name, decoder) in enumerate(rows):
+            rates = decoder.acceptance_per_position
             ax.bar([k + 1 + (i - (len(rows) - 1) / 2) * width for k in range(len(rates))], rates, width=width,
                    label="trained" if name == "drafter" else "untrained baseline")
         ax.set(xlabel="draft position k", ylabel="fraction of cycles accepted",
                title="Acceptance per draft position", ylim=(0, 1))
         ax.legend()
         out["acceptance"] = _png(fig)
-        taus = [(("trained" if n == "drafter" else "untrained"), ev[n].get("tau", 0)) for n, _ in rows]
+        taus = [(("trained" if n == "drafter" else "untrained"), d.tau or 0) for n, d in rows]
         fig, ax = plt.subplots(figsize=(4, 3.2))
         ax.bar([t[0] for t in taus], [t[1] for t in taus], color=["#1f77b4", "#aaaaaa"][: len(taus)])
         for i, (_, v) in enumerate(taus):
@@ -224,16 +241,8 @@ def _fmt(v: Any) -> str:
 def throughput_rows(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any]]:
     """(metrics file, key, value) for every rate a stage reported (keys ending in per_s, or naming a
     throughput), one level of nesting deep, e.g. evaluate's target.tokens_per_s."""
-    rows = []
-    for name in sorted(metrics):
-        for key, value in metrics[name].items():
-            items = value.items() if isinstance(value, dict) else [(None, value)]
-            for sub, v in items:
-                full = f"{key}.{sub}" if sub else key
-                is_rate = full.endswith("per_s") or "per_s_" in full or "throughput" in full
-                if isinstance(v, int | float) and not isinstance(v, bool) and is_rate:
-                    rows.append((name, full, v))
-    return rows
+    return [(name, key, v) for name in sorted(metrics) for key, v in numbers(metrics[name], sep=".").items()
+            if key.endswith("per_s") or "per_s_" in key or "throughput" in key]
 
 
 def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
@@ -246,45 +255,47 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
     out.append(("Stages", [["stage", "state", "time", "figures"]] + [
         [s.stage, status.describe(s), "-" if s.duration_s is None else f"{s.duration_s:,.1f} s", s.headline or "-"]
         for s in data["statuses"]]))
-    if ev:
+    if ev is not None:
+        target = ev.target or DecodeStats()
         rows = [["", "tau", "tokens/s", "speedup vs target"],
-                ["target alone (greedy)", "-", _fmt(ev["target"].get("tokens_per_s")), "1"]]
-        for name, label in (("drafter", "trained drafter"), ("baseline", "untrained baseline")):
-            if isinstance(ev.get(name), dict):
-                rows.append([label, _fmt(ev[name].get("tau")), _fmt(ev[name].get("tokens_per_s")),
-                             _fmt(ev[name].get("speedup"))])
+                ["target alone (greedy)", "-", _fmt(target.tokens_per_s), "1"]]
+        for decoder, label in ((ev.drafter, "trained drafter"), (ev.baseline, "untrained baseline")):
+            if decoder is not None:
+                rows.append([label, _fmt(decoder.tau), _fmt(decoder.tokens_per_s), _fmt(decoder.speedup)])
         out.append(("Speculative decoding", rows))
-        lossless = ev.get("lossless", {})
-        if not lossless.get("checked"):
+        lossless = ev.lossless or LosslessCheck(checked=False, passed=False)
+        if not lossless.checked:
             note = "not checked (sampling, temperature > 0)"
-        elif lossless.get("passed"):
+        elif lossless.passed:
             note = (f"PASSED: speculative greedy output equals the target's greedy output on all "
-                    f"{lossless['prompts']} prompts")
-            if lossless.get("ties"):
-                note += (f" (except {len(lossless['ties'])} divergence(s) at numerical ties, top-2 logit gap < "
-                         f"{lossless['tie_margin']}: " + ", ".join(t["prompt_id"] for t in lossless["ties"]) + ")")
+                    f"{lossless.prompts} prompts")
+            if lossless.ties:
+                note += (f" (except {len(lossless.ties)} divergence(s) at numerical ties, top-2 logit gap < "
+                         f"{lossless.tie_margin}: " + ", ".join(t["prompt_id"] for t in lossless.ties) + ")")
         else:
             note = "FAILED on " + ", ".join(f"{m['prompt_id']} ({m['drafter']}, token {m['first_mismatch']})"
-                                           for m in lossless.get("mismatches", []))
+                                           for m in lossless.mismatches)
         out.append(("Lossless check", note))
         out.append(("Evaluation setup", [
-            ["prompts", _fmt(ev.get("num_prompts"))], ["max new tokens", _fmt(ev.get("max_new_tokens"))],
-            ["block size", _fmt((ev.get("drafter") or {}).get("block_size"))],
-            ["temperature", _fmt(ev.get("temperature"))],
-            ["device", f"{ev.get('device')} ({ev.get('threads')} threads)"],
-            ["host", f"{_fmt(ev.get('host_cpus'))} CPUs, load average {_fmt(ev.get('host_load_1m'))} after decoding"],
+            ["prompts", _fmt(ev.num_prompts)], ["max new tokens", _fmt(ev.max_new_tokens)],
+            ["block size", _fmt(ev.drafter.block_size if ev.drafter else None)],
+            ["temperature", _fmt(ev.temperature)],
+            ["device", f"{ev.device} ({ev.threads} threads)"],
+            ["host", f"{_fmt(ev.host_cpus)} CPUs, load average {_fmt(ev.host_load_1m)} after decoding"],
             ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
     else:
         out.append(("Speculative decoding", _absent(data, "evaluate")))
     if plan or stored:
-        selected = plan["codecs"][plan["codec"]] if plan else {}
+        selected = plan.selected if plan else None
         out.append(("Storage: planned vs stored", [
             ["", "planned", "stored"],
-            ["codec", plan["codec"] if plan else "-", "-"],
-            ["bytes/token", _fmt(selected.get("bytes_per_token")), _fmt((stored or {}).get("bytes_per_token"))],
-            ["total bytes", fmt_bytes(selected.get("total_bytes")), fmt_bytes((stored or {}).get("total_bytes"))],
-            ["objects", _fmt(plan.get("objects") if plan else None), _fmt((stored or {}).get("objects"))],
-            ["tokens", _fmt(plan.get("total_tokens") if plan else None), _fmt((stored or {}).get("tokens"))]]))
+            ["codec", (plan.codec if plan else None) or "-", "-"],
+            ["bytes/token", _fmt(selected.bytes_per_token if selected else None),
+             _fmt((stored or {}).get("bytes_per_token"))],
+            ["total bytes", fmt_bytes(selected.total_bytes if selected else None),
+             fmt_bytes((stored or {}).get("total_bytes"))],
+            ["objects", _fmt(plan.objects if plan else None), _fmt((stored or {}).get("objects"))],
+            ["tokens", _fmt(plan.total_tokens if plan else None), _fmt((stored or {}).get("tokens"))]]))
     else:
         out.append(("Storage: planned vs stored", f"plan and extract: {NOT_RUN}"))
     rates = throughput_rows(data["metrics"])
@@ -294,8 +305,8 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
     if not train:
         out.append(("Training", _absent(data, "train") + " (no metrics/train.json with a loss history)"))
     else:
-        summary = data["metrics"].get("train", {})
-        rows = [["steps", _fmt(summary.get("steps"))], ["tokens", _fmt(summary.get("tokens"))],
+        summary: TrainSummary = data["train_summary"]
+        rows = [["steps", _fmt(summary.steps)], ["tokens", _fmt(summary.tokens)],
                 ["final loss (last 10% of steps)", _fmt(train.get("final_loss"))]]
         if train.get("final_accuracy"):
             rows.append(["final accuracy by position", " ".join(f"{a:.2f}" for a in train["final_accuracy"])])
@@ -367,7 +378,7 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
-                 out_dir: str | Path | None = None, run_over: bool = False) -> dict[str, Any]:
+                 out_dir: str | Path | None = None, run_over: bool = False) -> ReportSummary:
     """Render from the store's committed metrics and stage records, commit reports/{report.html,summary.md,
     metrics.json}; with `out_dir`, also write them there (KFP artifact paths). `config` defaults to the one stored
     by an earlier report run. run_over: see `gather`."""
@@ -394,9 +405,9 @@ def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
         (folder / "metrics.json").write_text(json.dumps(scalars, indent=2))
         result.update(html_path=str(folder / "report.html"), markdown_path=str(folder / "summary.md"))
     log.info("report: %s", result["report_html"])
-    return result
+    return ReportSummary.model_validate(result)
 
 
-def run_report(cfg: RunConfig, out_dir: str | Path | None = None, run_over: bool = False) -> dict[str, Any]:
+def run_report(cfg: RunConfig, out_dir: str | Path | None = None, run_over: bool = False) -> ReportSummary:
     """The pipeline's report step (also its exit handler): works whatever subset of stages has run."""
     return build_report(open_store(cfg.storage, cfg.run_id), cfg.model_dump(mode="json"), out_dir, run_over)

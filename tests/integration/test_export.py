@@ -35,7 +35,7 @@ def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
     model = _checkpointed_drafter(tiny_cfg)
     summary = run_export(tiny_cfg, out_dir=tmp_path / "out", dtype="float32", speculators=True)
     folder = tmp_path / "out" / "zlab"
-    assert summary["step"] == 7 and summary["final"]
+    assert summary.step == 7 and summary.final
     loaded = DFlashDrafter.from_pretrained(folder, target=tiny_cfg.target)
     feats = torch.randn(20, 5 * 256)
     g = model.geometry
@@ -96,7 +96,7 @@ def test_export_without_local_folder_writes_only_the_store(tiny_cfg, tmp_path, m
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     summary = run_export(tiny_cfg)
-    assert summary["formats"]["zlab"]["local"] is None and list(cwd.iterdir()) == []
+    assert summary.formats["zlab"]["local"] is None and list(cwd.iterdir()) == []
     assert open_store(tiny_cfg.storage, tiny_cfg.run_id).is_committed("export/zlab/model.safetensors")
 
 

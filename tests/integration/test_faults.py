@@ -70,7 +70,7 @@ def run_pipeline(cfg: RunConfig) -> None:
     from flashdraft.components.train.trainer import run_train
     from flashdraft.pipelines.runtime import train_with_producers
 
-    shards = run_prep(cfg)["num_shards"]
+    shards = run_prep(cfg).num_shards
     for shard in range(shards):
         run_generate(cfg, shard)
     if cfg.mode.kind == "streaming":

@@ -37,7 +37,7 @@ def reference(tmp_path_factory):
     """An uninterrupted prep + generate of every shard."""
     cfg = _cfg(tmp_path_factory.mktemp("ref"))
     prep = run_prep(cfg)
-    done = [run_generate(cfg, shard) for shard in range(prep["num_shards"])]
+    done = [run_generate(cfg, shard) for shard in range(prep.num_shards)]
     return cfg, prep, done
 
 
@@ -46,7 +46,7 @@ def test_every_shard_has_committed_responses(reference):
     store = open_store(cfg.storage, cfg.run_id)
     for shard, d in enumerate(done):
         rows = _rows(cfg, shard)
-        assert len(rows) == prep["shard_rows"][shard] == d["samples"] == d["num_chunks"]
+        assert len(rows) == prep.shard_rows[shard] == d.samples == d.num_chunks
         assert store.is_committed(layout.responses_done_key(shard))
         assert d["tokens_per_s"] > 0 and d["empty"] + d["truncated"] <= d["samples"]
         assert d["truncated"] == sum(r["finish_reason"] == "length" for r in rows)
@@ -62,7 +62,7 @@ def test_rerun_of_a_committed_shard_is_a_noop(reference):
     store = open_store(cfg.storage, cfg.run_id)
     before = {k: store.read_commit(k).sha256 for k in response_chunk_keys(store, 0)}
     again = run_generate(cfg, 0)
-    assert again["skipped"] is True and again["generated_tokens"] == done[0]["generated_tokens"]
+    assert again.skipped is True and again.generated_tokens == done[0].generated_tokens
     assert {k: store.read_commit(k).sha256 for k in response_chunk_keys(store, 0)} == before
 
 
@@ -88,7 +88,7 @@ def test_killed_generation_resumes_and_matches_an_uninterrupted_run(reference, t
     assert not store.is_committed(layout.responses_done_key(0))
 
     resumed = run_generate(cfg, 0)
-    assert resumed["chunks_generated_now"] == total - committed
+    assert resumed.chunks_generated_now == total - committed
     assert _rows(cfg, 0) == _rows(ref_cfg, 0)
 
 
@@ -117,14 +117,14 @@ def test_multi_turn_turns_are_generated_in_order_and_all_masked(tmp_path):
                                    "data.num_shards": 1, "data.max_response_tokens": 6})
     run_prep(cfg)
     done = run_generate(cfg, 0)
-    assert done["turns"] == 4
+    assert done.turns == 4
     rows = {len(r["input_ids"]): r for r in _rows(cfg, 0)}
     multi = rows[max(rows)]
     spans, inside = 0, False  # count masked runs: one per regenerated assistant turn
     for m in multi["loss_mask"]:
         spans += bool(m) and not inside
         inside = bool(m)
-    assert spans == 3 and sum(r["loss_mask"].count(1) for r in rows.values()) == done["generated_tokens"]
+    assert spans == 3 and sum(r["loss_mask"].count(1) for r in rows.values()) == done.generated_tokens
     from flashdraft.target import load_tokenizer
 
     text = load_tokenizer(cfg.target).decode(multi["input_ids"])
@@ -143,7 +143,7 @@ def test_seeded_sampling_is_reproducible_across_runs_and_resumes(reference, tmp_
     store = open_store(b.storage, b.run_id)
     for key in [layout.responses_done_key(0)] + response_chunk_keys(store, 0)[2:]:
         store.uncommit(key)  # as if the pod died after two chunks
-    assert run_generate(b, 0)["chunks_generated_now"] == len(_rows(a, 0)) - 2
+    assert run_generate(b, 0).chunks_generated_now == len(_rows(a, 0)) - 2
     assert _rows(a, 0) == _rows(b, 0)
     greedy = {r["sample_id"]: r["input_ids"] for r in _rows(ref_cfg, 0)}
     assert all(r["sample_id"] in greedy for r in _rows(a, 0))

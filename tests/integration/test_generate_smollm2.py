@@ -21,10 +21,10 @@ def test_smollm2_prep_and_generate_every_shard(tmp_path):
     store = open_store(cfg.storage, cfg.run_id)
     tok = load_tokenizer(cfg.target)
     stopped = 0
-    for shard in range(prep["num_shards"]):
+    for shard in range(prep.num_shards):
         done = run_generate(cfg, shard)
         rows = list(iter_responses(store, shard))
-        assert len(rows) == done["samples"] == prep["shard_rows"][shard]
+        assert len(rows) == done.samples == prep.shard_rows[shard]
         for r in rows:
             assert r["response_text"].strip(), "a real chat model writes something"
             if r["finish_reason"] == "stop":

@@ -20,5 +20,5 @@ def test_prep_reads_an_object_store_source(s3_storage):
         "data.sources": [{"uri": f"{s3_storage.root}/inputs/prompts.jsonl"}], "data.eval_count": 1,
         "data.num_shards": 1})
     summary = run_prep(cfg)
-    assert (summary["kept"], summary["bad_rows"]["invalid_json"], summary["num_train"]) == (6, 1, 5)
+    assert (summary.kept, summary.bad_rows["invalid_json"], summary.num_train) == (6, 1, 5)
     assert src.is_committed(f"{cfg.run_id}/prompts/train-00000.parquet")

@@ -32,19 +32,19 @@ def evaluated(tmp_path_factory):
 def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
     cfg, uri, metrics = evaluated
     stored = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("evaluate"))
-    assert stored == metrics
-    assert metrics["drafter_uri"] == uri
-    assert metrics["lossless"] == {"checked": True, "passed": True, "prompts": 3, "mismatches": [], "ties": [],
-                                   "tie_margin": 0.0}
-    ids = [p["id"] for p in metrics["prompts"]]
+    assert stored == metrics.dump()
+    assert metrics.drafter_uri == uri
+    assert metrics.lossless.model_dump() == {"checked": True, "passed": True, "prompts": 3, "mismatches": [],
+                                             "ties": [], "tie_margin": 0.0}
+    ids = [p["id"] for p in metrics.prompts]
     assert ids[1:] == ["user-1", "extra-3"] and ids[0] not in ids[1:]
     for name in ("drafter", "baseline"):
-        m = metrics[name]
+        m = getattr(metrics, name).model_dump()
         assert 1.0 <= m["tau"] <= cfg.drafter.block_size
         assert len(m["acceptance_per_position"]) == cfg.drafter.block_size - 1
-        assert m["tokens"] == metrics["target"]["tokens"] > 0
+        assert m["tokens"] == metrics.target.tokens > 0
         assert m["tokens_per_s"] > 0 and m["speedup"] > 0
-    assert metrics["target"]["tokens"] == sum(p["new_tokens"] for p in metrics["prompts"])
+    assert metrics.target.tokens == sum(p["new_tokens"] for p in metrics.prompts)
 
 
 def test_evaluate_rerun_is_a_noop(evaluated):

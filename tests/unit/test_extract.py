@@ -34,7 +34,7 @@ def test_extract_writes_committed_shards_matching_hf(cfg):
     summary = run_extract(cfg, 0)
     store = open_store(cfg.storage, cfg.run_id)
     parts = _parts(cfg)
-    assert len(parts) >= 2 and summary["samples"] == len(rows) and store.is_committed(layout.features_done_key(0))
+    assert len(parts) >= 2 and summary.samples == len(rows) and store.is_committed(layout.features_done_key(0))
     assert store.get_json_verified(layout.FEATURES_MANIFEST)["totals"]["samples"] == len(rows)
     samples = [s for k in sorted(parts) for s in iter_shard(parts[k], k)]
     assert [s.sample_id for s in samples] == [r["sample_id"] for r in rows]
@@ -47,7 +47,7 @@ def test_extract_writes_committed_shards_matching_hf(cfg):
         ref = torch.cat([hs[i + 1][0] for i in ids], dim=-1).to(torch.bfloat16)
         # right-padded batch vs a lone forward: equal up to float reassociation and the bf16 rounding
         torch.testing.assert_close(s.features.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    assert run_extract(cfg, 0)["skipped"] is True  # a rerun of committed work is a no-op
+    assert run_extract(cfg, 0).skipped is True  # a rerun of committed work is a no-op
 
 
 def test_length_buckets_sort_and_bound_the_padded_size():
@@ -83,7 +83,7 @@ def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
     assert committed_parts(store) == [layout.feature_part_key(0, 0)]  # ...is invisible
 
     summary = run_extract(cfg, 0)
-    assert summary["resumed_from_sample"] > 0
+    assert summary.resumed_from_sample > 0
     assert _parts(cfg) == expected
 
 
@@ -117,7 +117,7 @@ def test_extract_on_real_smollm2_matches_hf(tmp_path):
     cfg = load_config(preset="smollm2-local", overrides={"storage.root": f"file://{tmp_path}/runs",
                                                          "features.codec": "fp8-zstd"})
     rows = write_responses(cfg, n=3)
-    assert run_extract(cfg, 0)["samples"] == 3
+    assert run_extract(cfg, 0).samples == 3
     store = open_store(cfg.storage, cfg.run_id)
     samples = [s for k in committed_parts(store) for s in iter_shard(store.get_verified(k), k)]
     model = load_causal_lm(cfg.target)
@@ -152,5 +152,5 @@ def test_parts_respect_shard_bytes_with_a_large_batch_and_resume_mid_batch(cfg):
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(overrides)], env={**os.environ, FAULT_ENV: "1"},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr[-2000:]
-    assert run_extract(big, 0)["resumed_from_sample"] > 0
+    assert run_extract(big, 0).resumed_from_sample > 0
     assert _parts(big) == expected

@@ -41,7 +41,7 @@ def test_vllm_backend_matches_hf_backend(tiny_cfg, vllm_python):
         write_responses(cfg, n=5)
     run_extract(hf, 0)
     summary = run_extract(vl, 0)
-    assert summary["backend"] == "vllm" and summary["samples"] == 5
+    assert summary.backend == "vllm" and summary.samples == 5
     a, b = _samples(hf), _samples(vl)
     assert a.keys() == b.keys()
     for sid in a:

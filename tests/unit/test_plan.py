@@ -44,9 +44,9 @@ def test_gate_names_alternatives(tmp_path):
     # The plan is stored even when the gate refuses, so the report can show why.
     assert (tmp_path / cfg.run_id / "metrics" / "plan.json").is_file()
     ok = cfg.with_overrides({"features.codec": "fp8-zstd"})
-    assert run_plan(ok)["fits_budget"] is True
+    assert run_plan(ok).fits_budget is True
     streaming = cfg.with_overrides({"mode.kind": "streaming"})
-    assert run_plan(streaming)["gate"] is None
+    assert run_plan(streaming).gate is None
 
 
 def test_cli_table_and_json():

@@ -47,7 +47,7 @@ def _cfg(tmp_path, sources, **over):
 def _all_prompt_rows(cfg, summary):
     store = open_store(cfg.storage, cfg.run_id)
     rows = []
-    for key in summary["shard_keys"] + [summary["eval_key"]]:
+    for key in summary.shard_keys + [summary.eval_key]:
         rows += parquet_bytes_to_table(store.get_verified(key), PROMPT_SCHEMA).to_pylist()
     return rows
 
@@ -63,11 +63,11 @@ def test_every_bad_row_is_quarantined_with_its_reason_and_every_good_row_survive
     summary = run_prep(cfg)
 
     expected = {reason: sum(r == reason for _, r in BAD) for reason in BAD_REASONS}
-    assert summary["bad_rows"] == expected
-    assert summary["quarantined"] == len(BAD)
-    assert summary["duplicates"] == 1
-    assert summary["kept"] == len(GOOD)
-    assert summary["num_train"] + summary["num_eval"] == len(GOOD)
+    assert summary.bad_rows == expected
+    assert summary.quarantined == len(BAD)
+    assert summary.duplicates == 1
+    assert summary.kept == len(GOOD)
+    assert summary.num_train + summary.num_eval == len(GOOD)
     survivors = {r["sample_id"] for r in _all_prompt_rows(cfg, summary)}
     assert survivors == {content_key(normalize_row(g)[0]) for g in GOOD}
 
@@ -76,7 +76,7 @@ def test_every_bad_row_is_quarantined_with_its_reason_and_every_good_row_survive
     line_of = {b: n for n, b in enumerate(lines, start=1)}
     assert sorted((e["row"], e["reason"]) for e in entries) == sorted((line_of[b], r) for b, r in BAD)
     assert all(e["source"] == str(src) and e["detail"] for e in entries)
-    assert "| &nbsp;&nbsp;too_long | 1 |" in summary["markdown"]
+    assert "| &nbsp;&nbsp;too_long | 1 |" in summary.markdown
 
 
 def test_json_and_parquet_sources_and_their_bad_rows(tmp_path):
@@ -86,9 +86,9 @@ def test_json_and_parquet_sources_and_their_bad_rows(tmp_path):
     pq.write_table(pa.table({"prompt": pa.array([b"Describe a cloud.", b"bad \xff bytes"], pa.binary())}), pqf)
     cfg = _cfg(tmp_path, [{"uri": str(js)}, {"uri": f"file://{pqf}", "format": "prompt"}], **{"data.eval_count": 0})
     summary = run_prep(cfg)
-    assert summary["bad_rows"]["non_string_content"] == 1
-    assert summary["bad_rows"]["undecodable_bytes"] == 1
-    assert summary["sources"][str(js)] == {"read": 2, "kept": 1, "non_string_content": 1}
+    assert summary.bad_rows["non_string_content"] == 1
+    assert summary.bad_rows["undecodable_bytes"] == 1
+    assert summary.sources[str(js)] == {"read": 2, "kept": 1, "non_string_content": 1}
     texts = {json.loads(r["messages"])[0]["content"] for r in _all_prompt_rows(cfg, summary)}
     assert texts == {"Sort these numbers\n\n3, 1, 2", "Describe a cloud."}
 
@@ -96,8 +96,8 @@ def test_json_and_parquet_sources_and_their_bad_rows(tmp_path):
 def test_demo_prep_shards_split_and_manifest(tiny_cfg):
     cfg = tiny_cfg.with_overrides({"data.num_shards": 3, "data.max_samples": 50, "data.eval_count": 5})
     summary = run_prep(cfg)
-    assert summary["num_shards"] == 3 and summary["num_eval"] == 5 and summary["num_train"] == 45
-    assert summary["shard_rows"] == [15, 15, 15]
+    assert summary.num_shards == 3 and summary.num_eval == 5 and summary.num_train == 45
+    assert summary.shard_rows == [15, 15, 15]
     rows = _all_prompt_rows(cfg, summary)
     assert len({r["sample_id"] for r in rows}) == 50
     assert all(0 < r["prompt_tokens"] <= cfg.data.max_prompt_tokens for r in rows)
@@ -115,7 +115,7 @@ def test_shuffle_is_deterministic_and_rerun_is_a_noop_but_changed_config_is_an_e
     c = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/c", "data.seed": 1})
     assert [r["sample_id"] for r in _all_prompt_rows(c, run_prep(c))] != ids[0]
 
-    assert run_prep(a)["skipped"] is True
+    assert run_prep(a).skipped is True
     with pytest.raises(PrepDriftError, match="different data config"):
         run_prep(a.with_overrides({"data.max_prompt_tokens": 100}))
 

@@ -58,20 +58,20 @@ def evaluated_run(tmp_path_factory):
 def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):
     cfg, metrics, drafter_uri = evaluated_run
     result = run_report(cfg, out_dir=tmp_path / "out")
-    dom = chromium_dom(Path(result["html_path"]), tmp_path)
+    dom = chromium_dom(Path(result.html_path), tmp_path)
     images = re.findall(r"<img [^>]*>", dom)
     ids = {re.search(r"id=\"chart-(\w+)\"", i).group(1) for i in images}
     assert ids == {"acceptance", "tau"}  # no training metrics in this run, so no training charts
     assert all('src="data:image/png;base64,' in i and 'data-decoded="yes"' in i for i in images)
     text = re.sub(r"<[^>]+>", " ", dom)
-    assert f"{metrics['drafter']['tau']:g}" in text and f"{metrics['baseline']['tau']:g}" in text
-    assert f"{metrics['target']['tokens_per_s']:,.3f}".rstrip("0").rstrip(".") in text
+    assert f"{metrics.drafter.tau:g}" in text and f"{metrics.baseline.tau:g}" in text
+    assert f"{metrics.target.tokens_per_s:,.3f}".rstrip("0").rstrip(".") in text
     assert "PASSED" in text and "train: not run" in text and drafter_uri in text
     plan = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("plan"))
     assert fmt_bytes(plan["codecs"][plan["codec"]]["total_bytes"]) in text
-    assert result["metrics"]["tau"] == metrics["drafter"]["tau"]
-    assert result["metrics"]["lossless_passed"] == 1.0
-    summary = Path(result["markdown_path"]).read_text()
+    assert result.metrics["tau"] == metrics.drafter.tau
+    assert result.metrics["lossless_passed"] == 1.0
+    summary = Path(result.markdown_path).read_text()
     assert "| trained drafter |" in summary and "## Lossless check" in summary
 
 
@@ -83,14 +83,14 @@ def test_report_cli_regenerates_from_the_run_uri(evaluated_run):
     res = CliRunner().invoke(app, ["report", "--run", store.root])
     assert res.exit_code == 0, res.output
     page = store.get_verified(layout.REPORT_HTML).decode()
-    assert cfg.target.model in page and f"{metrics['drafter']['tau']:g}" in page
+    assert cfg.target.model in page and f"{metrics.drafter.tau:g}" in page
 
 
 def test_report_on_an_empty_run_says_not_run(tmp_path):
     store = ObjectStore(f"file://{tmp_path}/runs/empty")
     result = build_report(store, out_dir=tmp_path / "out")
-    assert set(result["stages"].values()) == {"not run"}
-    assert result["metrics"] and all(k.endswith("_state") and v == 0.0 for k, v in result["metrics"].items())
+    assert set(result.stages.values()) == {"not run"}
+    assert result.metrics and all(k.endswith("_state") and v == 0.0 for k, v in result.metrics.items())
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<img" not in page and "evaluate: not run" in page and "plan and extract: not run" in page
 
@@ -130,7 +130,7 @@ def failed_run(tmp_path, monkeypatch):
 
 def test_report_shows_the_failed_stage_its_error_and_log_and_later_stages_not_run_in_chromium(failed_run, tmp_path):
     result = run_report(failed_run, out_dir=tmp_path / "out", run_over=True)
-    dom = chromium_dom(Path(result["html_path"]), tmp_path)
+    dom = chromium_dom(Path(result.html_path), tmp_path)
     rows = {re.match(r"<td>([^<]*)</td>", m.group(2)).group(1): (m.group(1), re.sub(r"<[^>]+>", " ", m.group(2)))
             for m in re.finditer(r"<tr( class=\"[\w-]+\")?>(<td>[\s\S]*?)</tr>", dom)}
     stage_rows = {k: v for k, v in rows.items() if k in ("plan", "prep", "generate", "extract", "train", "evaluate",
@@ -148,10 +148,10 @@ def test_report_shows_the_failed_stage_its_error_and_log_and_later_stages_not_ru
     plan = open_store(failed_run.storage, failed_run.run_id).get_json_verified(layout.metrics_key("plan"))
     assert fmt_bytes(plan["codecs"][plan["codec"]]["total_bytes"]) in text, "figures that exist are still shown"
     assert "evaluate: not run" in text
-    summary = Path(result["markdown_path"]).read_text()
+    summary = Path(result.markdown_path).read_text()
     assert "| generate | failed: ValueError: CUDA out of memory" in summary and "| train | not run |" in summary
-    assert result["metrics"]["generate_state"] == -1.0 and result["metrics"]["train_state"] == 0.0
-    assert result["metrics"]["plan_state"] == 1.0 and result["metrics"]["prep_prompts_kept"] == 30.0
+    assert result.metrics["generate_state"] == -1.0 and result.metrics["train_state"] == 0.0
+    assert result.metrics["plan_state"] == 1.0 and result.metrics["prep_prompts_kept"] == 30.0
 
 
 def test_a_task_that_died_without_a_record_reads_failed_once_the_run_is_over(failed_run):
@@ -160,6 +160,6 @@ def test_a_task_that_died_without_a_record_reads_failed_once_the_run_is_over(fai
     store = open_store(failed_run.storage, failed_run.run_id)
     store.commit_json(status_key("extract", 0), StageRecord(stage="extract", shard=0, state="running",
                                                             started=now()).model_dump(mode="json"))
-    assert build_report(store)["stages"]["extract"].startswith("running")  # `flashdraft report` mid-run
-    over = build_report(store, run_over=True)["stages"]["extract"]
+    assert build_report(store).stages["extract"].startswith("running")  # `flashdraft report` mid-run
+    over = build_report(store, run_over=True).stages["extract"]
     assert over.startswith("failed:") and "without recording an outcome" in over

@@ -25,5 +25,5 @@ def test_end_stream_fails_the_stream_for_missing_shards_then_ends_it(tmp_path):
 
     store.delete(layout.STREAM_FAILED)
     store.commit_json(layout.features_done_key(1), {"shard": 1})
-    assert end_stream(cfg)["state"] == "EOS"
+    assert end_stream(cfg).state == "EOS"
     assert store.exists(layout.STREAM_EOS) and WindowConsumer(store).check()

@@ -106,12 +106,12 @@ def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(ti
     summary = run_extract(cfg, 0)
     consumer.join(timeout=120)
     assert store.exists(layout.STREAM_EOS) and sorted(seen) == sorted(r["sample_id"] for r in rows)
-    assert summary["samples"] == len(rows) and len(summary["parts"]) > 2  # more parts than the window holds
+    assert summary.samples == len(rows) and len(summary.parts) > 2  # more parts than the window holds
     # A producer restarted after the trainer released every part must not produce them again.
     store.uncommit(layout.features_done_key(0))
     again = run_extract(cfg, 0)
-    assert again["resumed_from_sample"] == len(rows) and again["new_tokens"] == 0
-    assert committed_parts(store) == [] and again["parts"] == summary["parts"]
+    assert again.resumed_from_sample == len(rows) and again.new_tokens == 0
+    assert committed_parts(store) == [] and again.parts == summary.parts
 
 
 def test_deferred_release_gives_way_when_the_window_is_full(tiny_cfg, tmp_path, caplog):

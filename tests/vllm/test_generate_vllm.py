@@ -35,7 +35,7 @@ def test_vllm_greedy_matches_hf_token_for_token(vllm_python, tmp_path):
                                                     "generation.backend": backend})
         run_prep(cfg)
         done = run_generate(cfg, 0)
-        assert done["backend"] == backend
+        assert done.backend == backend
         results[backend] = (done, list(iter_responses(open_store(cfg.storage, cfg.run_id), 0)))
     (hf_done, hf_rows), (vllm_done, vllm_rows) = results["hf"], results["vllm"]
     assert hf_done["turns"] > hf_done["samples"], "the shard should include multi-turn prompts"

@@ -79,14 +79,14 @@ def _vllm(python: str, cfg, tmp: Path, drafter: str | None, prompts, num_spec: i
 
 def test_vllm_serves_the_export_with_equal_outputs_and_equal_tau(vllm_python, evaluated_run):
     cfg, tmp, export, metrics, prompts = evaluated_run
-    assert export["trainable_mask"], "the tiny target has no free row: this test covers the mask_embedding path"
-    assert metrics["lossless"]["passed"]
-    ours = metrics["drafter"]
+    assert export.trainable_mask, "the tiny target has no free row: this test covers the mask_embedding path"
+    assert metrics.lossless.passed
+    ours = metrics.drafter.model_dump()
     assert ours["accepted"] > 0 and ours["tau"] > 1.2, f"the drafter should draft: {ours}"
-    spec = _vllm(vllm_python, cfg, tmp, export["formats"]["zlab"]["local"], prompts, cfg.drafter.block_size - 1)
+    spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"]["local"], prompts, cfg.drafter.block_size - 1)
     plain = _vllm(vllm_python, cfg, tmp, None, prompts, 0)
     assert plain["drafts"] == 0 and not plain["speculative"]
-    for p, row, ref, got in zip(prompts, metrics["prompts"], plain["prompts"], spec["prompts"], strict=True):
+    for p, row, ref, got in zip(prompts, metrics.prompts, plain["prompts"], spec["prompts"], strict=True):
         assert row["id"] == p.prompt_id
         assert got["ids"] == ref["ids"], f"prompt {p.prompt_id}: vLLM with DFlash changed the greedy output"
         assert len(ref["ids"]) == row["new_tokens"]
@@ -117,7 +117,7 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.target import load_causal_lm
 
     cfg, tmp, export, metrics, prompts = evaluated_run
-    geometry, weights = read_zlab(export["formats"]["zlab"]["local"])
+    geometry, weights = read_zlab(export.formats["zlab"]["local"])
     geometry.update(layer_types=["sliding_attention"] * geometry["num_layers"], sliding_window=WINDOW)
     drafter = DFlashDrafter.from_parts(geometry, weights, target=cfg.target, attn_impl="sdpa")
     folder = tmp / "export-window"
@@ -131,7 +131,7 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
             for p in prompts]
     spec = _vllm(vllm_python, cfg, tmp, str(folder), prompts, cfg.drafter.block_size - 1)
     assert spec["drafts"] > 0
-    for p, g, got, row in zip(prompts, ours, spec["prompts"], metrics["prompts"], strict=True):
+    for p, g, got, row in zip(prompts, ours, spec["prompts"], metrics.prompts, strict=True):
         assert len(got["ids"]) == row["new_tokens"], f"prompt {p.prompt_id}: vLLM stopped early"
         assert got["ids"] == g.tokens, f"prompt {p.prompt_id}: outputs differ"
         assert (got["drafts"], got["accepted"]) == (len(g.accepted), sum(g.accepted)), \
