@@ -44,7 +44,7 @@ def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = Non
     except TrainError as exc:
         raise fail(exc, 2) from None
     if int(os.environ.get("RANK", "0")) == 0:
-        typer.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}))
+        typer.echo(json.dumps({k: v for k, v in summary.dump().items() if k != "history"}))
 
 
 def register(app: typer.Typer) -> None:

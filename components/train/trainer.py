@@ -38,6 +38,7 @@ from flashdraft.drafter.loss import LossOutput, dflash_loss
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.features.shard import Sample
 from flashdraft.store import io_counters, open_store
+from flashdraft.summaries import TrainSummary
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +120,12 @@ class Trainer:
         self.store = open_store(cfg.storage, cfg.run_id)
         self.latest = latest_checkpoint(self.store)
 
-    def finished_summary(self) -> dict | None:
+    def finished_summary(self) -> TrainSummary | None:
         """The committed summary when a previous run already finished training, else None."""
         if self.latest and self.latest["final"] and self.store.is_committed(layout.metrics_key("train")):
             log.info("training already finished at step %d: nothing to do", self.latest["step"])
-            return {**self.store.get_json_verified(layout.metrics_key("train")), "skipped": True}
+            return TrainSummary.model_validate({**self.store.get_json_verified(layout.metrics_key("train")),
+                                                "skipped": True})
         return None
 
     def setup(self) -> None:
@@ -188,9 +190,10 @@ class Trainer:
         self.schedule.checkpointed(final)
         return prefix
 
-    def run(self, stop_after: int | None = None) -> dict:
-        """Train to the schedule's end and return the summary. `stop_after` ends the process's work after that
-        many optimizer steps without a final checkpoint (simulated preemption for tests)."""
+    def run(self, stop_after: int | None = None) -> TrainSummary:
+        """Train to the schedule's end, commit `metrics/train.json` and return it. `stop_after` ends the process's
+        work after that many optimizer steps without a final checkpoint (simulated preemption for tests: the
+        summary then holds only `stopped_at` and `total_steps`)."""
         total, rank0 = self.schedule.total_steps, self.env.rank == 0
         bar = tqdm(total=total, initial=self.steps_done, unit="step", desc="train", disable=not rank0 or None)
         if rank0:
@@ -208,20 +211,23 @@ class Trainer:
                 self.checkpoint()
             if stop_after is not None and step >= stop_after and step < total:
                 bar.close()
-                return {"stopped_at": step, "total_steps": total}
+                return TrainSummary.model_validate({"stopped_at": step, "total_steps": total})
         bar.close()
         if self.steps_done == 0:
             raise TrainError("no training data arrived (streaming reader ended before one optimizer step)")
         self.state.update(step=self.steps_done, total_steps=self.steps_done)
         prefix = self.checkpoint(final=True)
-        summary = self.summary(prefix)
+        metrics = self.metrics(prefix)
         if rank0:
-            self.store.commit_json(layout.metrics_key("train"), summary)
-            log.info("trained %d steps: loss %.4f, slot-1 acc %.3f, %.0f tokens/s; checkpoint %s", self.steps_done,
-                     summary["final"]["loss"], summary["final"]["acc_by_pos"][0], summary["tokens_per_s"], prefix)
+            self.store.commit_json(layout.metrics_key("train"), metrics)
+        summary = TrainSummary.model_validate(metrics)
+        if rank0:
+            log.info("trained %d steps: loss %.4f, slot-1 acc %.3f, %.0f tokens/s; checkpoint %s", summary.steps,
+                     summary.final.loss, summary.final.acc_by_pos[0], summary.tokens_per_s, prefix)
         return summary
 
-    def summary(self, prefix: str) -> dict:
+    def metrics(self, prefix: str) -> dict:
+        """The `metrics/train.json` object: run figures, the last 10% of steps averaged, every step's entry."""
         cfg, state, raw = self.cfg, self.state, self.raw
         hist = state["history"]
         tail = hist[-max(1, len(hist) // 10):]  # the last 10% of steps: a less noisy "final" value
@@ -240,8 +246,8 @@ class Trainer:
                 "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
 
 
-def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> dict:
-    """Train (or resume) and return the JSON summary; see `Trainer.run` for `stop_after`."""
+def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainSummary:
+    """Train (or resume) and return the summary; see `Trainer.run` for `stop_after`."""
     trainer = Trainer(cfg)
     if (done := trainer.finished_summary()) is not None:
         return done

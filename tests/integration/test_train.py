@@ -92,17 +92,17 @@ def test_training_learns_the_rule(tiny_cfg):
 
     untrained = evaluate_samples(build_drafter(cfg, load_hf_config(cfg.target)), val, cfg)
     summary = run_train(cfg)
-    assert summary["steps"] == 12 * (128 // 16) and summary["world_size"] == 1
+    assert summary.steps == 12 * (128 // 16) and summary.world_size == 1
     store = open_store(cfg.storage, cfg.run_id)
-    assert store.get_json_verified(layout.metrics_key("train"))["steps"] == summary["steps"]
-    trained = evaluate_samples(DFlashDrafter.from_pretrained(store, prefix=summary["checkpoint"]), val, cfg)
+    assert store.get_json_verified(layout.metrics_key("train"))["steps"] == summary.steps
+    trained = evaluate_samples(DFlashDrafter.from_pretrained(store, prefix=summary.checkpoint), val, cfg)
     assert trained["loss"] < untrained["loss"] - 2.0, (untrained, trained)
     assert trained["acc_by_pos"][0] > 0.3 > 10 * untrained["acc_by_pos"][0], (untrained, trained)  # chance ~1/48
-    hist = summary["history"]
+    hist = summary.history
     assert len(hist[0]["acc_by_pos"]) == cfg.drafter.block_size - 1 and hist[-1]["tokens_per_s"] > 0
     assert hist[0]["lr"] < hist[1]["lr"] and hist[-1]["lr"] < 0.1 * cfg.training.lr  # warmup, then cosine
     # a rerun after completion is a no-op
-    assert run_train(cfg)["skipped"] is True
+    assert run_train(cfg).skipped is True
 
 
 def _params(cfg) -> dict[str, torch.Tensor]:
@@ -119,17 +119,17 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab)
     write_shards(full, seqs)
     write_shards(part, seqs)
     a = run_train(full)
-    assert a["steps"] == 6  # 96 samples / 16 per row = 6 rows per epoch / grad_accum 2 = 3 steps, x 2 epochs
+    assert a.steps == 6  # 96 samples / 16 per row = 6 rows per epoch / grad_accum 2 = 3 steps, x 2 epochs
     stopped = run_train(part, stop_after=5)  # checkpoints at 2 and 4; step 5 is lost; resume mid-epoch 1
-    assert stopped == {"stopped_at": 5, "total_steps": 6}
+    assert stopped.dump() == {"stopped_at": 5, "total_steps": 6}
     assert latest_checkpoint(open_store(part.storage, part.run_id))["step"] == 4
     b = run_train(part)
-    assert b["steps"] == 6 and [h["step"] for h in b["history"]] == list(range(1, 7))
+    assert b.steps == 6 and [h["step"] for h in b.history] == list(range(1, 7))
     pa, pb = _params(full), _params(part)
     assert pa.keys() == pb.keys()
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
-    for ha, hb in zip(a["history"], b["history"], strict=True):
+    for ha, hb in zip(a.history, b.history, strict=True):
         assert abs(ha["loss"] - hb["loss"]) < 1e-5
     if vocab:  # the draft vocabulary: every response token (ids 1000..1047), then the most frequent others
         assert pa["d2t"].dtype == torch.int64 and set(range(1000, 1048)) <= set(pa["d2t"].tolist())
@@ -165,7 +165,7 @@ def test_streaming_mode_follows_the_window_until_end_of_stream(tiny_cfg):
     store = open_store(cfg.storage, cfg.run_id)
     WindowProducer(store, cfg.mode).finish()  # the producer is done: the reader stops after the last part
     summary = run_train(cfg)
-    assert summary["steps"] == 48 * 2 // 16  # every sample twice (reuse), 16 per row, then the stream ended
+    assert summary.steps == 48 * 2 // 16  # every sample twice (reuse), 16 per row, then the stream ended
     assert committed_parts(store) == []  # fully used parts were released from the window
 
 
@@ -181,16 +181,16 @@ def test_streaming_interrupted_and_resumed_equals_uninterrupted(tiny_cfg):
         write_shards(cfg, seqs, parts=6)
         WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).finish()
     a = run_train(full)
-    assert a["steps"] == 96 * 2 // 16
+    assert a.steps == 96 * 2 // 16
 
     store = open_store(part.storage, part.run_id)
     # 6 parts x 16 samples x 2 passes, 16 samples a step: a part spans 2 steps. Stop after step 7: the step-4
     # checkpoint covers parts 0-1 (released); part 2 was used up at step 6 but must stay for the resume from 4.
-    assert run_train(part, stop_after=7) == {"stopped_at": 7, "total_steps": 50}
+    assert run_train(part, stop_after=7).dump() == {"stopped_at": 7, "total_steps": 50}
     assert committed_parts(store) == [layout.feature_part_key(0, p) for p in range(2, 6)]
     b = run_train(part)
-    assert [h["step"] for h in b["history"]] == list(range(1, a["steps"] + 1))
-    for ha, hb in zip(a["history"], b["history"], strict=True):
+    assert [h["step"] for h in b.history] == list(range(1, a.steps + 1))
+    for ha, hb in zip(a.history, b.history, strict=True):
         assert ha["tokens"] == hb["tokens"] and abs(ha["loss"] - hb["loss"]) < 1e-5  # the same samples, in order
     pa, pb = _params(full), _params(part)
     for k in pa:
