@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The install steps all three images share, so their Dockerfiles differ only in base image and environment.
 #
+#   install.sh torch INDEX_URL VERSION
+#                                  the pinned torch from its CPU or CUDA wheel index (base and trainer images; the
+#                                  vLLM image brings its own)
 #   install.sh user [DIR ...]      non-root user APP_UID (10001) owning /cache/huggingface, /work and DIRs
 #   install.sh deps MODE [EXTRA ...]
 #                                  flashdraft's requirements (base + EXTRAs, without torch: each image installs
@@ -11,13 +14,18 @@
 #                                  import smoke test of MODULEs and of the console script.
 #
 # Runs from /opt/flashdraft, where the Dockerfile copied pyproject.toml and docker/requirements.py.
+# pip settings live here, not in the images' ENV: only these build steps run pip.
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 APP_UID="${APP_UID:-10001}"
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 step="$1"
 shift
 case "$step" in
+  torch)
+    "$PYTHON" -m pip install --index-url "$1" "torch==$2"
+    ;;
   user)
     useradd --uid "$APP_UID" --create-home --shell /usr/sbin/nologin flashdraft
     mkdir -p /cache/huggingface /work "$@"
@@ -41,7 +49,7 @@ case "$step" in
     flashdraft --help > /dev/null
     ;;
   *)
-    echo "install.sh: unknown step '$step' (user, deps, app)" >&2
+    echo "install.sh: unknown step '$step' (torch, user, deps, app)" >&2
     exit 2
     ;;
 esac

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, EndpointOpt, PresetOpt, RunOpt, SetOpt, run_config, run_store
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -51,9 +51,7 @@ def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt
 
 @app.command("status")
 def status(
-    run: Annotated[str | None, typer.Option("--run", help="Run store URI, e.g. file:///data/runs/tiny or "
-                                                          "s3://bucket/flashdraft/my-run.")] = None,
-    endpoint_url: Annotated[str | None, typer.Option("--endpoint-url", help="S3 endpoint for --run.")] = None,
+    run: RunOpt = None, endpoint_url: EndpointOpt = None,
     config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable: one object per stage.")] = False,
 ) -> None:
@@ -64,13 +62,12 @@ def status(
 
     from rich.console import Console
 
-    from flashdraft.config import StorageConfig
     from flashdraft.pipelines.console import summary_table
     from flashdraft.status import describe, metrics_names, read_records, stage_statuses
-    from flashdraft.store import ObjectStore, open_store
+    from flashdraft.store import open_store
 
     if run:
-        store = ObjectStore(run, StorageConfig(root=run, endpoint_url=endpoint_url))
+        store = run_store(run, endpoint_url)
     elif config or preset:
         cfg = run_config(config, preset, set_)
         store = open_store(cfg.storage, cfg.run_id)

@@ -1,14 +1,18 @@
-"""Options every stage command shares: which config, which preset, which overrides."""
+"""Options the commands share: which config, which preset, which overrides; for commands that read a finished or
+running run (status, report), which run store."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flashdraft.config import ConfigError, RunConfig, load_config
+
+if TYPE_CHECKING:
+    from flashdraft.store import ObjectStore
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Run config YAML (merged over --preset).")]
 PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help="Packaged preset: tiny, smollm2-local, "
@@ -16,12 +20,23 @@ PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help="Packaged 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override, e.g. --set training.lr=3e-4 "
                                                                       "(repeatable).")]
 ShardOpt = Annotated[int, typer.Option("--shard", help="Shard index this invocation works on.")]
+RunOpt = Annotated[str | None, typer.Option("--run", help="Run store URI, e.g. file:///data/runs/tiny or "
+                                                          "s3://bucket/flashdraft/my-run.")]
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="S3 endpoint for --run.")]
 
 
 def fail(exc: BaseException | str, code: int = 1) -> typer.Exit:
     """Print a user-facing error in red on stderr and return the Exit to raise (no traceback for user mistakes)."""
     typer.secho(str(exc), fg=typer.colors.RED, err=True)
     return typer.Exit(code)
+
+
+def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
+    """The store of `--run RUN_URI` (S3 credentials from the environment, as for every store)."""
+    from flashdraft.config import StorageConfig
+    from flashdraft.store import ObjectStore
+
+    return ObjectStore(run, StorageConfig(root=run, endpoint_url=endpoint_url))
 
 
 def run_config(config: Path | None, preset: str | None, sets: list[str] | None) -> RunConfig:

@@ -22,6 +22,12 @@ STAGES = ("plan", "prep", "generate", "extract", "train", "evaluate", "export", 
 CPU_FORWARD_TOKENS = 1024  # extraction forward size on CPU (see FeaturesConfig.forward_tokens)
 
 
+def split_uri(uri: str) -> tuple[str, str]:
+    """(scheme, path) of a store or source URI; a bare path is a `file` path."""
+    scheme, sep, path = uri.partition("://")
+    return (scheme, path) if sep else ("file", uri)
+
+
 class ConfigError(ValueError):
     """A run configuration that cannot be used; the message names the field."""
 
@@ -260,7 +266,7 @@ class StorageConfig(_Section):
     @field_validator("root")
     @classmethod
     def _scheme(cls, v: str) -> str:
-        scheme = v.split("://", 1)[0] if "://" in v else "file"
+        scheme, _ = split_uri(v)
         if scheme not in STORAGE_SCHEMES:
             raise ValueError(f"unsupported storage scheme {scheme!r} in {v!r}; use one of {STORAGE_SCHEMES}")
         return v

@@ -65,10 +65,12 @@ FEATURES_MANIFEST = f"{FEATURES}/manifest.json"
 
 
 def feature_shard_prefix(shard: int) -> str:
+    """Folder of one generation shard's feature parts and its DONE record."""
     return f"{FEATURES}/{shard_name(shard)}/"
 
 
 def feature_part_key(shard: int, part: int) -> str:
+    """Part `part` of a shard, numbered from 0 in commit order (a resumed extraction continues the numbering)."""
     return f"{feature_shard_prefix(shard)}part-{part:05d}{FEATURE_PART_SUFFIX}"
 
 
@@ -85,9 +87,14 @@ STREAM_FAILED = f"{STREAM}/FAILED"  # producer failed
 STREAM_STOP = f"{STREAM}/STOP"      # consumer stopped
 
 
+def _per_part(kind: str, part_key: str) -> str:
+    """`features/_stream/<kind>/<the part's key, "/" as "__">`: one flat entry per streamed part."""
+    return f"{STREAM}/{kind}/{part_key.replace('/', '__')}"
+
+
 def stream_consumed_prefix(part_key: str) -> str:
     """Folder of the per-worker markers that a streamed part was consumed (ends with "/")."""
-    return f"{STREAM}/consumed/{part_key.replace('/', '__')}/"
+    return _per_part("consumed", part_key) + "/"
 
 
 def stream_consumed_key(part_key: str, worker: int) -> str:
@@ -96,7 +103,7 @@ def stream_consumed_key(part_key: str, worker: int) -> str:
 
 def stream_released_key(part_key: str) -> str:
     """Tombstone of a streamed part the consumer used up and deleted."""
-    return f"{STREAM}/released/{part_key.replace('/', '__')}.json"
+    return _per_part("released", part_key) + ".json"
 
 
 # -- checkpoints (flashdraft/checkpoint.py) -------------------------------------------------------------------

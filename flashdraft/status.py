@@ -11,9 +11,10 @@ a run a person did not start in this terminal. Stages without a record but with 
 from __future__ import annotations
 
 import os
+import string
 import time
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -125,34 +126,42 @@ def derive(stage: str, figs: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _n(v: float | None, digits: int = 0) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
+# Per stage: the figure that must exist for a headline, and the line; `{name:spec}` formats a figure of
+# `derive`, "-" when the stage did not report it.
+_HEADLINES = {
+    "plan": ("planned_bytes_per_token",
+             "{planned_bytes_per_token:,.0f} bytes/token planned, {planned_total_mb:,.1f} MB at rest"),
+    "prep": ("prompts_kept", "{prompts_kept:,.0f} prompts kept, {quarantined:,.0f} quarantined; used "
+                             "{prompts_train:,.0f} train, {prompts_eval:,.0f} eval"),
+    "generate": ("samples", "{samples:,.0f} samples, {generated_tokens:,.0f} tokens, {tokens_per_s:,.1f} tokens/s"),
+    "extract": ("samples", "{samples:,.0f} samples, {tokens:,.0f} tokens, {bytes_per_token:,.1f} bytes/token, "
+                           "{tokens_per_s:,.0f} tokens/s"),
+    "train": ("steps", "{steps:,.0f} steps, loss {final_loss:,.3f}, slot-1 accuracy {slot1_accuracy:,.3f}, "
+                       "{tokens_per_s:,.0f} tokens/s"),
+    "evaluate": ("tau", "tau {tau:,.2f} (untrained {baseline_tau:,.2f}), lossless {lossless}"),
+    "export": ("step", "drafter of step {step:,.0f} exported"),
+}
+
+
+class _FigureFormatter(string.Formatter):
+    """str.format over a figures dict where a missing figure reads "-"."""
+
+    def get_value(self, key: int | str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        return kwargs.get(str(key))
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return "-" if value is None else format(value, format_spec)
 
 
 def headline(stage: str, figs: dict[str, float]) -> str:
     """One line of a stage's key figures (empty for stages without any)."""
     f = derive(stage, figs)
-    if stage == "plan" and "planned_bytes_per_token" in f:
-        return (f"{_n(f['planned_bytes_per_token'])} bytes/token planned, "
-                f"{_n(f.get('planned_total_bytes', 0) / 1e6, 1)} MB at rest")
-    if stage == "prep" and "prompts_kept" in f:
-        return (f"{_n(f['prompts_kept'])} prompts kept, {_n(f.get('quarantined'))} quarantined; used "
-                f"{_n(f.get('prompts_train'))} train, {_n(f.get('prompts_eval'))} eval")
-    if stage == "generate" and "samples" in f:
-        return (f"{_n(f['samples'])} samples, {_n(f.get('generated_tokens'))} tokens, "
-                f"{_n(f.get('tokens_per_s'), 1)} tokens/s")
-    if stage == "extract" and "samples" in f:
-        return (f"{_n(f['samples'])} samples, {_n(f.get('tokens'))} tokens, "
-                f"{_n(f.get('bytes_per_token'), 1)} bytes/token, {_n(f.get('tokens_per_s'))} tokens/s")
-    if stage == "train" and "steps" in f:
-        return (f"{_n(f['steps'])} steps, loss {_n(f.get('final_loss'), 3)}, slot-1 accuracy "
-                f"{_n(f.get('slot1_accuracy'), 3)}, {_n(f.get('tokens_per_s'))} tokens/s")
-    if stage == "evaluate" and "tau" in f:
-        lossless = {1.0: "passed", 0.0: "FAILED"}.get(f.get("lossless_passed", -1.0), "not checked")
-        return f"tau {_n(f['tau'], 2)} (untrained {_n(f.get('baseline_tau'), 2)}), lossless {lossless}"
-    if stage == "export" and "step" in f:
-        return f"drafter of step {_n(f['step'])} exported"
-    return ""
+    required, line = _HEADLINES.get(stage, ("", ""))
+    if required not in f:
+        return ""
+    lossless = {1.0: "passed", 0.0: "FAILED"}.get(f.get("lossless_passed", -1.0), "not checked")
+    return _FigureFormatter().vformat(line, (), {**f, "lossless": lossless,
+                                                "planned_total_mb": f.get("planned_total_bytes", 0) / 1e6})
 
 
 # -- reading ------------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from flashdraft.config import StorageConfig
+from flashdraft.config import STORAGE_SCHEMES, StorageConfig, split_uri
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -190,11 +190,10 @@ class ObjectStore:
 
     def __init__(self, root: str, storage: StorageConfig | None = None, *, retries: int | None = None,
                  backoff_s: float | None = None):
-        scheme = root.split("://", 1)[0] if "://" in root else "file"
-        if scheme not in ("file", "memory", "s3"):
+        scheme, path = split_uri(root)
+        if scheme not in STORAGE_SCHEMES:
             raise StoreError(f"unsupported storage scheme {scheme!r} in {root!r}")
         storage = storage or StorageConfig(root=root)
-        path = root.split("://", 1)[1] if "://" in root else root
         self.scheme = scheme
         self.retries = storage.retries if retries is None else retries
         self.backoff_s = storage.retry_base_s if backoff_s is None else backoff_s

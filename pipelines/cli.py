@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 DEFAULT_PACKAGE = "build/flashdraft-pipeline.yaml"
 CLUSTER_PRESET = "qwen3.6-27b"
@@ -17,6 +17,13 @@ CLUSTER_PRESET = "qwen3.6-27b"
 RegistryOpt = Annotated[str | None, typer.Option(help="Image registry (else env FLASHDRAFT_IMAGE_REGISTRY, else "
                                                       "ghcr.io/flashdraft).")]
 TagOpt = Annotated[str | None, typer.Option(help="Image tag (else env FLASHDRAFT_IMAGE_TAG, else latest).")]
+# upload-pipeline and submit: the compiled package, its name and version in KFP, and where KFP is.
+PackageOpt = Annotated[Path, typer.Option(help="Compiled pipeline YAML.")]
+NameOpt = Annotated[str, typer.Option(help="Pipeline name in KFP.")]
+VersionOpt = Annotated[str | None, typer.Option(help="Pipeline version name (default: git sha).")]
+HostOpt = Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")]
+NamespaceOpt = Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")]
 
 
 def _git_sha() -> str:
@@ -27,9 +34,15 @@ def _git_sha() -> str:
         return "dev"
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.secho(message, fg=typer.colors.RED, err=True)
-    return typer.Exit(1)
+def _kfp_api(package: Path, host: str | None, namespace: str | None, dry_run: bool, compile_hint: str):
+    """The KFP API client for upload-pipeline and submit, after checking there is a package and an endpoint."""
+    from flashdraft.pipelines.submit import KfpApi, resolve_token
+
+    if not package.is_file():
+        raise fail(f"{package}: no compiled pipeline (run `{compile_hint}` first)")
+    if not host and not dry_run:
+        raise fail("no KFP endpoint: pass --host or set KFP_HOST")
+    return KfpApi(host or "http://kfp.invalid", token=resolve_token(), namespace=namespace, dry_run=dry_run)
 
 
 def register(app: typer.Typer) -> None:
@@ -55,53 +68,38 @@ def register(app: typer.Typer) -> None:
 
     @app.command("upload-pipeline")
     def upload_pipeline(
-        package: Annotated[Path, typer.Option(help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
-        name: Annotated[str, typer.Option(help="Pipeline name in KFP.")] = "flashdraft",
-        version: Annotated[str | None, typer.Option(help="Version name (default: git sha).")] = None,
-        host: Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")] = None,
-        namespace: Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")] = None,
-        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")] = False,
+        package: PackageOpt = Path(DEFAULT_PACKAGE), name: NameOpt = "flashdraft", version: VersionOpt = None,
+        host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
     ) -> None:
         """Idempotently upload the compiled pipeline and a version (used by the Helm hook Job)."""
-        from flashdraft.pipelines.submit import KfpApi, KfpApiError, resolve_token
+        from flashdraft.pipelines.submit import KfpApiError
 
-        if not package.is_file():
-            raise _fail(f"{package}: no compiled pipeline (run `flashdraft compile` first)")
-        if not host and not dry_run:
-            raise _fail("no KFP endpoint: pass --host or set KFP_HOST")
-        api = KfpApi(host or "http://kfp.invalid", token=resolve_token(), namespace=namespace, dry_run=dry_run)
+        api = _kfp_api(package, host, namespace, dry_run, "flashdraft compile")
         try:
             ids = api.ensure_pipeline_version(str(package), name, version or _git_sha())
         except KfpApiError as exc:
-            raise _fail(str(exc)) from None
+            raise fail(exc) from None
         if dry_run:
             typer.echo(json.dumps(api.planned, indent=2))
         typer.echo(json.dumps({"pipeline": name, "version": version or _git_sha(), **ids}))
 
     @app.command("submit")
     def submit(
-        package: Annotated[Path, typer.Option(help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
+        package: PackageOpt = Path(DEFAULT_PACKAGE),
         params: Annotated[Path | None, typer.Option("--params", help="YAML mapping of run parameters.")] = None,
         experiment: Annotated[str, typer.Option(help="KFP experiment name.")] = "flashdraft",
-        name: Annotated[str, typer.Option(help="Pipeline name in KFP.")] = "flashdraft",
-        version: Annotated[str | None, typer.Option(help="Pipeline version name (default: git sha).")] = None,
+        name: NameOpt = "flashdraft", version: VersionOpt = None,
         run_name: Annotated[str | None, typer.Option(help="Run display name.")] = None,
-        host: Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")] = None,
-        namespace: Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")] = None,
-        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")] = False,
+        host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
     ) -> None:
         """Upload pipeline + version (idempotent), create the run, print its UI URL.
 
         Auth: the in-cluster ServiceAccount token (KF_PIPELINES_SA_TOKEN_PATH) or KFP_BEARER_TOKEN.
         """
-        from flashdraft.pipelines.submit import KfpApi, KfpApiError, check_parameters, load_parameters, resolve_token
+        from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters
 
-        if not package.is_file():
-            raise _fail(f"{package}: no compiled pipeline (run `make compile` first)")
-        if not host and not dry_run:
-            raise _fail("no KFP endpoint: pass --host or set KFP_HOST")
+        api = _kfp_api(package, host, namespace, dry_run, "make compile")
         version = version or _git_sha()
-        api = KfpApi(host or "http://kfp.invalid", token=resolve_token(), namespace=namespace, dry_run=dry_run)
         try:
             parameters = load_parameters(str(params) if params else None)
             check_parameters(str(package), parameters)
@@ -109,7 +107,7 @@ def register(app: typer.Typer) -> None:
             experiment_id = api.ensure_experiment(experiment)
             run = api.create_run(run_name or f"{name}-{version}", experiment_id, ids, parameters)
         except KfpApiError as exc:
-            raise _fail(str(exc)) from None
+            raise fail(exc) from None
         if dry_run:
             typer.echo(json.dumps(api.planned, indent=2))
             typer.echo("dry run: nothing was sent")

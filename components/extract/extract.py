@@ -36,7 +36,13 @@ from flashdraft.components.extract.source import FeatureSource
 from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
-from flashdraft.features.manifest import build_manifest, codec_from_config, committed_parts, make_provenance
+from flashdraft.features.manifest import (
+    build_manifest,
+    codec_from_config,
+    committed_parts,
+    make_provenance,
+    part_stats,
+)
 from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
 from flashdraft.features.window import WindowProducer, released_part
 from flashdraft.records import iter_responses
@@ -344,8 +350,7 @@ def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[st
     for p in range(num_parts):
         key = layout.feature_part_key(shard, p)
         rec = store.read_commit(key)
-        stats = released_part(store, key) if rec is None else {
-            "samples": rec.meta["samples"], "tokens": rec.meta["tokens"], "bytes": rec.size, "sha256": rec.sha256}
+        stats = released_part(store, key) if rec is None else part_stats(rec)
         if stats is None:
             raise ExtractionError(f"{store.url(key)} vanished before the shard completed (neither committed nor "
                                   "released by the streaming consumer)")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flashdraft.config import SourceSpec, StorageConfig
+from flashdraft.config import SourceSpec, StorageConfig, split_uri
 from flashdraft.store import ObjectStore
 
 from .formats import BadRow
@@ -39,7 +39,7 @@ def read_bytes(uri: str, storage: StorageConfig) -> bytes:
         if "://" not in uri:
             return Path(uri).expanduser().read_bytes()
         parent, _, name = uri.rstrip("/").rpartition("/")
-        scheme = uri.split("://", 1)[0]
+        scheme, _ = split_uri(uri)
         sub = StorageConfig(root=parent, endpoint_url=storage.endpoint_url, region=storage.region,
                             path_style=storage.path_style) if scheme == "s3" else None
         return ObjectStore(parent, sub).get(name)

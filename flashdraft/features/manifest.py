@@ -19,7 +19,7 @@ from importlib import metadata
 from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
-from flashdraft.store import ObjectStore
+from flashdraft.store import CommitRecord, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,13 @@ def check_provenance(expected: dict, found: dict, where: str) -> None:
                  expected.get("flashdraft_version"))
 
 
+def part_stats(rec: CommitRecord) -> dict:
+    """{samples, tokens, bytes, sha256} of a feature part from its commit record: what the manifest, the shard's
+    DONE record and a streamed part's tombstone keep of it."""
+    return {"samples": rec.meta.get("samples"), "tokens": rec.meta.get("tokens"), "bytes": rec.size,
+            "sha256": rec.sha256}
+
+
 def committed_parts(store: ObjectStore) -> list[str]:
     """Keys of every committed feature shard, in (generation shard, part) order."""
     return [k for k in store.list_committed(f"{layout.FEATURES}/") if k.endswith(layout.FEATURE_PART_SUFFIX)]
@@ -88,8 +95,7 @@ def build_manifest(store: ObjectStore) -> dict:
         rec = store.read_commit(key)
         if rec is None:  # deleted since listing (streaming consumer)
             continue
-        parts[key] = {"samples": rec.meta.get("samples"), "tokens": rec.meta.get("tokens"), "bytes": rec.size,
-                      "sha256": rec.sha256}
+        parts[key] = part_stats(rec)
         provenance = provenance or rec.meta.get("provenance")
     manifest = {"provenance": provenance, "parts": parts,
                 "totals": {"parts": len(parts), "samples": sum(p["samples"] or 0 for p in parts.values()),

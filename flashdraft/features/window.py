@@ -22,7 +22,7 @@ import time
 
 from flashdraft import layout
 from flashdraft.config import ModeConfig
-from flashdraft.features.manifest import committed_parts
+from flashdraft.features.manifest import committed_parts, part_stats
 from flashdraft.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,7 @@ class WindowConsumer:
             return False
         rec = self.store.read_commit(key)
         if rec is not None:  # a tombstone, so a resumed producer knows this part existed
-            self.store.commit_json(layout.stream_released_key(key), {"samples": rec.meta.get("samples"),
-                                                        "tokens": rec.meta.get("tokens"), "bytes": rec.size,
-                                                        "sha256": rec.sha256})
+            self.store.commit_json(layout.stream_released_key(key), part_stats(rec))
         self.store.uncommit(key)
         for k in self.store.list(marker):
             self.store.delete(k)

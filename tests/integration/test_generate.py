@@ -48,9 +48,9 @@ def test_every_shard_has_committed_responses(reference):
         rows = _rows(cfg, shard)
         assert len(rows) == prep.shard_rows[shard] == d.samples == d.num_chunks
         assert store.is_committed(layout.responses_done_key(shard))
-        assert d["tokens_per_s"] > 0 and d["empty"] + d["truncated"] <= d["samples"]
-        assert d["truncated"] == sum(r["finish_reason"] == "length" for r in rows)
-        assert sum(sum(r["loss_mask"]) for r in rows) == d["generated_tokens"]
+        assert d.tokens_per_s > 0 and d.empty + d.truncated <= d.samples
+        assert d.truncated == sum(r["finish_reason"] == "length" for r in rows)
+        assert sum(sum(r["loss_mask"]) for r in rows) == d.generated_tokens
         for r in rows:
             assert len(r["input_ids"]) == len(r["loss_mask"]) and 0 < r["prompt_len"] < len(r["input_ids"])
             assert not any(r["loss_mask"][:r["prompt_len"]]) and r["loss_mask"][-1] == 1

@@ -3,11 +3,8 @@
 vLLM runs from its own venv (`make vllm-venv`); `make test-vllm` points FLASHDRAFT_VLLM_PYTHON at it.
 """
 
-import os
-from pathlib import Path
 
 import pytest
-from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 
@@ -16,16 +13,6 @@ from flashdraft.records import iter_responses
 from flashdraft.store import open_store
 
 pytestmark = pytest.mark.vllm
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture()
-def vllm_python(monkeypatch):
-    python = os.environ.get(VLLM_PYTHON_ENV) or str(ROOT / ".venv-vllm" / "bin" / "python")
-    if not Path(python).exists():
-        pytest.skip(f"no vLLM interpreter at {python}: run `make vllm-venv`")
-    monkeypatch.setenv(VLLM_PYTHON_ENV, python)
-    return python
 
 
 def test_vllm_greedy_matches_hf_token_for_token(vllm_python, tmp_path):
@@ -38,10 +25,10 @@ def test_vllm_greedy_matches_hf_token_for_token(vllm_python, tmp_path):
         assert done.backend == backend
         results[backend] = (done, list(iter_responses(open_store(cfg.storage, cfg.run_id), 0)))
     (hf_done, hf_rows), (vllm_done, vllm_rows) = results["hf"], results["vllm"]
-    assert hf_done["turns"] > hf_done["samples"], "the shard should include multi-turn prompts"
-    assert len(vllm_rows) == len(hf_rows) == hf_done["samples"]
+    assert hf_done.turns > hf_done.samples, "the shard should include multi-turn prompts"
+    assert len(vllm_rows) == len(hf_rows) == hf_done.samples
     for a, b in zip(hf_rows, vllm_rows, strict=True):
         assert a["sample_id"] == b["sample_id"]
         assert a["input_ids"] == b["input_ids"], f"sample {a['sample_id']} differs"
         assert (a["loss_mask"], a["finish_reason"]) == (b["loss_mask"], b["finish_reason"])
-    assert vllm_done["generated_tokens"] == hf_done["generated_tokens"]
+    assert vllm_done.generated_tokens == hf_done.generated_tokens

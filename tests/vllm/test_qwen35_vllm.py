@@ -12,14 +12,11 @@ reports the failed engine start as an error instead of hanging, then xfails; any
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 from flashdraft.components.extract.extract import run_extract
-from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 
@@ -30,16 +27,6 @@ from flashdraft.records import iter_responses
 from flashdraft.store import open_store
 
 pytestmark = pytest.mark.vllm
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture()
-def vllm_python(monkeypatch):
-    python = os.environ.get(VLLM_PYTHON_ENV) or str(ROOT / ".venv-vllm" / "bin" / "python")
-    if not Path(python).exists():
-        pytest.skip(f"no vLLM interpreter at {python}: run `make vllm-venv`")
-    monkeypatch.setenv(VLLM_PYTHON_ENV, python)
-    return python
 
 
 def _qwen35_import_error(python: str) -> str | None:
