@@ -129,6 +129,8 @@ class Trainer:
         return None
 
     def setup(self) -> None:
+        """The model (wrapped for DDP/FSDP2), AdamW, this rank's data schedule and, in a fresh run, the draft
+        vocabulary; then, when there is a checkpoint, its weights, optimizer, RNG and data position."""
         cfg, t = self.cfg, self.cfg.training
         torch.manual_seed(t.seed)
         self.raw = build_model(cfg, self.env)
@@ -159,7 +161,7 @@ class Trainer:
         stats = StepStats.zeros(self.cfg.drafter.block_size)
         for k in range(accum):
             mb = next(micro_batches, None)
-            if mb is None or self.steps_done >= total:
+            if mb is None or self.steps_done >= total:  # the schedule's data ended, or its last step is done
                 return None
             stats += micro_step(self.model, self.raw, mb.samples, self.cfg, mb.epoch, self.env.device, 1.0 / accum,
                                 sync=k == accum - 1)
