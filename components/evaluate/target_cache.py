@@ -12,8 +12,9 @@ prefix, never the rejected drafts.
 
 Why this and not the alternatives: re-running the whole sequence each cycle (the earlier fallback) is exact but
 quadratic in the context; per-token intermediate states would need the chunked delta-rule kernel to emit them
-(vLLM's GPU kernels do, transformers' reference does not). Snapshot + re-forward costs one extra forward of at
-most `block_size` tokens per partially accepted cycle and is exact: the committed tokens still come from the
+(vLLM's GPU kernels do, transformers' reference does not). Snapshot + re-forward costs one extra decoder forward
+(no LM head: with a 248k vocabulary that row alone is a large share of a tiny target's step) of at most
+`block_size` tokens per partially accepted cycle and is exact: the committed tokens still come from the
 verify forward's logits, and the lossless check compares them with a plain decode.
 """
 
@@ -73,8 +74,8 @@ class VerifyCache:
             self.cache.crop(-drop)
             return
         self._rewind(block.numel())
-        with torch.inference_mode():
-            self.model(input_ids=block[:keep][None], cache=self.cache, use_cache=True, logits_to_keep=1)
+        with torch.inference_mode():  # the decoder alone: only the cache is wanted, not a vocab-wide LM head row
+            self.model.base_model(input_ids=block[:keep][None], cache=self.cache, use_cache=True)
         self.reforwarded_tokens += keep
         if capture is not None:
             capture.clear()
