@@ -241,6 +241,10 @@ class EvalConfig(_Section):
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=0.0, ge=0)
     extra_prompts: str | None = Field(default=None, description="optional JSONL of extra eval prompts")
+    baseline_prompts: int | None = Field(
+        default=4, ge=0, description="prompts the untrained baseline drafter decodes (the first N; None = all, "
+                                     "0 = none): at tau ~1 it costs a verify forward per token, as much as the "
+                                     "target alone, and its tau is ~1.0 on any prompt")
     lossless_tie_margin: float = Field(
         default=0.0, ge=0,
         description="lossless check: a divergence where the target's own top-2 logit gap is below this is a "

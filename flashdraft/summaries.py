@@ -252,6 +252,7 @@ class DecodeStats(BaseModel):
     speedup: float | None = Field(None, description="tokens_per_s over the target alone's")
     acceptance_per_position: list[float] | None = Field(None, description="fraction accepted per draft position")
     block_size: int | None = Field(None, description="the drafter's block size")
+    prompts: int | None = Field(None, description="prompts this decoder ran (the baseline: eval.baseline_prompts)")
 
 
 class LosslessCheck(BaseModel):

@@ -106,8 +106,12 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str) -> tupl
 
 
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
-                     layer_ids: Sequence[int], accept: Callable = greedy_accept) -> dict[str, Any]:
-    """Decode every prompt with the target alone and with each drafter; returns the metrics dict (no I/O)."""
+                     layer_ids: Sequence[int], accept: Callable = greedy_accept,
+                     prompt_limits: dict[str, int] | None = None) -> dict[str, Any]:
+    """Decode every prompt with the target alone and with each drafter; returns the metrics dict (no I/O).
+
+    `prompt_limits[name] = n`: that drafter decodes only the first n prompts (the untrained baseline); its
+    speedup and lossless check compare it with the target on those same prompts."""
     import torch
 
     max_new, temp = cfg.eval.max_new_tokens, cfg.eval.temperature
@@ -124,26 +128,32 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     # Warm-up (untimed): first-call allocations and kernel selection must not be billed to either decoder.
     for name in ["target", *drafters]:
         gen_for(name, prompts[0], tokens=warmup_tokens)
+    limits = {name: len(prompts) for name in ["target", *drafters]} | (prompt_limits or {})
     runs: dict[str, list[Generation]] = {name: [] for name in ["target", *drafters]}
-    for p in prompts:
+    for i, p in enumerate(prompts):
         for name in runs:
-            runs[name].append(gen_for(name, p))
+            if i < limits[name]:
+                runs[name].append(gen_for(name, p))
         log.info("prompt %s: %d prompt tokens, %d new; tau %s", p.prompt_id, len(p.input_ids),
                  len(runs["target"][-1].tokens),
-                 {n: round(summarize([runs[n][-1]]).get("tau", 0), 2) for n in drafters})
+                 {n: round(summarize([runs[n][i]]).get("tau", 0), 2) for n in drafters if i < limits[n]})
     metrics: dict[str, Any] = {
         "num_prompts": len(prompts), "max_new_tokens": max_new, "temperature": temp,
         "device": str(next(model.parameters()).device), "threads": torch.get_num_threads(),
         "layer_ids": list(layer_ids), "target": summarize(runs["target"]),
     }
     for name in drafters:
-        metrics[name] = summarize(runs[name])
-        if metrics["target"]["tokens_per_s"] and metrics[name]["tokens_per_s"]:
-            metrics[name]["speedup"] = round(metrics[name]["tokens_per_s"] / metrics["target"]["tokens_per_s"], 3)
+        n = len(runs[name])
+        metrics[name] = summarize(runs[name]) | {"prompts": n}
+        same = summarize(runs["target"][:n])  # the target on the same prompts
+        if same["tokens_per_s"] and metrics[name]["tokens_per_s"]:
+            metrics[name]["speedup"] = round(metrics[name]["tokens_per_s"] / same["tokens_per_s"], 3)
     diffs: list[dict[str, Any]] = []
     if temp == 0:
         for name in drafters:
-            diffs += lossless_mismatches(prompts, runs["target"], runs[name], name, cfg.eval.lossless_tie_margin)
+            n = len(runs[name])
+            diffs += lossless_mismatches(prompts[:n], runs["target"][:n], runs[name], name,
+                                         cfg.eval.lossless_tie_margin)
     mismatches = [d for d in diffs if not d["tie"]]
     metrics["lossless"] = {"checked": temp == 0, "passed": temp == 0 and not mismatches,
                            "prompts": len(prompts), "mismatches": mismatches,
@@ -151,7 +161,8 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     metrics["prompts"] = [
         {"id": p.prompt_id, "source": p.source, "prompt_tokens": len(p.input_ids),
          "new_tokens": len(runs["target"][i].tokens),
-         **{f"{n}_{k}": summarize([runs[n][i]]).get(k) for n in drafters for k in ("tau", "cycles", "accepted")}}
+         **{f"{n}_{k}": summarize([runs[n][i]]).get(k) if i < len(runs[n]) else None
+            for n in drafters for k in ("tau", "cycles", "accepted")}}
         for i, p in enumerate(prompts)
     ]
     return metrics
@@ -182,13 +193,15 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> EvaluateSummary:
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device)
     log.info("evaluate: %d prompts, drafter %s, device %s, %d threads", len(prompts), trained_uri, device,
              torch.get_num_threads())
-    metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": trained, "baseline": baseline}, layer_ids)
+    n_base = len(prompts) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(prompts))
+    drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
+    metrics = evaluate_prompts(cfg, model, tok, prompts, drafters, layer_ids, prompt_limits={"baseline": n_base})
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
                    host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0))
     store.commit_json(METRICS_KEY, metrics)
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s",
-             metrics["drafter"].get("tau", 0), metrics["baseline"].get("tau", 0),
+             metrics["drafter"].get("tau", 0), metrics.get("baseline", {}).get("tau", 0),
              metrics["target"]["tokens_per_s"] or 0, metrics["drafter"]["tokens_per_s"] or 0,
              metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else "not checked (sampling)")
     if metrics["lossless"]["mismatches"]:

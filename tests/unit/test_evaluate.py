@@ -92,3 +92,33 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
     metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": drafter}, cfg.layer_ids(), accept=one_too_many)
     assert metrics["lossless"]["checked"] and not metrics["lossless"]["passed"]
     assert sorted(m["prompt_id"] for m in metrics["lossless"]["mismatches"]) == sorted(p.prompt_id for p in prompts)
+
+
+def test_the_baseline_decodes_only_its_prompt_limit_and_is_compared_on_those_prompts(evaluated):
+    from flashdraft.components.evaluate.evaluate import evaluate_prompts
+    from flashdraft.components.evaluate.prompts import load_eval_prompts
+
+    from flashdraft.drafter.model import build_drafter
+    from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
+
+    cfg, _, _ = evaluated
+    tok, model = load_tokenizer(cfg.target), load_causal_lm(cfg.target)
+    prompts = load_eval_prompts(cfg, open_store(cfg.storage, cfg.run_id), tok)
+    drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=5, tokenizer=tok)
+    metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": drafter, "baseline": drafter}, cfg.layer_ids(),
+                               prompt_limits={"baseline": 1})
+    assert metrics["drafter"]["prompts"] == len(prompts) == 3 and metrics["baseline"]["prompts"] == 1
+    assert metrics["baseline"]["tokens"] == metrics["prompts"][0]["new_tokens"] < metrics["target"]["tokens"]
+    assert [p["baseline_tau"] is None for p in metrics["prompts"]] == [False, True, True]
+    assert metrics["lossless"]["passed"] and metrics["baseline"]["speedup"] > 0
+
+
+def test_baseline_prompts_zero_skips_the_baseline(tmp_path):
+    from flashdraft.config import load_config
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs", "eval.num_prompts": 1,
+                                                "eval.max_new_tokens": 6, "eval.baseline_prompts": 0})
+    run_prep(cfg)
+    commit_drafter(cfg, seed=7)
+    metrics = run_evaluate(cfg)
+    assert metrics.baseline is None and metrics.drafter.prompts == 1 and metrics.lossless.passed
