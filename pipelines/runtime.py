@@ -140,7 +140,7 @@ def train_in_pod(cfg: RunConfig) -> TrainSummary:
     if cfg.training.nproc_per_node <= 1:
         from flashdraft.components.train.trainer import run_train
 
-        return TrainSummary.model_validate(run_train(cfg))  # the one place run_train's result is read
+        return run_train(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([*_flashdraft_cmd(), "train", "--config", _write_config(cfg, tmp)], check=True)
     from flashdraft import layout
