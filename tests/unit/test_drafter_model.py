@@ -125,3 +125,14 @@ def test_mask_token_resolution_order(tiny_cfg):
     assert trainable and mask_id == tok.pad_token_id
     tok.add_special_tokens({"mask_token": "<|MASK|>"})
     assert resolve_mask_token(None, tok, V + 8) == (tok.mask_token_id, False)
+
+
+def test_mask_init_mean_or_zero():
+    m = small_drafter(trainable_mask=True)
+    m.init_weights(1)
+    torch.testing.assert_close(m.mask_embedding.detach(), m.embed_weight.mean(0))
+    m.init_weights(1, "zero")
+    assert not m.mask_embedding.detach().any()
+    weights = {n: p.detach().clone() for n, p in m.named_parameters()}
+    m.init_weights(1, "mean")  # the rest of the init does not depend on the mask choice
+    assert all(torch.equal(p, weights[n]) for n, p in m.named_parameters() if n != "mask_embedding")
