@@ -10,7 +10,7 @@ hand with only some figures) still read, and a stage may add a figure without a 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,11 +37,20 @@ class StageSummary(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    # Bulky fields left out of what a pipeline task hands to the next one (its KFP output parameter): they stay in
+    # the stage's committed metrics. kfp.local passes the upstream output on the next task's command line, where
+    # one argument may hold 128 KiB (a 2000-step training history was 500 KB: Errno 7, argument list too long).
+    HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset()
+
     skipped: bool = Field(False, description="the work was already committed: this is the stored summary")
 
     def dump(self) -> dict[str, Any]:
         """The JSON object, with exactly the keys the stage set (defaults it did not set are left out)."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+    def handoff(self) -> dict[str, Any]:
+        """`dump()` without the bulky fields: what a pipeline task returns as its output parameter."""
+        return self.model_dump(mode="json", exclude_unset=True, exclude=set(self.HANDOFF_EXCLUDE))
 
     def figures(self) -> dict[str, float]:
         """The numbers a stage's console line and the report's stage table show (status.StageRecord.figures).
@@ -224,6 +233,8 @@ class StreamStats(BaseModel):
 
 class TrainSummary(StageSummary):
     """components/train/trainer.py: the trainer's summary (metrics/train.json)."""
+
+    HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history"})  # one entry per step: metrics/train.json
 
     steps: int | None = Field(None, description="optimizer steps done")
     tokens: int = Field(0, description="tokens trained on")

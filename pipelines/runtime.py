@@ -59,7 +59,8 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
 
 
 def to_json(summary: StageSummary) -> str:
-    return json.dumps(summary.dump(), sort_keys=True, default=str)
+    """A task's output parameter: the summary without its bulky fields (StageSummary.handoff)."""
+    return json.dumps(summary.handoff(), sort_keys=True, default=str)
 
 
 def _record(store: ObjectStore, record: StageRecord) -> None:
