@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from flashdraft.store import ObjectStore
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Run config YAML (merged over --preset).")]
-PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help="Packaged preset: tiny, smollm2-local, "
-                                                                      "qwen3.6-27b.")]
+PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help="Packaged preset: tiny, tiny-qwen35, "
+                                                                      "smollm2-local, smollm2-quality, qwen3.6-27b "
+                                                                      "(`flashdraft presets`).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override, e.g. --set training.lr=3e-4 "
                                                                       "(repeatable).")]
 ShardOpt = Annotated[int, typer.Option("--shard", help="Shard index this invocation works on.")]

@@ -32,6 +32,8 @@ NOT_HERE = {
     "make run-local": "the real 135M chat model end to end, 3.5-4.3 min on a quiet 2-core machine (run by hand; "
                       "the tiny run-local below takes the same path)",
     "make test": "the test suite itself",
+    ".venv/bin/flashdraft run-local --preset smollm2-quality": "the real 135M chat model on all demo prompts, ~16 min "
+                                                               "on a quiet 2-core machine (run by hand)",
     "make images push": "docker builds and a registry push",
     "make helm-install": "a Kubernetes cluster (the chart is installed into a real API server by tests/k8s)",
     "make compile": "`make install` first, which pip-installs whenever pyproject.toml changed; `flashdraft "
@@ -47,8 +49,8 @@ NOT_HERE = {
                                                "tests/integration/test_train.py",
     "flashdraft train --preset qwen3.6-27b": "8 GPUs and the 27B target",
     "make bench": "minutes of benchmarks (benchmarks/)",
-    ".venv/bin/python benchmarks/bench_train.py": "minutes of training per recipe, in the bench venv (`make bench-venv`); "
-                                                  "its parts are tested in tests/unit/test_bench_train.py",
+    ".venv/bin/python benchmarks/bench_train.py": "minutes of training per recipe, and the speculators side needs the "
+                                                  "bench venv (`make bench-venv`)",
     "vllm serve": "vLLM on a GPU with the real target",
     "python -m sglang.launch_server": "SGLang on a GPU with the real target",
 }

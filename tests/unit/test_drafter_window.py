@@ -110,6 +110,7 @@ def test_drafter_config_fields_and_errors(tiny_cfg):
 
 def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
     from flashdraft.components.export.export import _files_zlab
+
     from flashdraft.zlab import read_zlab
 
     hf = load_hf_config(tiny_cfg.target)
@@ -141,8 +142,9 @@ def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
 def test_production_preset_drafter_is_the_published_geometry():
     """qwen3.6-27b's drafter section on a config of the real target's text model (no weights) gives the published
     drafter's layer geometry (SpecForge configs/qwen3.6-27b-dflash2.json) in the exported config.json."""
-    from flashdraft.zlab import zlab_config
     from transformers import Qwen3_5Config
+
+    from flashdraft.zlab import zlab_config
 
     cfg = load_config(preset="qwen3.6-27b")
     target = Qwen3_5Config(text_config={"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 24,

@@ -16,7 +16,6 @@ from the export's mask_embedding.pt: a wrong mask changes every draft and the co
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.evaluate.prompts import load_eval_prompts
 from flashdraft.components.export.export import run_export
 from flashdraft.components.extract.extract import run_extract
-from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.train.trainer import run_train
@@ -35,16 +33,7 @@ from flashdraft.store import open_store
 from flashdraft.target import load_tokenizer, resolve_model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
-ROOT = Path(__file__).resolve().parents[2]
 MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def vllm_python():
-    python = os.environ.get(VLLM_PYTHON_ENV) or str(ROOT / ".venv-vllm" / "bin" / "python")
-    if not Path(python).exists():
-        pytest.skip(f"no vLLM interpreter at {python}: run `make vllm-venv`")
-    return python
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +100,10 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.components.evaluate.evaluate import _eos_ids
     from flashdraft.components.evaluate.spec import speculative_generate
     from flashdraft.components.export.export import _files_zlab
-    from flashdraft.zlab import read_zlab
 
     from flashdraft.drafter.model import DFlashDrafter
     from flashdraft.target import load_causal_lm
+    from flashdraft.zlab import read_zlab
 
     cfg, tmp, export, metrics, prompts = evaluated_run
     geometry, weights = read_zlab(export.formats["zlab"]["local"])
