@@ -28,10 +28,6 @@ def numbers(mapping: dict[str, Any], sep: str = "_") -> dict[str, float]:
     return out
 
 
-def _figures(picks: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in picks.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-
-
 class StageSummary(BaseModel):
     """Common to every stage's summary."""
 
@@ -105,7 +101,7 @@ class PlanSummary(StageSummary):
 
     def figures(self) -> dict[str, float]:
         sel = self.selected
-        return _figures({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
+        return numbers({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
                          "planned_total_bytes": sel.total_bytes if sel else None})
 
 
@@ -137,7 +133,7 @@ class PrepSummary(StageSummary):
     markdown: str = Field("", description="the summary as a Markdown table")
 
     def figures(self) -> dict[str, float]:
-        return _figures({"prompts_kept": self.kept, "prompts_train": self.num_train, "prompts_eval": self.num_eval,
+        return numbers({"prompts_kept": self.kept, "prompts_train": self.num_train, "prompts_eval": self.num_eval,
                          "quarantined": self.quarantined, "duplicates": self.duplicates})
 
 
@@ -163,7 +159,7 @@ class GenerateSummary(StageSummary):
     fingerprint: dict[str, Any] | None = Field(None, description="what the responses depend on (drift check on resume)")
 
     def figures(self) -> dict[str, float]:
-        return _figures({"samples": self.samples, "generated_tokens": self.generated_tokens,
+        return numbers({"samples": self.samples, "generated_tokens": self.generated_tokens,
                          "generation_seconds": self.generation_seconds})
 
 
@@ -202,7 +198,7 @@ class ExtractSummary(StageSummary):
     bytes_per_token: float | None = Field(None, description="bytes / tokens")
 
     def figures(self) -> dict[str, float]:
-        return _figures({"samples": self.samples, "tokens": self.tokens, "bytes": self.bytes,
+        return numbers({"samples": self.samples, "tokens": self.tokens, "bytes": self.bytes,
                          "new_tokens": self.new_tokens, "extract_seconds": self.elapsed_s})
 
 
@@ -245,7 +241,7 @@ class TrainSummary(StageSummary):
 
     def figures(self) -> dict[str, float]:
         final = self.final
-        return _figures({"steps": self.steps, "final_loss": final.loss if final else None,
+        return numbers({"steps": self.steps, "final_loss": final.loss if final else None,
                          "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
                          "tokens_per_s": self.tokens_per_s})
 
@@ -299,7 +295,7 @@ class EvaluateSummary(StageSummary):
     def figures(self) -> dict[str, float]:
         ll, drafter, target = self.lossless, self.drafter or DecodeStats(), self.target or DecodeStats()
         passed = (1.0 if ll.passed else 0.0) if ll and ll.checked else None
-        return _figures({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
+        return numbers({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
                          "target_tokens_per_s": target.tokens_per_s,
                          "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
 
@@ -320,7 +316,7 @@ class ExportSummary(StageSummary):
     formats: dict[str, dict[str, Any]] | None = Field(None, description="per format: local folder, store URI, sizes")
 
     def figures(self) -> dict[str, float]:
-        return _figures({"step": self.step})
+        return numbers({"step": self.step})
 
 
 # -- pipeline-only tasks ------------------------------------------------------------------------------------

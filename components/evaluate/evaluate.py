@@ -130,13 +130,16 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
         gen_for(name, prompts[0], tokens=warmup_tokens)
     limits = {name: len(prompts) for name in ["target", *drafters]} | (prompt_limits or {})
     runs: dict[str, list[Generation]] = {name: [] for name in ["target", *drafters]}
+    per_prompt: dict[str, list[dict[str, Any]]] = {name: [] for name in drafters}  # summarize() of each run
     for i, p in enumerate(prompts):
         for name in runs:
             if i < limits[name]:
                 runs[name].append(gen_for(name, p))
+                if name in per_prompt:
+                    per_prompt[name].append(summarize([runs[name][-1]]))
         log.info("prompt %s: %d prompt tokens, %d new; tau %s", p.prompt_id, len(p.input_ids),
                  len(runs["target"][-1].tokens),
-                 {n: round(summarize([runs[n][i]]).get("tau", 0), 2) for n in drafters if i < limits[n]})
+                 {n: round(per_prompt[n][i].get("tau", 0), 2) for n in drafters if i < limits[n]})
     metrics: dict[str, Any] = {
         "num_prompts": len(prompts), "max_new_tokens": max_new, "temperature": temp,
         "device": str(next(model.parameters()).device), "threads": torch.get_num_threads(),
@@ -161,7 +164,7 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     metrics["prompts"] = [
         {"id": p.prompt_id, "source": p.source, "prompt_tokens": len(p.input_ids),
          "new_tokens": len(runs["target"][i].tokens),
-         **{f"{n}_{k}": summarize([runs[n][i]]).get(k) if i < len(runs[n]) else None
+         **{f"{n}_{k}": per_prompt[n][i].get(k) if i < len(per_prompt[n]) else None
             for n in drafters for k in ("tau", "cycles", "accepted")}}
         for i, p in enumerate(prompts)
     ]

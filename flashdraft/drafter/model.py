@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashdraft.drafter.attention import BlockLayout, attend
+from flashdraft.target import text_config
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +90,8 @@ class DrafterGeometry:
         return None
 
 
-def _text_config(hf_config):
-    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-
-
 def rope_theta_of(hf_config) -> float:
-    c = _text_config(hf_config)
+    c = text_config(hf_config)
     theta = getattr(c, "rope_theta", None)
     if theta is None:
         params = getattr(c, "rope_parameters", None) or {}
@@ -116,7 +113,7 @@ def geometry_from_hf(hf_config, *, num_layers: int, block_size: int, target_laye
     with its LM head, and vLLM shares both with the target, so `hidden_size` only restates it."""
     from flashdraft.config import ConfigError
 
-    c = _text_config(hf_config)
+    c = text_config(hf_config)
     if hidden_size is not None and hidden_size != int(c.hidden_size):
         raise ConfigError(f"drafter.hidden_size={hidden_size}: must equal the target's hidden size "
                           f"{c.hidden_size} (the drafter uses the target's embedding and LM head)")
@@ -617,7 +614,7 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
 
     if init != "random":
         raise ValueError(f"init={init!r}: only 'random' (use DFlashDrafter.from_pretrained for a checkpoint)")
-    text_cfg = _text_config(target_hf_config)
+    text_cfg = text_config(target_hf_config)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.target)
     mask_id, trainable = resolve_mask_token(cfg.drafter.mask_token_id, tok, int(text_cfg.vocab_size))
     geometry = geometry_from_hf(
