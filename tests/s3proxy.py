@@ -5,7 +5,8 @@ Per request, with seeded probabilities: 503 SlowDown (not forwarded, like S3 thr
 forwarded), a connection reset after part of the response body (forwarded first: the server applied a PUT the
 client never hears about), added latency, and a byte flipped in the body of a whole-object GET of a data object
 (bytes corrupted in flight, which only a checksum catches). `outage(seconds)` (or `outage_after`) takes the whole
-store down: every connection is reset until it ends. Everything is counted in `counts`.
+store down: every connection is reset until it ends. Everything is counted in `counts`. `intercept(hook)` lets a
+test act at an exact point of a client's request stream (the kill loops SIGKILL the client at its n-th write).
 
 Deterministic from the seed: the decision for a request depends only on (seed, method, path, query, range, how
 many identical requests came before), not on thread timing, so the same run gets the same faults.
@@ -68,6 +69,7 @@ class S3FaultProxy:
         self._seen: Counter = Counter()
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._hook: Callable[[str, str, str], bool] | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._server.handle_error = lambda request, address: None  # resets are the point, not news
@@ -87,6 +89,17 @@ class S3FaultProxy:
         `when`; that request is the first one refused."""
         with self._lock:
             self._outage_when = (when, seconds)
+
+    def intercept(self, hook: Callable[[str, str, str], bool] | None) -> None:
+        """Call `hook(method, path, phase)` for every request: phase "sent" before it is forwarded, "applied" after
+        the server answered it. When the hook returns True the client's connection is reset at that point (the
+        request never reached the server, or reached it and the client never heard back). None removes it."""
+        with self._lock:
+            self._hook = hook
+
+    def _intercepted(self, method: str, path: str, phase: str) -> bool:
+        hook = self._hook
+        return hook is not None and hook(method, path, phase)
 
     def restore(self) -> None:
         with self._lock:
@@ -218,6 +231,9 @@ class S3FaultProxy:
             def _handle(self) -> None:
                 body = self._read_body()
                 method, path = self.command, self.path
+                if proxy._intercepted(method, path, "sent"):
+                    self._reset()
+                    return
                 rng_key = f"{method} {path} {self.headers.get('Range', '')}"
                 fault = proxy._decide(method, path, rng_key)
                 if fault == "outage":
@@ -237,6 +253,9 @@ class S3FaultProxy:
                 try:
                     status, reason, headers, data = self._forward(body)
                 except OSError:  # the real server is down: so is the proxy, to the client
+                    self._reset()
+                    return
+                if proxy._intercepted(method, path, "applied"):
                     self._reset()
                     return
                 if fault == "reset":

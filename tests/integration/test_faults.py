@@ -247,10 +247,46 @@ def test_a_store_down_past_the_retry_budget_fails_the_stage_clearly_and_commits_
     figures("store down past the retry budget", injected=proxy.injected(), mismatches=0, error=message[:160])
 
 
-def _kill_loop(kind: str, cfg: RunConfig, kills: int, seed: int, lo: float, hi: float,
+WRITES = ("PUT", "POST", "DELETE")
+
+
+class _KillPoint:
+    """The proxy hook of one start: counts the start's store writes and SIGKILLs its process group at write `at`
+    in `phase` ("sent": before the server sees it; "applied": after the server applied it, before the client hears
+    back). Unarmed, it only counts."""
+
+    def __init__(self, pid: int, at: int, phase: str, armed: bool):
+        import threading
+
+        self.pid, self.at, self.phase, self.armed = pid, at, phase, armed
+        self.writes = 0
+        self.killed = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, path: str, when: str) -> bool:
+        with self._lock:
+            if self.killed.is_set():
+                return True  # the rest of a killed group's requests die with it
+            if method not in WRITES or when != self.phase:
+                return False
+            self.writes += 1
+            if not self.armed or self.writes < self.at:
+                return False
+            os.killpg(self.pid, signal.SIGKILL)  # run_stage made it a group leader before any store request
+            self.killed.set()
+            return True
+
+
+def _kill_loop(kind: str, cfg: RunConfig, proxy: S3FaultProxy, kills: int, seed: int, most_writes: int,
                watch=None) -> dict[str, int]:
-    """Start the stage `kind` (tests/fault_workers.py) and SIGKILL its process group after a seeded random delay,
-    `kills` times; then let it finish. Returns how many kills landed and how many restarts it took."""
+    """Start the stage `kind` (tests/fault_workers.py) with its store behind `proxy`, and SIGKILL its process group
+    at a seeded random point of its progress, `kills` times; then let it finish. Returns the kills, starts and
+    store writes it took.
+
+    A kill point is a store write, not a delay: each start is killed at its n-th write (n uniform in 1..most_writes),
+    either before the write reaches the server or after the server applied it but before the client heard back
+    (the exactly-once edge). Every start that gets past its first write makes progress, so the loop ends whatever
+    the machine's speed; a timed kill either misses a fast machine's whole run or never lets a slow one progress."""
     import multiprocessing
 
     import fault_workers
@@ -259,39 +295,41 @@ def _kill_loop(kind: str, cfg: RunConfig, kills: int, seed: int, lo: float, hi: 
     ctx.set_forkserver_preload(fault_workers.PRELOAD)
     env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     rng = random.Random(seed)
-    landed = starts = 0
+    landed = starts = writes = 0
     while True:
         proc = ctx.Process(target=fault_workers.run_stage, args=(kind, cfg.model_dump_json(), env))
+        at, phase = rng.randint(1, most_writes), rng.choice(("sent", "applied"))
         proc.start()
         starts += 1
-        if landed < kills:
-            proc.join(rng.uniform(lo, hi) + 0.1 * landed)  # later kills come later: every restart gets further
-            if proc.exitcode is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:  # killed before it became a group leader: nothing else to kill
-                    proc.kill()
-                proc.join()
-                landed += 1
-                if watch is not None:
-                    watch()
-                continue
-        else:
-            proc.join(600)
+        point = _KillPoint(proc.pid, at, phase, armed=landed < kills)
+        proxy.intercept(point)
+        proc.join(600)
+        proxy.intercept(None)
+        writes += point.writes
+        if point.killed.is_set():
+            proc.join()
+            landed += 1
+            if watch is not None:
+                watch()
+            continue
         assert proc.exitcode == 0, f"{kind} run {starts} exited with {proc.exitcode}"
-        if landed >= kills:
-            return {"kills": landed, "starts": starts}
+        assert landed == kills, f"{kind} finished after {landed} of {kills} kills: lower most_writes"
+        return {"kills": landed, "starts": starts, "writes": writes}
 
 
 def test_extraction_killed_ten_times_commits_what_an_uninterrupted_run_does(clean_runs, s3_server, monkeypatch):
     _aws(monkeypatch)
     ref_cfg, ref = clean_runs["offline"]
-    cfg = make_cfg(s3_server, "extract-kills")
+    proxy = S3FaultProxy(s3_server)  # no faults: it only places the kills
+    cfg = make_cfg(proxy.endpoint, "extract-kills")
     store = direct(cfg, s3_server)
     seed_from(direct(ref_cfg, s3_server), store)
     half = []
-    stats = _kill_loop("extract", cfg, kills=10, seed=16, lo=0.3, hi=2.5,
-                       watch=lambda: half.extend(half_committed(store)))
+    try:  # an uninterrupted extraction makes 26 writes; these 10 seeded kill points can take at most 16 of them
+        stats = _kill_loop("extract", cfg, proxy, kills=10, seed=16, most_writes=3,
+                           watch=lambda: half.extend(half_committed(store)))
+    finally:
+        proxy.close()
     got = {k: sha(store.get_verified(k)) for k in committed_parts(store)}
     want = {k: v for k, v in ref.items() if k.endswith(".fds")}
     mismatches = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
@@ -311,7 +349,8 @@ def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times
 
     _aws(monkeypatch)
     ref_cfg, ref = clean_runs["streaming"]
-    cfg = make_cfg(s3_server, "stream-kills", **STREAMING)
+    proxy = S3FaultProxy(s3_server)  # no faults: it only places the kills
+    cfg = make_cfg(proxy.endpoint, "stream-kills", **STREAMING)
     store = direct(cfg, s3_server)
     seed_from(direct(ref_cfg, s3_server), store)
     peak = {"parts": 0, "bytes": 0}
@@ -330,10 +369,12 @@ def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times
     watcher = threading.Thread(target=monitor, daemon=True)
     watcher.start()
     try:
-        stats = _kill_loop("stream", cfg, kills=10, seed=17, lo=1.0, hi=4.0)
+        # the uninterrupted pair makes 274 writes; these 10 seeded kill points can take at most 21 of them
+        stats = _kill_loop("stream", cfg, proxy, kills=10, seed=17, most_writes=4)
     finally:
         halt.set()
         watcher.join()
+        proxy.close()
     a = direct(ref_cfg, s3_server).get_json_verified(layout.metrics_key("train"))
     b = store.get_json_verified(layout.metrics_key("train"))
     steps_a = [(h["step"], h["tokens"], round(h["loss"], 5)) for h in a["history"]]
