@@ -30,6 +30,12 @@ from pathlib import Path
 
 from flashdraft.config import RunConfig, TargetConfig
 
+# transformers >= 5.25 swaps layers for kernels downloaded from the Hub at load time unless told not to: code
+# fetched at run time (the same trust question as trust_remote_code), a network call an air-gapped cluster cannot
+# make, and a `kernels` package flashdraft does not install. Features must come from the model's own layers, so
+# every model load passes this (earlier releases default to the same).
+NO_HUB_KERNELS = {"use_kernels": False}
+
 CACHE_ENV = "FLASHDRAFT_CACHE"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -70,7 +76,7 @@ def _build_smollm2(out: Path) -> None:
 
     pkg = _smollm2_package_dir()
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype="float32", **NO_HUB_KERNELS)
     # The weights are already dequantized to fp32; drop the GGUF marker so they save as plain safetensors.
     model.hf_quantizer = None
     model.is_quantized = False
@@ -250,7 +256,8 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
         if getattr(text, "layer_types", None):
             text.layer_types = list(text.layer_types)[:num_layers]  # a hybrid's layer kinds must stay aligned
         kwargs["config"] = cfg
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(target), dtype=torch_dtype(target), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(target), dtype=torch_dtype(target), **kwargs,
+                                                 **NO_HUB_KERNELS)
     return model.to(device).eval()
 
 

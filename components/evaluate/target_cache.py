@@ -42,6 +42,12 @@ def croppable(cache) -> bool:
 class _Saved:
     conv: dict[int, torch.Tensor | None]
     recurrent: dict[int, torch.Tensor | None]
+    length: torch.Tensor | None  # the layer's token count (transformers >= 5.25 keeps one per linear layer)
+
+
+# Where transformers >= 5.25 counts a linear layer's tokens; `get_seq_length()` reads it from layer 0, which is a
+# linear layer in Qwen3.5/3.6, so a rewind that left it behind would shift every later position.
+LINEAR_LENGTH = "cumulative_length_linear"
 
 
 class VerifyCache:
@@ -61,7 +67,9 @@ class VerifyCache:
         linear = _linear_layer_cls()
         self._saved = {
             i: _Saved(conv={k: None if v is None else v.clone() for k, v in layer.conv_states.items()},
-                      recurrent={k: None if v is None else v.clone() for k, v in layer.recurrent_states.items()})
+                      recurrent={k: None if v is None else v.clone() for k, v in layer.recurrent_states.items()},
+                      length=None if getattr(layer, LINEAR_LENGTH, None) is None
+                      else getattr(layer, LINEAR_LENGTH).clone())
             for i, layer in enumerate(self.cache.layers) if isinstance(layer, linear)}
 
     def keep(self, block: torch.Tensor, keep: int, capture=None) -> None:
@@ -92,5 +100,7 @@ class VerifyCache:
                     layer.conv_states[k] = v
                 for k, v in saved.recurrent.items():
                     layer.recurrent_states[k] = v
+                if saved.length is not None:
+                    getattr(layer, LINEAR_LENGTH).copy_(saved.length)  # in place: the cache may pin its address
             if isinstance(layer, DynamicLayer):  # attention part (also of a mixed linear + attention layer)
                 DynamicLayer.crop(layer, -verified)

@@ -13,6 +13,7 @@ from test_spec import ScriptedDrafter
 from flashdraft.capture import capture_layers, decoder_stack
 from flashdraft.config import load_config
 from flashdraft.target import (
+    NO_HUB_KERNELS,
     UnsupportedTargetError,
     geometry_of,
     load_causal_lm,
@@ -78,7 +79,8 @@ def test_layer_ids_equal_hf_hidden_states_on_linear_and_full_attention_layers(q3
     truncated = load_causal_lm(cfg.target, num_layers=max(ids) + 1)
     assert len(truncated.model.layers) == max(ids) + 1
     assert truncated.config.layer_types == model.config.layer_types[: max(ids) + 1]
-    wrapper = Qwen3_5ForConditionalGeneration.from_pretrained(resolve_model_dir(cfg.target), dtype=torch.float32)
+    wrapper = Qwen3_5ForConditionalGeneration.from_pretrained(resolve_model_dir(cfg.target), dtype=torch.float32,
+                                                                **NO_HUB_KERNELS)
     assert decoder_stack(wrapper)[1] is wrapper.model.language_model.layers
     torch.manual_seed(0)
     input_ids = torch.randint(0, 248000, (2, 29))

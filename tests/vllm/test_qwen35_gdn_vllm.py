@@ -34,7 +34,7 @@ from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
 from flashdraft.records import iter_responses
 from flashdraft.store import open_store
-from flashdraft.target import resolve_model_dir
+from flashdraft.target import NO_HUB_KERNELS, resolve_model_dir
 
 pytestmark = pytest.mark.vllm
 TIE = 0.02
@@ -119,10 +119,10 @@ def test_vllm_gdn_generation_and_extraction_match_hf_qwen35(vllm_python, tmp_pat
     q35, nxt = tmp_path / "qwen35", tmp_path / "qwen3-next"
     _save_qwen35(q35)
     _as_qwen3_next(q35, nxt)
-    hf = AutoModelForCausalLM.from_pretrained(q35, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(q35, dtype=torch.float32, **NO_HUB_KERNELS).eval()
     probe = torch.randint(0, 248000, (1, 37), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        rewrite = AutoModelForCausalLM.from_pretrained(nxt, dtype=torch.float32).eval()
+        rewrite = AutoModelForCausalLM.from_pretrained(nxt, dtype=torch.float32, **NO_HUB_KERNELS).eval()
         assert type(rewrite).__name__ == "Qwen3NextForCausalLM"
         torch.testing.assert_close(rewrite(probe).logits, hf(probe).logits, rtol=0, atol=1e-5)
     del rewrite
