@@ -49,7 +49,7 @@ class HFBackend:
         from flashdraft.target import load_causal_lm
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = load_causal_lm(cfg.target, self.device)
+        self.model = load_causal_lm(cfg.generation.target(cfg.target), self.device)
         self.tok = tok
         self.cfg = cfg.generation
         self.max_new_tokens = cfg.data.max_response_tokens
@@ -100,7 +100,7 @@ class VLLMBackend:
         self.stop_ids = stop_token_ids(tok, _generation_config(cfg))
         python = os.environ.get(VLLM_PYTHON_ENV) or sys.executable
         g = cfg.generation
-        init = {"model": str(resolve_model_dir(cfg.target)), "dtype": cfg.target.dtype, "seed": g.seed,
+        init = {"model": str(resolve_model_dir(cfg.target)), "dtype": g.target(cfg.target).dtype, "seed": g.seed,
                 "tensor_parallel": g.tensor_parallel, "max_model_len": g.max_model_len or max_model_len,
                 "enable_prefix_caching": g.enable_prefix_caching,
                 "trust_remote_code": cfg.target.trust_remote_code}

@@ -42,7 +42,7 @@ class GenerationDriftError(RuntimeError):
 
 def generation_fingerprint(cfg: RunConfig, tok_fp: dict[str, str], prompts_sha: str) -> dict[str, Any]:
     """Everything that changes what the target writes; recorded with every chunk and checked on resume."""
-    t, g = cfg.target, cfg.generation
+    t, g = cfg.generation.target(cfg.target), cfg.generation
     return {"model": t.model, "source": t.source, "revision": t.revision, "dtype": t.dtype,
             "target_seed": t.seed if t.source == "tiny" else None, **tok_fp, "backend": g.backend,
             "temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k, "seed": g.seed,

@@ -148,3 +148,21 @@ def test_seeded_sampling_is_reproducible_across_runs_and_resumes(reference, tmp_
     greedy = {r["sample_id"]: r["input_ids"] for r in _rows(ref_cfg, 0)}
     assert all(r["sample_id"] in greedy for r in _rows(a, 0))
     assert any(r["input_ids"] != greedy[r["sample_id"]] for r in _rows(a, 0))
+
+
+def test_generation_dtype_loads_the_target_in_it_and_is_checked_on_resume(reference, tmp_path):
+    import torch
+    from flashdraft.components.generate.backends import HFBackend
+
+    from flashdraft.target import load_tokenizer
+
+    cfg = _cfg(tmp_path / "bf16", **{"generation.dtype": "bfloat16", "data.num_shards": 1})
+    assert cfg.target.dtype == "float32"
+    backend = HFBackend(cfg, load_tokenizer(cfg.target))
+    assert backend.model.dtype == torch.bfloat16
+    run_prep(cfg)
+    run_generate(cfg, 0)
+    done = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.responses_done_key(0))
+    assert done["fingerprint"]["dtype"] == "bfloat16"
+    with pytest.raises(GenerationDriftError, match="dtype: committed 'bfloat16', now 'float32'"):
+        run_generate(cfg.with_overrides({"generation.dtype": None}), 0)
