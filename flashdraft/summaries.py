@@ -102,7 +102,7 @@ class PlanSummary(StageSummary):
     def figures(self) -> dict[str, float]:
         sel = self.selected
         return numbers({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
-                         "planned_total_bytes": sel.total_bytes if sel else None})
+                        "planned_total_bytes": sel.total_bytes if sel else None})
 
 
 # -- prep ---------------------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class PrepSummary(StageSummary):
 
     def figures(self) -> dict[str, float]:
         return numbers({"prompts_kept": self.kept, "prompts_train": self.num_train, "prompts_eval": self.num_eval,
-                         "quarantined": self.quarantined, "duplicates": self.duplicates})
+                        "quarantined": self.quarantined, "duplicates": self.duplicates})
 
 
 # -- generate -----------------------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class GenerateSummary(StageSummary):
 
     def figures(self) -> dict[str, float]:
         return numbers({"samples": self.samples, "generated_tokens": self.generated_tokens,
-                         "generation_seconds": self.generation_seconds})
+                        "generation_seconds": self.generation_seconds})
 
 
 # -- extract ------------------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class ExtractSummary(StageSummary):
 
     def figures(self) -> dict[str, float]:
         return numbers({"samples": self.samples, "tokens": self.tokens, "bytes": self.bytes,
-                         "new_tokens": self.new_tokens, "extract_seconds": self.elapsed_s})
+                        "new_tokens": self.new_tokens, "extract_seconds": self.elapsed_s})
 
 
 # -- train --------------------------------------------------------------------------------------------------
@@ -242,8 +242,8 @@ class TrainSummary(StageSummary):
     def figures(self) -> dict[str, float]:
         final = self.final
         return numbers({"steps": self.steps, "final_loss": final.loss if final else None,
-                         "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
-                         "tokens_per_s": self.tokens_per_s})
+                        "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
+                        "tokens_per_s": self.tokens_per_s})
 
 
 # -- evaluate -----------------------------------------------------------------------------------------------
@@ -296,8 +296,8 @@ class EvaluateSummary(StageSummary):
         ll, drafter, target = self.lossless, self.drafter or DecodeStats(), self.target or DecodeStats()
         passed = (1.0 if ll.passed else 0.0) if ll and ll.checked else None
         return numbers({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
-                         "target_tokens_per_s": target.tokens_per_s,
-                         "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
+                        "target_tokens_per_s": target.tokens_per_s,
+                        "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
 
 
 # -- export -------------------------------------------------------------------------------------------------

@@ -50,6 +50,17 @@ class _Saved:
 LINEAR_LENGTH = "cumulative_length_linear"
 
 
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.clone()
+
+
+def _snapshot(layer) -> _Saved:
+    """Copies of one linear-attention layer's fixed-size state."""
+    return _Saved(conv={k: _clone(v) for k, v in layer.conv_states.items()},
+                  recurrent={k: _clone(v) for k, v in layer.recurrent_states.items()},
+                  length=_clone(getattr(layer, LINEAR_LENGTH, None)))
+
+
 class VerifyCache:
     """Wraps the target's cache for verify forwards: `checkpoint()` before each, `keep()` after it."""
 
@@ -65,12 +76,7 @@ class VerifyCache:
         if self.croppable:
             return
         linear = _linear_layer_cls()
-        self._saved = {
-            i: _Saved(conv={k: None if v is None else v.clone() for k, v in layer.conv_states.items()},
-                      recurrent={k: None if v is None else v.clone() for k, v in layer.recurrent_states.items()},
-                      length=None if getattr(layer, LINEAR_LENGTH, None) is None
-                      else getattr(layer, LINEAR_LENGTH).clone())
-            for i, layer in enumerate(self.cache.layers) if isinstance(layer, linear)}
+        self._saved = {i: _snapshot(layer) for i, layer in enumerate(self.cache.layers) if isinstance(layer, linear)}
 
     def keep(self, block: torch.Tensor, keep: int, capture=None) -> None:
         """After verifying `block` (1-D ids), keep its first `keep` tokens in the cache. `capture` (a LayerCapture)

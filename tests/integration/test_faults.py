@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -256,8 +257,6 @@ class _KillPoint:
     back). Unarmed, it only counts."""
 
     def __init__(self, pid: int, at: int, phase: str, armed: bool):
-        import threading
-
         self.pid, self.at, self.phase, self.armed = pid, at, phase, armed
         self.writes = 0
         self.killed = threading.Event()
@@ -342,8 +341,6 @@ def test_extraction_killed_ten_times_commits_what_an_uninterrupted_run_does(clea
 
 def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times(clean_runs, s3_server,
                                                                                   monkeypatch):
-    import threading
-
     from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.features.window import released_part, stored_parts
 
@@ -415,8 +412,6 @@ def _rclone(data: Path, port: int) -> subprocess.Popen:
 
 def test_s3_server_killed_and_restarted_mid_run_resumes_and_completes(clean_runs, s3_server, monkeypatch,
                                                                       tmp_path):
-    import threading
-
     _free_port = _root_conftest()._free_port
     from flashdraft.components.extract.extract import run_extract
 
