@@ -20,6 +20,14 @@ them like any HF folder. Checks, one table, exit status 1 on any failure:
    peak (components/plan/gpus.py) and of a bf16 matmul measured here.
 4. evaluate: speculative decoding with the trained drafter on CUDA against the target's own greedy decode: lossless
    (no divergence except numerical ties, top-2 gap < TIE_MARGIN, in the fp32 tiny target), and tau.
+5. production (`--production`, on by default on CUDA): the `qwen3.6-27b` preset's own drafter (5 x 5120, 32 x 128
+   heads, 8 KV heads, MLP 17408, window 2048, block 16, 512 anchors a sample, the full 248,320-token frozen head)
+   trained by the trainer's step at the production per-GPU row (`training.tokens_per_step`, 8,192) for each
+   `training.activation_checkpointing` choice: tokens/s, step time by part (forward, loss, backward, optimizer),
+   TFLOP/s and peak allocated memory; an out-of-memory is a row of the table, not a crash. Then extraction prefill
+   through a random target of the full Qwen3.6-27B architecture (64-layer hybrid, cut after the deepest feature
+   layer as the extract stage cuts it) in bf16, capturing the five feature layers: tokens/s. The figures are also
+   written as JSON (`--json`) for `flashdraft plan --calibrate`.
 
 The CPU half (reference computations, comparisons, the table and the exit status) runs in CI: tests/unit/
 test_gpu_check.py, with the "device" side on CPU.
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
 import sys
 import tempfile
 import time
@@ -311,7 +320,7 @@ def throughput(cfg, samples: list[Sample], device: str, steps: int, warmup: int 
     timed = range(warmup, steps)
     batches = [pack(groups[k % len(groups)], cfg.drafter.block_size, cfg.drafter.max_anchors,
                     seed=cfg.training.seed, epoch=0, max_tokens=cfg.training.tokens_per_step) for k in timed]
-    flops = sum(sum(step_flops(model.geometry, b).values()) for b in batches)
+    flops = sum(total_flops(step_flops(model.geometry, b)) for b in batches)
     total_s = sum(seconds[k] for k in timed)
     return Throughput(sum(b.num_tokens for b in batches) / total_s, flops / total_s / 1e12, total_s / len(timed),
                       sum(int(b.anchors.numel()) for b in batches) / len(batches), losses)
@@ -330,18 +339,24 @@ def step_flops(g, batch) -> dict[str, float]:
     dense mask's count); LM head 2*V*H per drafted slot. Backward: twice the forward (input and weight
     gradients), except fc (weight gradient only: the features need none) and the frozen LM head (input gradient
     only), once. The matmul part equals torch's FlopCounterMode on a real step (tests/unit/test_gpu_check.py).
-    Returns {"matmul": projections, MLP and head, "attention": ...}."""
-    from flashdraft.drafter.attention import dense_mask
+    Returns {"matmul": projections, MLP and head, "attention": ...}; `head` (the LM head's share of "matmul") is
+    also given."""
+    from flashdraft.drafter.attention import allowed_pairs
 
     S, N, B = batch.num_tokens, int(batch.anchors.numel()), batch.block_size
     H, hd, nh, kv, inter = g.hidden_size, g.head_dim, g.num_heads, g.num_kv_heads, g.intermediate_size
     fc, ctx_kv = S * 2 * g.num_features * H * H, S * g.num_layers * 4 * H * kv * hd
     per_block_token = g.num_layers * (4 * H * nh * hd + 4 * H * kv * hd + 6 * H * inter)
     layout = batch.layout()
-    pairs = sum(int(dense_mask(layout, g.window(i)).sum()) for i in range(g.num_layers))
+    pairs = sum(allowed_pairs(layout, g.window(i)) for i in range(g.num_layers))
     attn = 4 * hd * nh * pairs
     head = 2 * g.vocab_size * H * int(batch.valid.sum())
-    return {"matmul": 2 * fc + 3 * (ctx_kv + N * B * per_block_token) + 2 * head, "attention": 3 * attn}
+    return {"matmul": 2 * fc + 3 * (ctx_kv + N * B * per_block_token) + 2 * head, "attention": 3 * attn,
+            "head": 2 * head}
+
+
+def total_flops(parts: dict[str, float]) -> float:
+    return parts["matmul"] + parts["attention"]
 
 
 def peak_tflops(device_name: str) -> tuple[str, float] | None:
@@ -392,6 +407,339 @@ def evaluate(cfg, model, rows, device: str, max_new_tokens: int):
             for p in prompts]
     bad = lossless_mismatches(prompts, ref, spec, "trained", tie_margin=TIE_MARGIN)
     return [b for b in bad if not b["tie"]], [b for b in bad if b["tie"]], summarize(spec).get("tau")
+
+
+# -- the production shapes -------------------------------------------------------------------------------------
+
+PRODUCTION_PRESET = "qwen3.6-27b"
+RECOMPUTE = ("none", "mlp", "layer")
+
+
+def production_target(folder: Path, device: str, num_layers: int = 64, **scale) -> Path:
+    """The drafter's view of Qwen3.6-27B: its real config (flashdraft.target.qwen36_27b_text_config) with random
+    bf16 `embed_tokens` and `lm_head` (the only target tensors the drafter reads) and a word-level tokenizer over
+    its vocabulary. Throughput and memory do not depend on the weights' values. `scale` overrides config fields
+    (hidden_size, vocab_size, ...): only the CPU dry-run uses it."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from flashdraft.target import qwen36_27b_text_config
+
+    if (folder / "config.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    config = qwen36_27b_text_config(num_layers)
+    for key, value in scale.items():
+        setattr(config, key, value)
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    gen = torch.Generator(device=device).manual_seed(0)
+    V, H = config.vocab_size, config.hidden_size
+    tensors = {name: (torch.randn(V, H, generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
+               for name in ("model.embed_tokens.weight", "lm_head.weight")}
+    save_file(tensors, str(folder / "model.safetensors"))
+    config.save_pretrained(folder)
+    vocab = {f"t{i}": i for i in range(V)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
+                                  pad_token="t0", bos_token="t1", eos_token="t2", unk_token="t3")
+    tok.save_pretrained(folder)
+    return folder
+
+
+def production_config(folder: Path, work: Path, **overrides):
+    """The production preset itself, pointed at `folder` and a local store; `overrides` as `--set` would."""
+    from flashdraft.config import load_config
+
+    return load_config(preset=PRODUCTION_PRESET, overrides={
+        "target.source": "hf", "target.model": str(folder), "storage.root": f"file://{work}/runs",
+        "training.nproc_per_node": 1, "drafter.mask_token_id": 248070, **overrides})
+
+
+@dataclass
+class StepParts:
+    """One production-shape training configuration, measured (or out of memory)."""
+
+    label: str
+    tokens_per_s: float = 0.0
+    step_s: float = 0.0
+    parts_s: dict[str, float] = field(default_factory=dict)   # forward, loss, backward, optimizer
+    tflops: float = 0.0
+    peak_bytes: int = 0
+    anchors_per_row: float = 0.0
+    oom: str | None = None
+
+
+def timed_steps(model, params, opt, cfg, rows, device: str, steps: int, warmup: int, label: str) -> StepParts:
+    """The trainer's step (pack, drafter forward under bf16 autocast, `drafter_loss`, backward, clip, AdamW), with
+    CUDA events between its parts; the first `warmup` steps (compilation, allocator growth) are not timed. Peak
+    memory is the allocator's over all steps, state included."""
+    import torch
+    from flashdraft.components.train.trainer import drafter_loss
+
+    from flashdraft.drafter.batch import pack
+
+    d, dev = cfg.drafter, torch.device(device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    names = ("forward", "loss", "backward", "optimizer")
+    totals = dict.fromkeys(names, 0.0)
+    tokens = flops = anchors = 0
+    try:
+        for step in range(steps):
+            batch = pack(rows[step % len(rows)], d.block_size, d.max_anchors, seed=cfg.training.seed, epoch=step,
+                         max_tokens=cfg.training.tokens_per_step)
+            parts = step_flops(model.geometry, batch)
+            batch = batch.to(dev)
+            marks = [_mark(cuda)]
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+                hidden = model(*batch.drafter_inputs())
+            marks.append(_mark(cuda))
+            out = drafter_loss(model, hidden, batch, d)
+            marks.append(_mark(cuda))
+            out.loss.backward()
+            marks.append(_mark(cuda))
+            torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            marks.append(_mark(cuda))
+            _sync(device)
+            if step >= warmup:
+                for name, a, b in zip(names, marks, marks[1:], strict=False):
+                    totals[name] += _elapsed(a, b)
+                tokens += batch.num_tokens
+                flops += total_flops(parts)
+                anchors += int(batch.anchors.numel())
+            del hidden, out, batch
+    except torch.cuda.OutOfMemoryError as e:
+        opt.zero_grad(set_to_none=True)
+        peak = torch.cuda.max_memory_allocated() if cuda else 0
+        if cuda:
+            torch.cuda.empty_cache()
+        return StepParts(label, peak_bytes=peak, oom=str(e).split("\n")[0][:160])
+    timed = steps - warmup
+    total_s = sum(totals.values())
+    return StepParts(label, tokens / total_s, total_s / timed, {k: v / timed for k, v in totals.items()},
+                     flops / total_s / 1e12, torch.cuda.max_memory_allocated() if cuda else 0, anchors / timed)
+
+
+def _mark(cuda: bool):
+    import torch
+
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _elapsed(a, b) -> float:
+    return a.elapsed_time(b) / 1e3 if hasattr(a, "elapsed_time") else b - a
+
+
+def production_train(work: Path, device: str, scale: DryRun | None = None, steps: int = 5, warmup: int = 2,
+                     recompute: tuple[str, ...] = RECOMPUTE) -> tuple[list[StepParts], object]:
+    """The production drafter's step for each activation-checkpointing choice (one model and optimizer, so the
+    optimizer state is allocated once and counted in every peak)."""
+    import torch
+    from flashdraft.components.train.distributed import DistEnv
+    from flashdraft.components.train.trainer import build_model
+
+    folder = production_target(work / "qwen3.6-27b-head", device, *((scale.layers,) if scale else ()),
+                               **(scale.target if scale else {}))
+    cfg = production_config(folder, work, **(scale.overrides if scale else {}))
+    torch.manual_seed(0)
+    model = build_model(cfg, DistEnv(0, 1, 0, torch.device(device)))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.training.lr, weight_decay=cfg.training.weight_decay)
+    H, n = model.geometry.hidden_size, model.geometry.num_features
+    samples = production_samples(cfg, n * H, model.geometry.vocab_size, *(scale.samples if scale else ()))
+    rows = rows_of(samples, cfg.training.tokens_per_step)
+    results = []
+    for mode in recompute:
+        model.set_activation_checkpointing(mode)
+        results.append(timed_steps(model, params, opt, cfg, rows, device, steps, warmup, f"recompute={mode}"))
+    return results, model
+
+
+def production_samples(cfg, width: int, vocab: int, count: int = 40, lengths: tuple[int, int] = (600, 1200)):
+    """Random 600-1200-token samples (prompt half, response half) with random bf16 features of `width`."""
+    import torch
+
+    from flashdraft.features.shard import Sample
+
+    rows = random_rows(count, lengths, vocab, seed=3)
+    g = torch.Generator().manual_seed(4)
+    return [Sample(r.sample_id, torch.tensor(r.input_ids), torch.tensor(r.loss_mask),
+                   torch.randn(len(r.input_ids), width, generator=g).to(torch.bfloat16)) for r in rows]
+
+
+def production_extract(device: str, layer_ids: list[int], tokens: int = 4096, rows: int = 2,
+                       budget_s: float = 45.0, **scale) -> tuple[float, float]:
+    """(tokens/s, peak GiB) of the extract stage's prefill through a random bf16 Qwen3.6-27B text model cut after
+    its deepest feature layer, capturing `layer_ids` (flashdraft.capture, as HFFeatureSource does); as many
+    timed forwards of `rows` x `tokens` as fit in `budget_s` after one warm-up."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    from flashdraft.capture import capture_layers
+    from flashdraft.target import qwen36_27b_text_config
+
+    config = qwen36_27b_text_config(max(layer_ids) + 1)
+    for key, value in scale.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3_5ForCausalLM(config).to(torch.bfloat16).eval()
+    ids = torch.randint(4, config.vocab_size - 1, (rows, tokens), device=device)
+    done, seconds = 0, 0.0
+    with torch.no_grad(), capture_layers(model, layer_ids, stop_after_deepest=True) as cap:
+        cap.forward(input_ids=ids[:, : tokens // 4])
+        cap.features()
+        cuda = device.startswith("cuda")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        while seconds < budget_s and done < 8:
+            _sync(device)
+            t = time.perf_counter()
+            cap.forward(input_ids=ids)
+            feats = cap.features()
+            _sync(device)
+            seconds += time.perf_counter() - t
+            done += 1
+            if tuple(feats.shape) != (rows, tokens, len(layer_ids) * config.hidden_size):
+                raise RuntimeError(f"captured {tuple(feats.shape)}, expected {(rows, tokens)} x "
+                                   f"{len(layer_ids)} x {config.hidden_size}")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+    return done * rows * tokens / seconds, peak
+
+
+@dataclass
+class DryRun:
+    """The production section at toy widths, for the CPU dry-run (tests/unit/test_gpu_check.py): the same code
+    path, config keys and JSON, none of the sizes."""
+
+    layers: int = 8
+    target: dict = field(default_factory=lambda: {"hidden_size": 128, "vocab_size": 2048, "pad_token_id": 0,
+                                                  "eos_token_id": 2})
+    overrides: dict = field(default_factory=lambda: {
+        "target.num_layers": 8, "target.hidden_size": 128, "drafter.hidden_size": 128, "drafter.num_layers": 2,
+        "drafter.num_heads": 4, "drafter.num_kv_heads": 2, "drafter.head_dim": 32,
+        "drafter.intermediate_size": 256, "drafter.sliding_window": 64, "drafter.max_anchors": 24,
+        "drafter.mask_token_id": 2047, "training.tokens_per_step": 512})
+    samples: tuple = (12, (100, 200))
+    extract: dict = field(default_factory=lambda: {"tokens": 64, "rows": 1, "budget_s": 1.0,
+                                                   "hidden_size": 128, "intermediate_size": 256,
+                                                   "vocab_size": 2048, "pad_token_id": 0, "eos_token_id": 2})
+
+
+@dataclass
+class Production:
+    """What section 5 measured, for the report and the calibration file."""
+
+    train: list[StepParts]
+    shape: dict            # the trainer step's geometry and batch (calibration TrainShape fields)
+    extract_tokens_per_s: float | None = None
+    extract_layers: list[int] = field(default_factory=list)
+    extract_forward_tokens: int = 0
+    extract_hidden: int = 0
+    flops_per_token: float | None = None
+
+
+def production(report: Report, work: Path, device: str, scale: DryRun | None = None) -> Production:
+    """The production rows of the report (section 5 of the module docstring)."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    results, model = production_train(work, device, scale, steps=3 if scale else 5, warmup=1 if scale else 2)
+    cfg = production_config(work / "qwen3.6-27b-head", work, **(scale.overrides if scale else {}))
+    g, d = model.geometry, cfg.drafter
+    shape = {"hidden_size": g.hidden_size, "num_layers": g.num_layers, "num_heads": g.num_heads,
+             "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim, "intermediate_size": g.intermediate_size,
+             "vocab_size": g.draft_vocab_size or g.vocab_size, "target_vocab_size": g.vocab_size,
+             "num_features": g.num_features, "block_size": g.block_size, "max_anchors": d.max_anchors,
+             "tokens_per_step": cfg.training.tokens_per_step, "sliding_window": g.sliding_window,
+             "strategy": "none", "world_size": 1, "autocast": "bfloat16" if cuda else "none",
+             "head_dtype": "bfloat16" if cuda else "float32"}
+    peak = peak_tflops(torch.cuda.get_device_name()) if cuda else None
+    total = torch.cuda.get_device_properties(0).total_memory if cuda else 0
+    for r in results:
+        name = f"train/{PRODUCTION_PRESET} {r.label}"
+        if r.oom:
+            report.add(f"{name} tokens/s", None, None, f"out of memory at {r.peak_bytes / 2**30:.1f} GiB: {r.oom}")
+            continue
+        parts = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r.parts_s.items())
+        report.add(f"{name} tokens/s", r.tokens_per_s, None,
+                   f"step {r.step_s * 1e3:.0f} ms ({parts} ms); ~{r.anchors_per_row:.0f} anchors x "
+                   f"{g.block_size} a {cfg.training.tokens_per_step}-token row")
+        report.add(f"{name} TFLOP/s", r.tflops, None,
+                   f"{r.tflops / peak[1]:.1%} of {peak[0]} bf16 peak" if peak else "")
+        if cuda:
+            report.add(f"{name} peak GiB", r.peak_bytes / 2**30, total / 2**30,
+                       "allocator peak, unsharded fp32 weights, grads and AdamW state included (one GPU, no FSDP)")
+    fitted = [r for r in results if not r.oom]
+    best = max(fitted, key=lambda r: r.tokens_per_s) if fitted else None
+    out = Production(results, shape, flops_per_token=best.tflops * 1e12 / best.tokens_per_s if best else None)
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+    depth = cfg.target.num_layers or 64
+    layers = cfg.layer_ids(depth)
+    extract_scale = dict(scale.extract) if scale else {}
+    tokens, rows = extract_scale.pop("tokens", 4096), extract_scale.pop("rows", 2)
+    budget = extract_scale.pop("budget_s", 45.0)
+    tps, gib = production_extract(device, layers, tokens, rows, budget, **extract_scale)
+    report.add(f"extract/{PRODUCTION_PRESET} tokens/s", tps, None,
+               f"HF prefill {'bf16' if cuda else 'cpu'}, {rows} x {tokens} tokens, {max(layers) + 1} layers run, "
+               f"layers {layers} captured" + (f"; peak {gib:.1f} GiB" if cuda else ""))
+    out.extract_tokens_per_s, out.extract_layers = tps, layers
+    out.extract_forward_tokens, out.extract_hidden = rows * tokens, extract_scale.get("hidden_size", 5120)
+    return out
+
+
+def calibration(prod: Production, device: str, commit: str | None):
+    """The calibration file (flashdraft/calibration.py) of what section 5 measured: the production step's best
+    fitting rate and every configuration's peak, and the extraction prefill rate."""
+    import datetime
+
+    import torch
+
+    from flashdraft.calibration import Calibration
+
+    cuda = device.startswith("cuda")
+    name = torch.cuda.get_device_name() if cuda else "cpu (dry run)"
+    peak = peak_tflops(name) if cuda else None
+    best = max((r for r in prod.train if not r.oom), key=lambda r: r.tokens_per_s, default=None)
+    rates: dict = {}
+    if best is not None:
+        rates["train"] = {"tokens_per_s_per_gpu": best.tokens_per_s, "flops_per_token": prod.flops_per_token,
+                          "note": f"{best.label}; step {best.step_s * 1e3:.0f} ms",
+                          "shape": {**prod.shape, "anchors_per_row": best.anchors_per_row}}
+    if prod.extract_tokens_per_s:
+        rates["extract"] = {"tokens_per_s_per_gpu": prod.extract_tokens_per_s,
+                            "note": "HF prefill with capture hooks (the extract stage's hf backend), random weights",
+                            "shape": {"model": f"Qwen3.6-27B architecture, random weights, "
+                                               f"{max(prod.extract_layers) + 1} layers",
+                                      "layers_run": max(prod.extract_layers) + 1, "hidden_size": prod.extract_hidden,
+                                      "forward_tokens": prod.extract_forward_tokens,
+                                      "dtype": "bfloat16" if cuda else "float32"}}
+    memory = [{"peak_bytes": r.peak_bytes, "measure": "cuda_max_allocated", "out_of_memory": bool(r.oom),
+               "note": r.label + (f": {r.oom}" if r.oom else ""),
+               "shape": {**prod.shape, "anchors_per_row": r.anchors_per_row or None}}
+              for r in prod.train if cuda]
+    return Calibration.model_validate({
+        "source": {"device": f"one {name}" + ("" if cuda else ""), "date": datetime.date.today().isoformat(),
+                   "commit": commit, "command": "make gpu-check",
+                   "note": "one GPU, no FSDP: the fp32 weights, gradients and AdamW state of the trainable "
+                           "drafter are whole on the GPU and in every peak"},
+        "gpu": {"name": name, "gpu_type": peak[0] if peak else None,
+                "memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
+                "bf16_tflops_peak": peak[1] if peak else None},
+        "rates": rates, "train_memory": memory})
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -468,6 +816,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="tiny target only, few rows and steps")
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch CPU threads for the CPU reference")
+    parser.add_argument("--production", action=argparse.BooleanOptionalAction, default=None,
+                        help="section 5, the production shapes (default: on with CUDA; on CPU a toy-width dry run)")
+    parser.add_argument("--only-production", action="store_true", help="skip sections 1-4")
+    parser.add_argument("--json", default=None, help="write the calibration file (flashdraft plan --calibrate) here")
+    parser.add_argument("--commit", default=os.environ.get("FLASHDRAFT_COMMIT"),
+                        help="the flashdraft commit, recorded in the calibration file (default $FLASHDRAFT_COMMIT)")
     args = parser.parse_args(argv)
     bootstrap()
     import torch
@@ -480,7 +834,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
     quick = Sizes(rows=8, lengths=(48, 160), steps=4, eval_prompts=4, new_tokens=16)
-    report = run(work, args.device, (TINY,) if args.quick else (TINY, WIDE), quick if args.quick else Sizes())
+    cuda = args.device.startswith("cuda")
+    report = Report() if args.only_production else run(work, args.device, (TINY,) if args.quick else (TINY, WIDE),
+                                                       quick if args.quick else Sizes())
+    if args.production if args.production is not None else cuda:
+        prod = production(report, work, args.device, None if cuda else DryRun())
+        if args.json:
+            from flashdraft.calibration import save_calibration
+
+            print(f"calibration: {save_calibration(calibration(prod, args.device, args.commit), args.json)}")
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"\ngpu-check on {name} (torch {torch.__version__}), {time.perf_counter() - start:.0f} s\n")
     print(report.table())

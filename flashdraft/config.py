@@ -241,6 +241,13 @@ class TrainingConfig(_Section):
     nproc_per_node: int = Field(default=1, ge=1)
     num_nodes: int = Field(default=1, ge=1)
     strategy: Literal["ddp", "fsdp2"] = "ddp"
+    activation_checkpointing: Literal["none", "mlp", "layer"] = Field(
+        default="none",
+        description="recompute activations in the backward instead of keeping them (training memory vs time): "
+                    "'mlp' keeps only each MLP's input and recomputes its gate/up projections (its four "
+                    "[drafted positions x intermediate_size] tensors are the largest a layer holds); 'layer' keeps "
+                    "only each draft layer's input (one extra forward of the layers; the LM head and loss are not "
+                    "recomputed). Measured by `make gpu-check` at the production shape")
     checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
     seed: int = 0
     num_threads: int | None = Field(

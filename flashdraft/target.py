@@ -115,6 +115,23 @@ def tiny_qwen35_config(num_layers: int = 8, hidden: int = 128):
     return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
+def qwen36_27b_text_config(num_layers: int = 64):
+    """The text model of Qwen3.5/3.6-27B as published (config.json `text_config`): 64 layers, 48 Gated DeltaNet
+    (16 key / 48 value heads of 128) and 16 gated full-attention layers (every 4th; 24 query heads x 256, 4 KV
+    heads), hidden 5120, MLP 17408, partial rotary 0.25 (theta 1e7), vocabulary 248,320, untied head. `num_layers`
+    cuts the depth (the layer pattern is kept): the production shapes without the production weights."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=num_layers,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        bos_token_id=None, eos_token_id=248046, pad_token_id=248044)
+
+
 def _build_tiny_qwen35(target: TargetConfig, out: Path) -> None:
     import torch
     from transformers import Qwen3_5ForConditionalGeneration

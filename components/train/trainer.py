@@ -60,6 +60,7 @@ def build_model(cfg: RunConfig, env: DistEnv):
     from flashdraft.target import load_hf_config
 
     model = build_drafter(cfg, load_hf_config(cfg.target), seed=cfg.training.seed, device=env.device)
+    model.set_activation_checkpointing(cfg.training.activation_checkpointing)
     head = cfg.drafter.head_dtype
     if head == "bfloat16" or (head == "auto" and env.device.type == "cuda"):
         # frozen vocab-sized tensors in bf16: half the memory, bf16 logits GEMMs (fp32 accumulate, fp32 softmax)

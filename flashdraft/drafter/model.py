@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from flashdraft.drafter.attention import BlockLayout, attend
 from flashdraft.target import text_config
@@ -305,6 +306,9 @@ class DFlashMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+ACTIVATION_CHECKPOINTING = ("none", "mlp", "layer")
+
+
 class DFlashLayer(nn.Module):
     def __init__(self, g: DrafterGeometry, index: int = 0):
         super().__init__()
@@ -312,10 +316,19 @@ class DFlashLayer(nn.Module):
         self.mlp = DFlashMLP(g)
         self.input_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.recompute = "none"  # training.activation_checkpointing (set by the trainer)
 
     def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str, ctx_kv=None):
+        if self.recompute == "layer" and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, ctx, rope_q, rope_kv, layout, impl, ctx_kv, use_reentrant=False)
+        return self._forward(x, ctx, rope_q, rope_kv, layout, impl, ctx_kv)
+
+    def _forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str, ctx_kv=None):
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, layout, impl, ctx_kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        if self.recompute == "mlp" and torch.is_grad_enabled():
+            return x + checkpoint(self.mlp, h, use_reentrant=False)
+        return x + self.mlp(h)
 
 
 @dataclass
@@ -411,6 +424,14 @@ class DFlashDrafter(nn.Module):
                 self.norm.weight.copy_(final_norm.float())
                 copied.append("norm.weight")
         return copied
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """What the layers recompute in the backward (`training.activation_checkpointing`): none, mlp or layer.
+        The results are identical; only memory and time change."""
+        if mode not in ACTIVATION_CHECKPOINTING:
+            raise ValueError(f"activation checkpointing {mode!r}: use one of {ACTIVATION_CHECKPOINTING}")
+        for layer in self.layers:
+            layer.recompute = mode
 
     def set_frozen(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         V, H = self.geometry.vocab_size, self.geometry.hidden_size

@@ -121,3 +121,86 @@ def test_flex_agrees_with_dense_sdpa_with_window():
     a = attend(q, k, v, lay, "sdpa", window=6)
     torch.testing.assert_close(a, attend(q, k, v, lay, "flex", window=6), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a, attend(q, k, v, lay, "sdpa"), atol=1e-3)
+
+
+# -- the block mask built from the layout (never densely) -----------------------------------------------------
+
+
+def _random_packed_layout(seed: int, B: int, docs: int = 3, doc_len=(150, 500)):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(doc_len[0], doc_len[1], (docs,), generator=g).tolist()
+    doc = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])
+    anchors = torch.cat([torch.randperm(n - B, generator=g)[: max(1, n // 9)].sort().values + sum(lengths[:d])
+                         for d, n in enumerate(lengths)])
+    return BlockLayout(len(doc), B, anchors, doc, doc[anchors])
+
+
+def _dense_tiles(dense: torch.Tensor, tile: int = 128):
+    Q, KV = dense.shape
+    inside = torch.nn.functional.pad(torch.ones_like(dense), (0, -KV % tile, 0, -Q % tile))
+    padded = torch.nn.functional.pad(dense, (0, -KV % tile, 0, -Q % tile))
+    shape = (-(-Q // tile), tile, -(-KV // tile), tile)
+    any_ = padded.reshape(shape).any(3).any(1)
+    full = (padded | ~inside).reshape(shape).all(3).all(1) & inside.reshape(shape).all(3).all(1)
+    return any_, full
+
+
+@pytest.mark.parametrize("B,window,seed", [(16, None, 0), (16, 2048, 1), (16, 100, 2), (8, 37, 3), (6, 300, 4),
+                                           (16, 5, 5)])
+def test_block_tiles_equal_the_dense_mask_tiles(B, window, seed):
+    """Every tile with an allowed pair is kept; a tile called full is allowed everywhere; and when the block size
+    divides the tile, every full context tile away from the row's edges is found (none is left to the predicate)."""
+    from flashdraft.drafter.attention import block_tiles
+
+    lay = _random_packed_layout(seed, B)
+    dense = dense_mask(lay, window)
+    Q, KV = dense.shape
+    partial, full = block_tiles(lay, Q, KV, window)
+    any_, exact_full = _dense_tiles(dense)
+    assert not bool((partial & full).any())
+    assert torch.equal(partial | full, any_)
+    assert not bool((full & ~exact_full).any())
+    if 128 % B == 0:
+        ctx_tiles = (torch.arange(any_.shape[1]) + 1) * 128 <= lay.context_len
+        expected = exact_full & ctx_tiles[None, :]
+        if Q % 128:
+            expected[-1] = False
+        assert torch.equal(full, expected)
+        assert int(full.sum()) > 0 or window is not None and window < 128
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 40, 5000])
+def test_allowed_pairs_counts_the_dense_mask(window):
+    from flashdraft.drafter.attention import allowed_pairs
+
+    for lay in (_packed_layout(), _random_packed_layout(7, 16), BlockLayout(10, 3, torch.tensor([8]))):
+        assert allowed_pairs(lay, window) == int(dense_mask(lay, window).sum())
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("window", [None, 200])
+def test_flex_from_layout_tiles_agrees_with_dense_sdpa_over_many_tiles(window):
+    """Full tiles skip the predicate: their outputs must still equal the dense reference (forward, CPU)."""
+    torch.manual_seed(2)
+    lay = _random_packed_layout(11, 16, docs=2, doc_len=(300, 420))
+    N, B, S = lay.num_blocks, lay.block_size, lay.context_len
+    q, k, v = torch.randn(1, 4, N * B, 16), torch.randn(1, 2, S + N * B, 16), torch.randn(1, 2, S + N * B, 16)
+    a = attend(q, k, v, BlockLayout(S, B, lay.anchor_index, lay.context_doc, lay.anchor_doc), "sdpa", window)
+    torch.testing.assert_close(a, attend(q, k, v, lay, "flex", window), atol=1e-5, rtol=1e-5)
+
+
+def test_masks_are_built_once_per_layout_and_window(monkeypatch):
+    """A forward through several layers builds each window's mask once and every layer reuses it."""
+    from flashdraft.drafter import attention
+
+    calls = []
+    real = attention.dense_mask
+    monkeypatch.setattr(attention, "dense_mask", lambda lay, window=None: calls.append(window) or real(lay, window))
+    lay = _packed_layout()
+    N, B, S = lay.num_blocks, lay.block_size, lay.context_len
+    q, k, v = torch.randn(1, 4, N * B, 16), torch.randn(1, 2, S + N * B, 16), torch.randn(1, 2, S + N * B, 16)
+    for window in (None, 6, None, 6, 6):
+        attend(q, k, v, lay, "sdpa", window)
+    assert sorted(calls, key=str) == [6, None]
+    attend(q, k, v, _packed_layout(), "sdpa", 6)  # a new row (layout) builds its own
+    assert len(calls) == 3

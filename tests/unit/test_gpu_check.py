@@ -102,3 +102,45 @@ def test_gpu_check_throughput_path_runs_on_cpu(tmp_path):
     t = gc.throughput(cfg, samples, "cpu", steps=4, warmup=1)
     assert t.tokens_per_s > 0 and t.tflops > 0 and 0 < t.anchors_per_row <= 16
     assert len(t.losses) == 4 and all(math.isfinite(x) for x in t.losses)
+
+
+def test_gpu_check_production_dry_run_writes_a_calibration_file(tmp_path, capsys):
+    """Section 5 (the production shapes) through its CPU dry run: the production preset's own config keys at toy
+    widths, every activation-checkpointing choice trained, the extraction prefill of the hybrid architecture, and
+    a calibration file that `flashdraft plan --calibrate` reads."""
+    from flashdraft.calibration import load_calibration
+
+    out = tmp_path / "calibration.json"
+    assert gc.main(["--device", "cpu", "--only-production", "--production", "--work", str(tmp_path),
+                    "--json", str(out), "--commit", "abc1234"]) == 0
+    table = capsys.readouterr().out
+    for mode in gc.RECOMPUTE:
+        assert f"train/qwen3.6-27b recompute={mode} tokens/s" in table
+    assert "extract/qwen3.6-27b tokens/s" in table
+    cal = load_calibration(out)
+    train = cal.rates.train
+    assert train.tokens_per_s_per_gpu > 0 and train.flops_per_token > 0
+    assert (train.shape.tokens_per_step, train.shape.block_size, train.shape.num_layers) == (512, 16, 2)
+    assert 0 < train.shape.anchors_per_row <= 24 * 12
+    assert cal.rates.extract.shape.layers_run == max(gc.production_config(tmp_path / "qwen3.6-27b-head", tmp_path,
+                                                                          **gc.DryRun().overrides).layer_ids(8)) + 1
+    assert cal.source.commit == "abc1234"
+
+
+def test_gpu_check_production_out_of_memory_is_a_row_not_a_crash(tmp_path, monkeypatch):
+    """A configuration that runs out of memory is reported (and the next one still runs)."""
+    from flashdraft.components.train import trainer
+
+    real = trainer.drafter_loss
+    calls = []
+
+    def loss_or_oom(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.90 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "drafter_loss", loss_or_oom)
+    results, _ = gc.production_train(tmp_path, "cpu", gc.DryRun(), steps=2, warmup=1, recompute=("none", "layer"))
+    assert results[0].oom and "30.90 GiB" in results[0].oom and results[0].tokens_per_s == 0
+    assert results[1].oom is None and results[1].tokens_per_s > 0
