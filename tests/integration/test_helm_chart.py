@@ -346,9 +346,9 @@ def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, t
         assert spec_inputs[key]["defaultValue"] == params[key], key
 
 
-def test_readme_cluster_values_example_passes_the_schema(helm, chart, tmp_path):
-    block = re.search(r"```yaml\n# my-values.yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert block, "README's 'Running on a cluster' values example is gone"
+def test_docs_cluster_values_example_passes_the_schema(helm, chart, tmp_path):
+    block = re.search(r"```yaml\n# my-values.yaml\n(.*?)```", (ROOT / "docs" / "cluster.md").read_text(), re.S)
+    assert block, "docs/cluster.md's values example is gone"
     values = tmp_path / "my-values.yaml"
     values.write_text(block.group(1))
     _helm(helm, "lint", "--strict", str(chart), "-f", str(values))

@@ -1,11 +1,11 @@
-"""Every command README.md shows in a ```bash block works as shown, so the README cannot rot silently.
+"""Every command README.md and docs/ show in a ```bash block works as shown, so the docs cannot rot silently.
 
-The commands are read from README.md itself. Each one is either run here (the `flashdraft` commands, in README
-order, from a fresh folder, exactly as written) or listed in NOT_HERE with the reason it cannot run in this suite
-(a cluster, a GPU, the network, or a long real-model run). A new command in the README fails the test until it is
-run or listed; a NOT_HERE entry whose command left the README fails it too.
+The commands are read from README.md, then docs/*.md in name order. Each one is either run here (the `flashdraft`
+commands, in that order, from a fresh folder, exactly as written) or listed in NOT_HERE with the reason it cannot
+run in this suite (a cluster, a GPU, the network, or a long real-model run). A new command in the docs fails the
+test until it is run or listed; a NOT_HERE entry whose command left the docs fails it too.
 
-The README's tiny `run-local` is also the console test: its output stays within the stated bound and holds each
+The tiny `run-local` of docs/local-run.md is also the console test: its output stays within the stated bound and holds each
 stage's line with its headline figures and the final summary, and no kfp executor dump. Its streaming example
 must really exercise the window: bytes produced above the window, peak stored within it and below produced.
 """
@@ -24,7 +24,8 @@ from flashdraft.cli import app
 from flashdraft.config import load_config
 from flashdraft.store import open_store
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FLASHDRAFT = (".venv/bin/flashdraft", "flashdraft")
 
 # Command prefix -> why this suite does not run it.
@@ -52,13 +53,15 @@ NOT_HERE = {
     ".venv/bin/python benchmarks/bench_train.py": "minutes of training per recipe, and the speculators side needs the "
                                                   "bench venv (`make bench-venv`)",
     "vllm serve": "vLLM on a GPU with the real target",
+    "python3 benchmarks/gpu_check.py": "a CUDA GPU (its CPU half and a toy-width dry run of the production section "
+                                       "are tests/unit/test_gpu_check.py)",
     "python -m sglang.launch_server": "SGLang on a GPU with the real target",
 }
 
 
 def readme_commands() -> list[str]:
     """The commands of every ```bash block, continuation lines joined, comments dropped."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = [b for doc in DOCS for b in re.findall(r"```bash\n(.*?)```", doc.read_text(), flags=re.S)]
     out = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
@@ -79,16 +82,16 @@ def _flashdraft_args(command: str) -> list[str] | None:
 
 def test_every_readme_command_is_run_here_or_listed_with_a_reason():
     commands = readme_commands()
-    assert commands, "no ```bash blocks found in README.md"
+    assert commands, "no ```bash blocks found in README.md or docs/"
     unknown = [c for c in commands if _not_here(c) is None and _flashdraft_args(c) is None]
-    assert not unknown, f"README commands neither run by this test nor listed in NOT_HERE: {unknown}"
+    assert not unknown, f"README/docs commands neither run by this test nor listed in NOT_HERE: {unknown}"
     stale = [k for k in NOT_HERE if not any(c.startswith(k) for c in commands)]
-    assert not stale, f"NOT_HERE entries no longer in README.md: {stale}"
+    assert not stale, f"NOT_HERE entries no longer in README.md or docs/: {stale}"
 
 
 def _run(command: str) -> str:
     result = CliRunner().invoke(app, _flashdraft_args(command))
-    assert result.exit_code == 0, f"`{command}` failed as shown in README.md:\n{result.output[-3000:]}"
+    assert result.exit_code == 0, f"`{command}` failed as shown in the docs:\n{result.output[-3000:]}"
     return result.output
 
 
@@ -107,7 +110,7 @@ def test_readme_quick_commands_work_as_shown(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # two whole tiny runs: ~5 min on a quiet 2-core machine, far more under load
 def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypatch):
-    """The README's tiny and streaming `run-local` commands and `status`, in a fresh folder, in README order."""
+    """The docs' tiny and streaming `run-local` commands and `status`, in a fresh folder, in their order."""
     monkeypatch.chdir(tmp_path)
     runs = [c for c in readme_commands() if _not_here(c) is None and ("run-local" in c or " status " in f"{c} ")]
     assert [("streaming" in c, "status" in c) for c in runs] == [(False, False), (True, False), (False, True)], runs
