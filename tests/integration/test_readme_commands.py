@@ -5,9 +5,9 @@ commands, in that order, from a fresh folder, exactly as written) or listed in N
 run in this suite (a cluster, a GPU, the network, or a long real-model run). A new command in the docs fails the
 test until it is run or listed; a NOT_HERE entry whose command left the docs fails it too.
 
-The tiny `run-local` of docs/local-run.md is also the console test: its output stays within the stated bound and holds each
-stage's line with its headline figures and the final summary, and no kfp executor dump. Its streaming example
-must really exercise the window: bytes produced above the window, peak stored within it and below produced.
+The tiny `run-local` of docs/local-run.md is also the console test: its output stays within the stated bound and
+holds each stage's line with its headline figures and the final summary, and no kfp executor dump. Its streaming
+example must really exercise the window: bytes produced above the window, peak stored within it and below produced.
 """
 
 from __future__ import annotations
