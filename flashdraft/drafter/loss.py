@@ -13,11 +13,16 @@ full [slots x vocab] logits.
   logits once, takes one max pass (stabiliser and argmax for accuracy), exponentiates in place, and immediately
   computes the gradient w.r.t. the hidden states `(softmax - onehot) * w @ W`, so the vocab-sized tensor of a
   chunk dies before the next one and backward is a single multiply. The LM head is frozen, so no weight gradient.
+  On CUDA the per-chunk softmax, cross-entropy and gradient run as one compiled function (`_softmax_grad`): eagerly
+  they are ~8 passes over the chunk's fp32 logits, compiled ~3 over its bf16 ones (at the production shape, 248k
+  vocabulary and ~48k slots a row, the eager passes were a quarter of the loss's time). CPU keeps the eager in-place
+  arithmetic (no compiler needed, smallest memory).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -38,6 +43,29 @@ def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     return input_ids[idx], loss_mask[idx].bool()
 
 
+def _softmax_grad(logits: torch.Tensor, labels: torch.Tensor, row_weight: torch.Tensor):
+    """One chunk's (CE [c] fp32, argmax == label [c], d(sum w * CE)/d(logits) [c, V] in the logits' dtype), all
+    arithmetic in fp32. Written as whole-tensor expressions for the compiler to fuse (CUDA path)."""
+    x = logits.float()
+    mx, am = x.max(dim=-1)
+    target = x.gather(1, labels[:, None]).squeeze(1)
+    e = (x - mx[:, None]).exp()
+    total = e.sum(dim=-1)
+    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
+    grad = e * (row_weight / total)[:, None] - onehot * row_weight[:, None]
+    return mx + total.log() - target, am == labels, grad.to(logits.dtype)
+
+
+@lru_cache(maxsize=1)
+def _compiled_softmax_grad():
+    return torch.compile(_softmax_grad, dynamic=True)
+
+
+def _chunk_fn(hidden: torch.Tensor):
+    """The fused per-chunk function where it pays (CUDA, training), else None (the eager in-place loop)."""
+    return _compiled_softmax_grad() if hidden.is_cuda and hidden.requires_grad else None
+
+
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, row_weight, chunk):
@@ -48,9 +76,14 @@ class _FusedLinearCE(torch.autograd.Function):
         correct = torch.empty(M, device=hidden.device, dtype=torch.bool)
         grad = torch.empty_like(hidden) if needs_grad else None
         w = weight  # never copied: on GPU the head is bf16 and large; the hidden chunk is cast instead
+        fused = _chunk_fn(hidden) if needs_grad else None
         for s in range(0, M, chunk):
             e = min(M, s + chunk)
             lab = labels[s:e]
+            if fused is not None:
+                ce[s:e], correct[s:e], grad_logits = fused(hidden[s:e].to(w.dtype) @ w.T, lab, row_weight[s:e])
+                grad[s:e] = (grad_logits @ w).to(grad.dtype)
+                continue
             logits = (hidden[s:e].to(w.dtype) @ w.T).to(acc_dtype)
             # one max pass gives both the stabiliser and the argmax; exp in place; no separate logsumexp
             mx, am = logits.max(dim=-1)

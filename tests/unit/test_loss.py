@@ -67,3 +67,28 @@ def test_accuracy_counts_argmax_hits():
     hidden[0, 2, 4] = 5.0
     out = dflash_loss(hidden, head, torch.tensor([[2, 1]]), torch.ones(1, 2, dtype=torch.bool), 7.0)
     assert out.correct.tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])  # inductor: ~30-90 s
+def test_fused_chunk_function_equals_the_eager_loop(monkeypatch, compiled):
+    """The CUDA path's per-chunk function (`_softmax_grad`, compiled there) gives the eager loop's loss, per-row CE,
+    accuracy and gradient; `compiled` runs it through torch.compile on this CPU, as CUDA runs it."""
+    from flashdraft.drafter import loss as loss_mod
+
+    torch.manual_seed(1)
+    N, B, H, V = 5, 6, 16, 97
+    hidden = torch.randn(N, B, H, requires_grad=True)
+    head = torch.randn(V, H)
+    labels = torch.randint(0, V, (N, B - 1))
+    valid = torch.rand(N, B - 1) > 0.2
+    eager = dflash_loss(hidden, head, labels, valid, 3.0, chunk=7)
+    eager.loss.backward()
+    eager_grad, hidden.grad = hidden.grad.clone(), None
+    fn = torch.compile(loss_mod._softmax_grad, dynamic=True) if compiled else loss_mod._softmax_grad
+    monkeypatch.setattr(loss_mod, "_chunk_fn", lambda h: fn)
+    fused = dflash_loss(hidden, head, labels, valid, 3.0, chunk=7)  # 7 rows a chunk: the last one is ragged
+    fused.loss.backward()
+    torch.testing.assert_close(fused.loss, eager.loss)
+    torch.testing.assert_close(fused.ce_sum, eager.ce_sum)
+    assert torch.equal(fused.correct, eager.correct) and torch.equal(fused.count, eager.count)
+    torch.testing.assert_close(hidden.grad, eager_grad)
