@@ -560,6 +560,16 @@ def production_train(work: Path, device: str, scale: DryRun | None = None, steps
     for mode in recompute:
         model.set_activation_checkpointing(mode)
         results.append(timed_steps(model, params, opt, cfg, rows, device, steps, warmup, f"recompute={mode}"))
+    if recompute[0] == "none" and device.startswith("cuda"):  # the fused loss's gain, side by side
+        from flashdraft.drafter import loss
+
+        model.set_activation_checkpointing("none")
+        fused, loss._chunk_fn = loss._chunk_fn, lambda hidden: None
+        try:
+            results.append(timed_steps(model, params, opt, cfg, rows, device, steps, warmup,
+                                       "recompute=none, eager loss"))
+        finally:
+            loss._chunk_fn = fused
     return results, model
 
 
