@@ -1,36 +1,67 @@
-"""The `flashdraft` command: one sub-command per stage, each defined next to its stage in components/."""
+"""The `flashdraft` command: one sub-command per declared stage (flashdraft/stages.py), plus the pipeline and
+inspection commands."""
 
 from __future__ import annotations
 
-import importlib
+import json
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, EndpointOpt, PresetOpt, RunOpt, SetOpt, run_config, run_store
+from flashdraft.cli_options import (
+    ConfigOpt,
+    EndpointOpt,
+    PresetOpt,
+    RunOpt,
+    SetOpt,
+    ShardOpt,
+    run_config,
+    run_stage,
+    run_store,
+)
+from flashdraft.stages import StageSpec, load_ref, stages
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-
-# (command name, module defining `register(app)`). Each stage module adds its own command(s); importing them is
-# cheap because heavy imports (torch, transformers, vllm) happen inside the command bodies.
-_COMMAND_MODULES = [
-    "flashdraft.components.plan.cli",
-    "flashdraft.components.prep.cli",
-    "flashdraft.components.generate.cli",
-    "flashdraft.components.extract.cli",
-    "flashdraft.components.train.cli",
-    "flashdraft.components.export.cli",
-    "flashdraft.components.evaluate.cli",
-    "flashdraft.components.report.cli",
-    "flashdraft.pipelines.cli",
-]
-
-for _module in _COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
+# Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
+# run-local). Each module's `register(app)` adds them; importing them is cheap (heavy imports sit in the bodies).
+_OTHER_COMMANDS = ["flashdraft.components.extract.cli:register_features", "flashdraft.pipelines.cli:register"]
 
 
-@app.command("presets")
+def stage_command(spec: StageSpec) -> Callable[..., None]:
+    """The generic `flashdraft <stage>` command of a stage that declares no CLI of its own: run the stage (one
+    shard for a per-shard stage) through the runner and print its summary as JSON."""
+
+    def run(shard: int | None, config: Any, preset: Any, set_: Any) -> None:
+        summary = run_stage(run_config(config, preset, set_), spec.name, shard)
+        typer.echo(json.dumps(summary.handoff(), sort_keys=True, default=str))
+
+    if spec.per_shard:
+        def command(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None,
+                    set_: SetOpt = None) -> None:
+            run(shard, config, preset, set_)
+    else:
+        def command(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
+            run(None, config, preset, set_)
+    command.__doc__ = spec.doc
+    return command
+
+
+def build_app() -> typer.Typer:
+    """The `flashdraft` command from the declared stages (flashdraft/stages.py) and the other command modules.
+    Built when called, so a stage declared later (a plugin, a test's toy stage) gets its command too."""
+    app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    for spec in stages():
+        if spec.command:
+            app.command(spec.name, help=spec.doc or None)(load_ref(spec.cli) if spec.cli else stage_command(spec))
+    for ref in _OTHER_COMMANDS:
+        load_ref(ref)(app)
+    app.command("presets")(presets)
+    app.command("show-config")(show_config)
+    app.command("status")(status)
+    return app
+
+
 def presets() -> None:
     """List the packaged presets."""
     from flashdraft.config import preset_names
@@ -39,7 +70,6 @@ def presets() -> None:
         typer.echo(name)
 
 
-@app.command("show-config")
 def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Print the fully resolved run config (presets, file and overrides applied; derived values shown)."""
     from flashdraft.config import dump_config
@@ -49,7 +79,6 @@ def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt
     if cfg.target.num_layers:
         typer.echo(f"# derived: features.layer_ids = {cfg.layer_ids()}  drafter.gamma = {cfg.drafter.resolved_gamma}")
 
-@app.command("status")
 def status(
     run: RunOpt = None, endpoint_url: EndpointOpt = None,
     config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
@@ -92,6 +121,8 @@ def status(
                               f" (attempt {t.attempt}; log: {t.log or 'not recorded'})", highlight=False,
                               markup=False, soft_wrap=True)
 
+
+app = build_app()
 
 if __name__ == "__main__":
     app()

@@ -4,8 +4,9 @@ running run (status, report), which run store."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -38,6 +39,18 @@ def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
     from flashdraft.store import ObjectStore
 
     return ObjectStore(run, StorageConfig(root=run, endpoint_url=endpoint_url))
+
+
+def run_stage(cfg: RunConfig, stage: str, shard: int | None = None, *, body: Callable[[], Any] | None = None,
+              force: bool = False, errors: tuple[type[BaseException], ...] = ()) -> Any:
+    """`flashdraft <stage>`: the task through the runner (flashdraft/runner.py), as a pipeline runs it. A refused
+    change (StageInputsChanged), a config error or one of the stage's own `errors` ends in one red line, exit 1."""
+    from flashdraft.runner import run_task
+
+    try:
+        return run_task(cfg, stage, shard, body=body, force=force)
+    except (ConfigError, *errors) as exc:
+        raise fail(exc, 1) from None
 
 
 def run_config(config: Path | None, preset: str | None, sets: list[str] | None) -> RunConfig:

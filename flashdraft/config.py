@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 STORAGE_SCHEMES = ("file", "s3", "memory")
 CODECS = ("bf16", "bf16-zstd", "fp8", "fp8-zstd")
-STAGES = ("plan", "prep", "generate", "extract", "train", "evaluate", "export", "report")
 CPU_FORWARD_TOKENS = 1024  # extraction forward size on CPU (see FeaturesConfig.forward_tokens)
 
 
@@ -323,16 +322,28 @@ class PoolsConfig(_Section):
     inference: PoolConfig = Field(default_factory=PoolConfig)
     trainer: PoolConfig = Field(default_factory=PoolConfig)
     stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
-        default_factory=lambda: {
-            "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu",
-            "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
-        }
-    )
+        default_factory=lambda: _default_pools(),
+        description="stage -> pool; defaults to each stage's declared pool (flashdraft/stages.py)")
+
+    def pool_name(self, stage: str) -> str:
+        """The pool `stage` runs on: this table's entry, else the stage's declared pool."""
+        if stage in self.stage_pool:
+            return self.stage_pool[stage]
+        from flashdraft.stages import stage as declared
+
+        try:
+            return declared(stage).pool
+        except ValueError:
+            raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}") from None
 
     def for_stage(self, stage: str) -> PoolConfig:
-        if stage not in self.stage_pool:
-            raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}")
-        return getattr(self, self.stage_pool[stage])
+        return getattr(self, self.pool_name(stage))
+
+
+def _default_pools() -> dict[str, str]:
+    from flashdraft.stages import default_pools
+
+    return dict(default_pools())
 
 
 class PlanConfig(_Section):

@@ -19,12 +19,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from flashdraft import layout
-from flashdraft.config import STAGES
+from flashdraft.stages import stages
 from flashdraft.store import ObjectStore
 
 NOT_RUN = "not run"
-# Display order: the pipeline's stages, with the streaming `stream-end` step after extract.
-ORDER = (*STAGES[:4], "stream-end", *STAGES[4:])
+REUSED = "reused: fingerprint matches"
 MAX_ERROR_CHARS = 2000  # the record stays small (an inline commit); the full traceback is in the log
 
 TaskState = Literal["running", "done", "failed"]
@@ -54,6 +53,12 @@ class StageRecord(BaseModel):
     error_type: str | None = Field(default=None, description="exception class name of a failed task")
     error: str | None = Field(default=None, description="exception message (truncated), for a failed task")
     log: str | None = Field(default=None, description="where the task's full log is (file or pod)")
+    fingerprint: str | None = Field(default=None, description="digest of what the result depends on: the config "
+                                    "fields the stage reads and its upstream results' fingerprints (runner.py)")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="those config fields' values, by dotted name")
+    upstream: dict[str, str | None] = Field(default_factory=dict, description="upstream stage -> its fingerprint")
+    reused: bool = Field(default=False, description="done without running: the committed result's fingerprint "
+                                                    "matched")
 
     @property
     def task(self) -> str:
@@ -206,8 +211,9 @@ def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] 
         by_stage.setdefault(r.stage, []).append(r)
     with_metrics = {n.split("-shard-", 1)[0] for n in metrics_names}
     out = []
-    for stage in ORDER:
-        if stage == "report" or (stage == "stream-end" and stage not in by_stage):
+    for spec in stages():
+        stage = spec.name  # a pipeline-only step (stream-end) shows only when it ran
+        if stage == "report" or (not spec.command and stage not in by_stage):
             continue
         tasks = sorted(by_stage.get(stage, []), key=lambda r: (r.shard is not None, r.shard or 0))
         if run_over:
@@ -241,6 +247,10 @@ def describe(status: StageStatus) -> str:
     if status.state == "running":
         done = sum(t.state == "done" for t in status.tasks)
         return f"running ({done}/{len(status.tasks)} tasks done)" if len(status.tasks) > 1 else "running"
+    if status.state == "done" and status.tasks and all(t.reused for t in status.tasks):
+        return REUSED
+    if status.state == "done" and any(t.reused for t in status.tasks):
+        return f"done ({sum(t.reused for t in status.tasks)}/{len(status.tasks)} tasks reused)"
     return status.state
 
 

@@ -156,7 +156,8 @@ class GenerateSummary(StageSummary):
     tokens_per_s: float | None = Field(None, description="generated tokens per second")
     backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
     backend: str | None = Field(None, description="generation.backend")
-    fingerprint: dict[str, Any] | None = Field(None, description="what the responses depend on (drift check on resume)")
+    fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also in every "
+                                    "chunk's commit record")
 
     def figures(self) -> dict[str, float]:
         return numbers({"samples": self.samples, "generated_tokens": self.generated_tokens,
@@ -341,16 +342,14 @@ class ReportSummary(StageSummary):
     report_error: str | None = Field(None, description="why the report could not be rendered")
 
 
-SUMMARIES: dict[str, type[StageSummary]] = {
-    "plan": PlanSummary, "prep": PrepSummary, "generate": GenerateSummary, "extract": ExtractSummary,
-    "train": TrainSummary, "evaluate": EvaluateSummary, "export": ExportSummary, "stream-end": StreamEndSummary,
-    "report": ReportSummary,
-}
-
-
 def summary_of(stage: str, value: StageSummary | dict[str, Any]) -> StageSummary:
-    """`value` as `stage`'s model. A model passes through; a dict (a stored metrics file, a TrainJob's status, a
-    stage run by hand) is validated here, the one place such dicts become typed."""
+    """`value` as `stage`'s model (its declared summary type, flashdraft/stages.py). A model passes through; a dict
+    (a stored metrics file, a TrainJob's status, a stage run by hand) is validated here, the one place such dicts
+    become typed."""
     if isinstance(value, StageSummary):
         return value
-    return SUMMARIES.get(stage, StageSummary).model_validate(value)
+    from flashdraft.stages import stage as declared
+    from flashdraft.stages import stage_names
+
+    model = declared(stage).summary if stage in stage_names() else StageSummary
+    return model.model_validate(value)

@@ -121,6 +121,9 @@ def register(app: typer.Typer) -> None:
                                                    "log folder).")] = Path("runs/kfp-local"),
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show kfp.local's output and every "
                                                                       "task's log on the terminal.")] = False,
+        from_stage: Annotated[str | None, typer.Option("--from", help="Recompute from this stage: its committed "
+                                                                      "results and those of every stage after it "
+                                                                      "are deleted, then the run starts.")] = None,
     ) -> None:
         """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store.
 
@@ -135,8 +138,13 @@ def register(app: typer.Typer) -> None:
         cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
         if not verbose:
             logging.getLogger().setLevel(logging.WARNING)
+        from flashdraft.config import ConfigError
+
         console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
-        result = run_local(cfg, str(workdir), console=console, verbose=verbose)
+        try:
+            result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage)
+        except ConfigError as exc:  # a refused change (runner.StageInputsChanged), an unknown --from stage
+            raise fail(exc, 1) from None
         print_outcome(console, result)
         if result.get("state") != "SUCCEEDED":
             raise typer.Exit(1)

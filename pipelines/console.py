@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from flashdraft.status import StageRecord, StageStatus, describe
+from flashdraft.status import REUSED, StageRecord, StageStatus, describe
 
 LOG_DIR_ENV = "FLASHDRAFT_LOG_DIR"      # set by run-local: events go to $FLASHDRAFT_LOG_DIR/events.jsonl
 TASK_LOGS_ENV = "FLASHDRAFT_TASK_LOGS"  # "1": each task writes its output to $FLASHDRAFT_LOG_DIR/<task>.log
@@ -132,6 +132,8 @@ def record_line(r: StageRecord) -> str:
     took = f"{r.duration_s:7.1f} s" if r.duration_s is not None else ""
     if r.state == "failed":
         return f"{_clock(r.ended or r.started)}  {name} FAILED {took}  {r.failure()}"
+    if r.reused:
+        return f"{_clock(r.ended or r.started)}  {name} reused {took}  {REUSED}; {r.headline}".rstrip()
     return f"{_clock(r.ended or r.started)}  {name} done   {took}  {r.headline}".rstrip()
 
 

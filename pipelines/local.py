@@ -83,18 +83,29 @@ def _kfp_output_to(path: Path) -> Iterator[None]:
             root.setLevel(saved[1])
 
 
-def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False) -> dict[str, Any]:
+def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False,
+              from_stage: str | None = None) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
     planned vs stored bytes and the log folder.
 
     console: a rich Console for the live view (task start/end lines, a progress line on a terminal); None shows
-    nothing. verbose: leave kfp's and every task's output on the terminal too, as kfp.local prints it."""
+    nothing. verbose: leave kfp's and every task's output on the terminal too, as kfp.local prints it.
+    from_stage: recompute that stage and every stage after it (their committed results are deleted first).
+    Before anything runs, a change of settings that a committed stage cannot carry on from raises
+    StageInputsChanged (one line naming the fields; flashdraft/runner.py)."""
     _hide_shadowing_docker()
     from flashdraft.pipelines.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
     from flashdraft.pipelines.pipeline import build_pipeline
     from kfp import local
 
+    from flashdraft.runner import check_run, clear_from
+
     cfg = localize(cfg)
+    if from_stage:
+        cleared = clear_from(cfg, from_stage)
+        if console is not None:
+            console.print(f"--from {from_stage}: recomputing {', '.join(cleared)}", highlight=False, markup=False)
+    check_run(cfg)
     root = Path(workdir).expanduser().resolve()
     log_dir = root / "logs" / f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)

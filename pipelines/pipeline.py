@@ -20,6 +20,8 @@ from flashdraft.pipelines.placement import PoolParams, place
 from kfp import compiler, dsl
 
 from flashdraft.config import RunConfig
+from flashdraft.stages import load_ref
+from flashdraft.stages import stages as declared_stages
 
 PIPELINE_NAME = "flashdraft"
 DEFAULT_REGISTRY = "ghcr.io/flashdraft"
@@ -37,24 +39,22 @@ def stage_images(registry: str | None = None, tag: str | None = None) -> dict[st
     return {pool: f"{registry}/{name}:{tag}" for pool, name in POOL_IMAGE.items()}
 
 
+# Tasks wired by hand below (fan-outs, streaming, the TrainJob launcher, the exit handler); every other declared
+# stage is added after its upstream tasks through its component (or the generic `stages.stage_task`).
+WIRED = frozenset({"plan", "prep", "generate", "extract", "stream-end", "train", "evaluate", "export", "report"})
+
+
 def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
+    """One KFP component per declared stage (its `component` body, else the generic one), in its pool's image;
+    plus the multi-node launcher, which only talks to the Kubernetes API (the TrainJob's pods use the trainer
+    image)."""
     def comp(func: Any, pool: str) -> Any:
         return dsl.component(func, base_image=images[pool], install_kfp_package=False)
 
-    pool_of = cfg.pools.stage_pool
-    return {
-        "plan": comp(stages.plan_gate, pool_of["plan"]),
-        "prep": comp(stages.prep, pool_of["prep"]),
-        "generate": comp(stages.generate, pool_of["generate"]),
-        "extract": comp(stages.extract, pool_of["extract"]),
-        "stream_end": comp(stages.stream_end, "cpu"),
-        "train": comp(stages.train, pool_of["train"]),
-        # The launcher pod only talks to the Kubernetes API; the TrainJob's pods use the trainer image.
-        "train_multinode": comp(stages.train_multinode, "cpu"),
-        "evaluate": comp(stages.evaluate, pool_of["evaluate"]),
-        "export": comp(stages.export, pool_of["export"]),
-        "report": comp(stages.report, pool_of["report"]),
-    }
+    out = {spec.name: comp(load_ref(spec.component) if spec.component else stages.stage_task,
+                           cfg.pools.pool_name(spec.name)) for spec in declared_stages()}
+    out["train-launcher"] = comp(stages.train_multinode, "cpu")
+    return out
 
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
@@ -102,7 +102,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         cfg_args = {"config_yaml": config_yaml, "overrides": overrides}
 
         def placed(stage: str, task: Any, pool: str | None = None) -> Any:
-            pool = pool or pools.stage_pool[stage]
+            pool = pool or pools.pool_name(stage)
             return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name,
                          retries=not local).set_display_name(stage)
 
@@ -118,11 +118,11 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                 with dsl.ParallelFor(prep.output, parallelism=parallelism, name="extract-shards") as s:
                     ext = placed("extract", c["extract"](**cfg_args, shard=s)).after(gen)
                 if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
-                    placed("stream-end", c["stream_end"](**cfg_args), pool="cpu").after(ext).ignore_upstream_failure()
+                    placed("stream-end", c["stream-end"](**cfg_args)).after(ext).ignore_upstream_failure()
                 else:
                     extracted = dsl.Collected(ext.outputs["Output"])
             if multinode:
-                train = placed("train-launcher", c["train_multinode"](
+                train = placed("train-launcher", c["train-launcher"](
                     **cfg_args, extracted=extracted, image=images["trainer"], namespace=trainjob_namespace,
                     node_selector=trainer_node_selector, tolerations=trainer_tolerations, gpus_per_node=trainer_gpus,
                     s3_secret_name=s3_secret_name, runtime_ref=trainjob_runtime), pool="cpu")
@@ -132,7 +132,19 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             # streaming: the trainer runs beside the extract loop, once responses exist.
             train.after(gen)
             evaluate = placed("evaluate", c["evaluate"](**cfg_args, trained=train.outputs["Output"]))
-            placed("export", c["export"](**cfg_args, evaluated=evaluate.outputs["Output"]))
+            export = placed("export", c["export"](**cfg_args, evaluated=evaluate.outputs["Output"]))
+            tasks = {"plan": gate, "prep": prep, "generate": gen, "train": train, "evaluate": evaluate,
+                     "export": export, **({"extract": ext} if not (streaming and local) else {})}
+            for spec in declared_stages():
+                if spec.name in WIRED:
+                    continue
+                if spec.per_shard:
+                    raise ValueError(f"stage {spec.name!r}: the pipeline fans out only generate and extract per "
+                                     "shard; declare it per_shard=False (it may still loop over shards itself)")
+                task = placed(spec.name, c[spec.name](**cfg_args, stage=spec.name))
+                for name in spec.upstream_for(cfg) or ("prep",):
+                    task.after(tasks[name])
+                tasks[spec.name] = task
 
     return flashdraft_pipeline
 

@@ -13,18 +13,18 @@ from typing import Any
 from kfp import kubernetes
 
 from flashdraft.config import PoolConfig
+from flashdraft.stages import stage as declared_stage
 
-# Stages with GPU work: preemptible nodes, so retry with backoff (every stage resumes from committed work).
-GPU_STAGES = ("generate", "extract", "train", "evaluate")
-# Stages that run vLLM or torchrun and need a real /dev/shm (the pod default is 64 MiB).
-SHM_STAGES = ("generate", "extract", "train", "evaluate")
 RETRIES = {"num_retries": 3, "backoff_duration": "120s", "backoff_factor": 2.0, "backoff_max_duration": "3600s"}
-# Wall-clock limits per stage pod (activeDeadlineSeconds); generous: a 27B target shard can take hours.
-TIMEOUT_S = {
-    "plan": 900, "prep": 4 * 3600, "generate": 24 * 3600, "extract": 24 * 3600, "train": 7 * 24 * 3600,
-    "evaluate": 6 * 3600, "export": 3600, "report": 1800, "train-launcher": 7 * 24 * 3600,
-    "stream-end": 900,
-}
+# The multi-node training launcher is a pipeline task, not a stage: it waits as long as training may run.
+LAUNCHER = "train-launcher"
+
+
+def timeout_s(task_name: str) -> int:
+    """Wall-clock limit of a task's pod (activeDeadlineSeconds): the stage's declared timeout."""
+    return declared_stage("train" if task_name == LAUNCHER else task_name).timeout_s
+
+
 # Keys of the Kubernetes Secret (created by the Helm chart) mapped to the env names boto3/s3fs read.
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 
@@ -45,14 +45,15 @@ def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, s3_secret
     kubernetes.add_node_selector_json(task, params.node_selector)
     kubernetes.add_toleration_json(task, params.tolerations)
     task.set_cpu_request(pool.cpu_request).set_memory_request(pool.memory_request)
-    if pool.accelerator_type and params.gpus is not None:
+    gpu_pool = params.gpus is not None
+    if pool.accelerator_type and gpu_pool:
         task.set_accelerator_type(pool.accelerator_type).set_accelerator_limit(params.gpus)
-    if stage in SHM_STAGES:
+    if gpu_pool:  # vLLM and torchrun need a real /dev/shm (the pod default is 64 MiB)
         kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
                                    size_limit=pool.shm_size)
-    if retries and stage in GPU_STAGES:
+    if retries and gpu_pool:  # GPU pools are preemptible: retry with backoff (every stage resumes)
         task.set_retry(**RETRIES)
-    kubernetes.set_timeout(task, TIMEOUT_S[stage])
+    kubernetes.set_timeout(task, timeout_s(stage))
     # Every stage writes to the object store outside KFP's view; a cache hit would skip real work.
     task.set_caching_options(enable_caching=False)
     kubernetes.use_secret_as_env(task, secret_name=s3_secret_name, secret_key_to_env=S3_SECRET_KEYS)

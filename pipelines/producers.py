@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from flashdraft.pipelines.runtime import end_stream, run_stage
+from flashdraft.pipelines.runtime import end_stream
 
 from flashdraft.config import load_config
 
@@ -18,14 +18,13 @@ from flashdraft.config import load_config
 def main(config_path: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s producers: %(message)s")
     cfg = load_config(config_path)
-    from flashdraft.components.extract.extract import run_extract
-
     from flashdraft.features.window import WindowProducer
+    from flashdraft.runner import run_task
     from flashdraft.store import open_store
 
     try:
         for shard in range(cfg.data.num_shards):  # each shard recorded like a cluster extract task
-            run_stage(cfg, "extract", lambda s=shard: run_extract(cfg, s), shard=shard)
+            run_task(cfg, "extract", shard)
     except BaseException as exc:
         WindowProducer(open_store(cfg.storage, cfg.run_id), cfg.mode).fail(
             f"extraction producer: {type(exc).__name__}: {exc}")

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from flashdraft.config import ConfigError, RunConfig, dump_config, load_config
 from flashdraft.summaries import (
@@ -26,12 +24,7 @@ from flashdraft.summaries import (
     StreamStats,
     TrainSummary,
     numbers,
-    summary_of,
 )
-
-if TYPE_CHECKING:  # imported where used: a component body pays only for what it runs
-    from flashdraft.status import StageRecord
-    from flashdraft.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -63,59 +56,6 @@ def to_json(summary: StageSummary) -> str:
     return json.dumps(summary.handoff(), sort_keys=True, default=str)
 
 
-def _record(store: ObjectStore, record: StageRecord) -> None:
-    """Commit a task's status record and tell the local console; a store failure here is logged, never raised:
-    it must not replace the stage's own outcome (or its own error)."""
-    from flashdraft.pipelines.console import emit
-
-    from flashdraft.status import status_key
-
-    emit({"kind": "task", "record": record.model_dump(mode="json")})
-    try:
-        store.commit_json(status_key(record.stage, record.shard), record.model_dump(mode="json"))
-    except Exception:  # noqa: BLE001
-        log.warning("could not commit the status record of %s", record.task, exc_info=True)
-
-
-def run_stage(cfg: RunConfig, stage: str, body: Callable[[], StageSummary | dict[str, Any]], *,
-              shard: int | None = None, metrics: Any = None) -> StageSummary:
-    """Run one task's `run_<stage>` as the pipeline does: a committed `status/<task>.json` record when it starts
-    and when it ends (done with its headline figures, or failed with the exception and where the log is), its
-    output in the run's log folder under kfp.local, and its figures and duration in the step's KFP Metrics.
-
-    The exception propagates unchanged: KFP (and kfp.local) still see the task fail."""
-    from flashdraft.pipelines.console import task_output
-
-    from flashdraft import status
-    from flashdraft.store import open_store
-
-    store = open_store(cfg.storage, cfg.run_id)
-    previous = status.read_record(store, stage, shard)
-    with task_output(status.task_name(stage, shard)) as log_path:
-        record = status.StageRecord(stage=stage, shard=shard, state="running", started=status.now(),
-                                    attempt=previous.attempt + 1 if previous else 1,
-                                    log=log_path or status.task_log_location())
-        _record(store, record)
-        try:
-            summary = summary_of(stage, body())
-        except BaseException as exc:
-            log.error("%s failed", status.task_name(stage, shard), exc_info=True)  # the traceback, in its log
-            message = str(exc)
-            if len(message) > status.MAX_ERROR_CHARS:
-                message = message[: status.MAX_ERROR_CHARS] + " [truncated; the log has it all]"
-            _record(store, record.model_copy(update={"state": "failed", "ended": status.now(),
-                                                     "error_type": type(exc).__name__, "error": message}))
-            raise
-        figures = summary.figures()
-        done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures,
-                                         "headline": status.headline(stage, figures)})
-        _record(store, done)
-    if metrics is not None:
-        for key, value in {**status.derive(stage, figures), "duration_s": done.duration_s or 0.0}.items():
-            metrics.log_metric(key, float(value))
-    return summary
-
-
 def finish(summary: StageSummary, metrics: Any) -> str:
     """Log the summary's numbers (top level and one level down, e.g. drafter_tau) as KFP metrics shown in the UI,
     and return the summary as JSON."""
@@ -130,11 +70,6 @@ def _write_config(cfg: RunConfig, folder: str) -> str:
     return path
 
 
-def _flashdraft_cmd() -> list[str]:
-    exe = shutil.which("flashdraft")
-    return [exe] if exe else [sys.executable, "-m", "flashdraft.cli"]
-
-
 def train_in_pod(cfg: RunConfig) -> TrainSummary:
     """Train in this pod: in-process for one rank; through `flashdraft train` (which re-launches itself under
     torchrun --nproc_per_node) for several GPUs."""
@@ -142,13 +77,10 @@ def train_in_pod(cfg: RunConfig) -> TrainSummary:
         from flashdraft.components.train.trainer import run_train
 
         return run_train(cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([*_flashdraft_cmd(), "train", "--config", _write_config(cfg, tmp)], check=True)
-    from flashdraft import layout
-    from flashdraft.store import open_store
+    from flashdraft.components.train.cli import run_ranks, torchrun_command
 
-    return TrainSummary.model_validate(open_store(cfg.storage, cfg.run_id).get_json_verified(
-        layout.metrics_key("train")))
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_ranks(torchrun_command(cfg, _write_config(cfg, tmp), None, None), cfg)
 
 
 class WindowMonitor(threading.Thread):
@@ -308,7 +240,9 @@ def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path
         Path(html_path).write_text(html)
         return result
 
-    result = cast(ReportSummary, run_stage(cfg, "report", body))  # body's own model, passed through
+    from flashdraft.runner import run_task
+
+    result = cast(ReportSummary, run_task(cfg, "report", body=body))  # body's own model, passed through
     if metrics is not None:
         for key, value in result.metrics.items():
             metrics.log_metric(key, float(value))

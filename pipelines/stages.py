@@ -2,8 +2,10 @@
 
 KFP embeds each function's source in the compiled spec and runs it in the stage image, so every import sits inside
 the body and each body is a thin call into the same entry function the `flashdraft <stage>` CLI uses (via
-`flashdraft.pipelines.runtime`). They are plain functions here; `pipelines/pipeline.py` turns them into components
-with the right base image. Only small things leave a body: a JSON summary string, metrics, Markdown/HTML reports.
+`flashdraft.runner.run_task`, which owns reuse, continuation and the status records). They are plain functions
+here; `pipelines/pipeline.py` turns them into components with the right base image. A declared stage without a
+component of its own (flashdraft/stages.py `component=None`) runs through `stage_task`. Only small things leave a
+body: a JSON summary string, metrics, Markdown/HTML reports.
 """
 
 # No `from __future__ import annotations`: KFP reads these annotations as real types.
@@ -15,16 +17,19 @@ from kfp.dsl import HTML, Markdown, Metrics, Output
 def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_num_nodes: int,
               metrics: Output[Metrics]) -> str:
     """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
+    from flashdraft.components.plan.planner import run_plan
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import check_run, run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    from flashdraft.components.plan.planner import run_plan
 
     def body() -> dict:
         runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes))
+        check_run(cfg)  # a changed setting no committed stage can carry on from stops the run here
         return run_plan(cfg)
 
-    return runtime.finish(runtime.run_stage(cfg, "plan", body, metrics=metrics), metrics)
+    return runtime.finish(run_task(cfg, "plan", body=body, metrics=metrics), metrics)
 
 
 def prep(config_yaml: str, overrides: dict) -> list[int]:
@@ -33,40 +38,43 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
     A single output on purpose (no Metrics): kfp.local resolves ParallelFor items only from a task's default
     `Output`. Its figures reach the UI through the report step's Metrics.
     """
-    from flashdraft.components.prep.prep import run_prep
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    summary = runtime.run_stage(cfg, "prep", lambda: run_prep(cfg))
+    summary = run_task(cfg, "prep")
     return list(range(int(summary.num_shards)))
 
 
 def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Target responses for one prompt shard."""
-    from flashdraft.components.generate.generate import run_generate
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(runtime.run_stage(cfg, "generate", lambda: run_generate(cfg, int(shard)),
-                                             shard=int(shard), metrics=metrics))
+    return runtime.to_json(run_task(cfg, "generate", int(shard), metrics=metrics))
 
 
 def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Hidden states of one response shard into the object store (never a KFP artifact)."""
-    from flashdraft.components.extract.extract import run_extract
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(runtime.run_stage(cfg, "extract", lambda: run_extract(cfg, int(shard)),
-                                             shard=int(shard), metrics=metrics))
+    return runtime.to_json(run_task(cfg, "extract", int(shard), metrics=metrics))
 
 
 def stream_end(config_yaml: str, overrides: dict) -> str:
     """Streaming: after the extract loop (even a failed one), tell the trainer the stream ended or failed."""
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(runtime.run_stage(cfg, "stream-end", lambda: runtime.end_stream(cfg)))
+    return runtime.to_json(run_task(cfg, "stream-end"))
 
 
 def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers: bool,
@@ -79,9 +87,11 @@ def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers
     """
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
     body = runtime.train_with_producers if run_producers else runtime.train_in_pod
-    return runtime.finish(runtime.run_stage(cfg, "train", lambda: body(cfg), metrics=metrics), metrics)
+    return runtime.finish(run_task(cfg, "train", body=lambda: body(cfg), metrics=metrics), metrics)
 
 
 def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], image: str, namespace: str,
@@ -89,6 +99,8 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
                     runtime_ref: str, metrics: Output[Metrics]) -> str:
     """Multi-node training: create a Kubeflow Trainer TrainJob, wait for it, surface its status."""
     from flashdraft.pipelines import runtime
+
+    from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
 
@@ -98,25 +110,38 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
                                     gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
                                     runtime_ref=runtime_ref)
 
-    return runtime.finish(runtime.run_stage(cfg, "train", body, metrics=metrics), metrics)
+    return runtime.finish(run_task(cfg, "train", body=body, metrics=metrics), metrics)
 
 
 def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Metrics]) -> str:
     """Acceptance length (tau) of the trained drafter against the target."""
-    from flashdraft.components.evaluate.evaluate import run_evaluate
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.finish(runtime.run_stage(cfg, "evaluate", lambda: run_evaluate(cfg), metrics=metrics), metrics)
+    return runtime.finish(run_task(cfg, "evaluate", metrics=metrics), metrics)
 
 
 def export(config_yaml: str, overrides: dict, evaluated: str, metrics: Output[Metrics]) -> str:
     """Export the trained drafter for vLLM / SGLang."""
-    from flashdraft.components.export.export import run_export
     from flashdraft.pipelines import runtime
 
+    from flashdraft.runner import run_task
+
     cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(runtime.run_stage(cfg, "export", lambda: run_export(cfg), metrics=metrics))
+    return runtime.to_json(run_task(cfg, "export", metrics=metrics))
+
+
+def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Metrics]) -> str:
+    """Any declared stage without a component of its own: its declared run function, through the runner (it
+    reads its inputs from the store; the DAG orders it after its upstream tasks)."""
+    from flashdraft.pipelines import runtime
+
+    from flashdraft.runner import run_task
+
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.finish(run_task(cfg, stage, metrics=metrics), metrics)
 
 
 def report(config_yaml: str, overrides: dict, status: dsl.PipelineTaskFinalStatus,

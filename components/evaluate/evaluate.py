@@ -171,22 +171,18 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     return metrics
 
 
-def run_evaluate(cfg: RunConfig, *, force: bool = False) -> EvaluateSummary:
-    """Evaluate the trained drafter against the target and an untrained baseline; commit metrics/evaluate.json.
+def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
+    """Evaluate the trained drafter against the target and an untrained baseline (the latest checkpoint).
 
-    A committed, passing result is reused unless `force` (exactly-once). Raises LosslessError on a mismatch.
-    """
+    The runner commits the result and decides about reuse (flashdraft/runner.py): a new checkpoint or changed
+    `eval.*` settings evaluate again. Raises LosslessError on a mismatch, after committing metrics/evaluate.json
+    so the report shows where the outputs diverged."""
     import torch
 
     from flashdraft.target import load_causal_lm, load_tokenizer, set_cpu_threads, target_num_layers
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
-    if not force and store.is_committed(METRICS_KEY):
-        done = EvaluateSummary.model_validate(store.get_json_verified(METRICS_KEY))
-        if done.lossless.passed or not done.lossless.checked:
-            log.info("evaluate: %s already committed; nothing to do", store.url(METRICS_KEY))
-            return done
     device = _device()
     set_cpu_threads(cfg, device)
     tok = load_tokenizer(cfg.target)
@@ -202,12 +198,12 @@ def run_evaluate(cfg: RunConfig, *, force: bool = False) -> EvaluateSummary:
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
                    host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0))
-    store.commit_json(METRICS_KEY, metrics)
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s",
              metrics["drafter"].get("tau", 0), metrics.get("baseline", {}).get("tau", 0),
              metrics["target"]["tokens_per_s"] or 0, metrics["drafter"]["tokens_per_s"] or 0,
              metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else "not checked (sampling)")
     if metrics["lossless"]["mismatches"]:
+        store.commit_json(METRICS_KEY, metrics)
         first = metrics["lossless"]["mismatches"][0]
         ids = sorted({m["prompt_id"] for m in metrics["lossless"]["mismatches"]})
         raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {first['drafter']} "

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config, run_stage
 
 
 def export(
@@ -23,13 +23,9 @@ def export(
     from flashdraft.components.export.export import ExportError, run_export
 
     cfg = run_config(config, preset, set_)
-    try:
-        summary = run_export(cfg, out_dir=out if out is not None else Path("exports") / cfg.run_id, dtype=dtype,
-                             speculators=speculators)
-    except ExportError as exc:
-        raise fail(exc, 2) from None
+    # Its options are not config fields, so not in the fingerprint: a hand-run export always runs (force).
+    summary = run_stage(cfg, "export", body=lambda: run_export(
+        cfg, out_dir=out if out is not None else Path("exports") / cfg.run_id, dtype=dtype, speculators=speculators),
+        force=True, errors=(ExportError,))
     typer.echo(json.dumps(summary.dump(), indent=2))
 
-
-def register(app: typer.Typer) -> None:
-    app.command("export")(export)

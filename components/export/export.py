@@ -107,5 +107,4 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
         log.info("exported %s to %s%s", name, store.url(layout.export_prefix(name)),
                  f" and {folder}" if folder else "")
     summary["store_io"] = io_counters(io0)
-    store.commit_json(layout.metrics_key("export"), summary)
     return ExportSummary.model_validate(summary)

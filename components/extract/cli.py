@@ -7,22 +7,16 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, fail, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config, run_stage
 
 features_app = typer.Typer(help="Inspect and verify stored hidden-state shards.", no_args_is_help=True)
 
 
 def extract(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None, shard: ShardOpt = 0) -> None:
     """Capture the target's DFlash-layer hidden states for one generation shard into committed feature shards."""
-    from flashdraft.components.extract.extract import run_extract
-
     from flashdraft.target import UnsupportedTargetError
 
-    cfg = run_config(config, preset, set_)
-    try:
-        summary = run_extract(cfg, shard)
-    except UnsupportedTargetError as exc:
-        raise fail(exc, 1) from None
+    summary = run_stage(run_config(config, preset, set_), "extract", shard, errors=(UnsupportedTargetError,))
     typer.echo(json.dumps(summary.model_dump(mode="json", exclude_unset=True, exclude={"parts"}), indent=2))
 
 
@@ -47,6 +41,5 @@ def verify(
         raise typer.Exit(1)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("extract")(extract)
+def register_features(app: typer.Typer) -> None:
     app.add_typer(features_app, name="features")

@@ -17,7 +17,8 @@ One call handles one generation shard K (`responses/shard-K/`) and writes `featu
   rerun packs the same batches from the shard's start, skips those wholly inside committed parts and recomputes
   the one that straddles the resume point (keeping only its uncommitted samples), so every forward sees exactly
   the batch it saw before and the bytes are identical; an uncommitted (crashed) part is simply rewritten.
-  `features/shard-K/DONE` makes a finished shard a no-op.
+  `features/shard-K/DONE` marks a finished shard for its readers; the runner (flashdraft/runner.py) decides
+  whether a finished shard runs again.
 """
 
 from __future__ import annotations
@@ -280,10 +281,6 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> Extra
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
-    if store.is_committed(layout.features_done_key(shard)):
-        summary = store.get_json_verified(layout.features_done_key(shard))
-        log.info("features shard %d already complete: nothing to do", shard)
-        return ExtractSummary.model_validate({**summary, "skipped": True})
     geo = target_geometry(cfg.target)  # from the text config (nested under text_config in Qwen3.5/3.6)
     layer_ids = cfg.layer_ids(geo.num_layers)
     if max(layer_ids) >= geo.num_layers:
@@ -335,13 +332,11 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> Extra
         "skipped_empty_samples": empty, "resumed_from_sample": skip, "new_tokens": tokens,
         "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None}
     summary["bytes_per_token"] = round(summary["bytes"] / max(summary["tokens"], 1), 2)
-    store.commit_json(layout.metrics_key(f"extract-{layout.shard_name(shard)}"),
-                      {**summary, "store_io": io_counters(io0)})
     store.commit_json(layout.features_done_key(shard), summary)
     build_manifest(store)
     log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary["samples"],
              summary["tokens"], summary["bytes_per_token"], summary["tokens_per_s"] or 0)
-    return ExtractSummary.model_validate(summary)
+    return ExtractSummary.model_validate({**summary, "store_io": io_counters(io0)})
 
 
 def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[str, dict]]:

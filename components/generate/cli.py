@@ -6,21 +6,12 @@ import json
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, fail, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config, run_stage
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("generate")
-    def generate(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
-        """Generate target responses for one prompt shard, committed chunk by chunk (resumable)."""
-        from flashdraft.components.generate.generate import GenerationDriftError, run_generate
+def generate(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
+    """Generate target responses for one prompt shard, committed chunk by chunk (resumable)."""
+    from flashdraft.store import NotCommittedError
 
-        from flashdraft.store import NotCommittedError
-
-        cfg = run_config(config, preset, set_)
-        try:
-            done = run_generate(cfg, shard)
-        except (GenerationDriftError, NotCommittedError, ValueError) as exc:
-            raise fail(exc, 1) from None
-        brief = done.model_dump(mode="json", exclude_unset=True, exclude={"fingerprint"})
-        typer.echo(json.dumps(brief, sort_keys=True))
+    done = run_stage(run_config(config, preset, set_), "generate", shard, errors=(NotCommittedError, ValueError))
+    typer.echo(json.dumps(done.dump(), sort_keys=True))

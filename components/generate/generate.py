@@ -2,11 +2,12 @@
 drafter's training sequences.
 
 Exactly-once by construction: the shard's prompts are cut into fixed chunks of `generation.chunk_size`; each
-chunk is generated and committed as `responses/shard-K/chunk-N.parquet` with the generation fingerprint in its
-commit record; `DONE` is committed last. A restarted pod skips committed chunks, a rerun of a finished shard
-returns its DONE record, and committed chunks made under a different model, template or sampling config stop
-the run instead of mixing. Sampling seeds derive from (seed, sample id, turn), so resumed runs regenerate
-exactly what an uninterrupted run would have.
+chunk is generated and committed as `responses/shard-K/chunk-N.parquet` with the task's fingerprint in its
+commit record; `DONE` is committed last. A restarted pod skips committed chunks. Whether the shard runs at all is
+the runner's decision (flashdraft/runner.py): a finished shard whose fingerprint (model, template, sampling
+config, the prompts' own fingerprint) matches is reused, a changed one is refused before any chunk is touched.
+Sampling seeds derive from (seed, sample id, turn), so resumed runs regenerate exactly what an uninterrupted run
+would have.
 
 Multi-turn prompts are answered turn by turn: every regenerated assistant turn is conditioned on the target's own
 earlier replies and is covered by the loss mask.
@@ -34,29 +35,6 @@ from flashdraft.store import NotCommittedError, ObjectStore, io_counters, open_s
 from flashdraft.summaries import GenerateSummary
 
 log = logging.getLogger(__name__)
-
-
-class GenerationDriftError(RuntimeError):
-    """Committed responses were made with a different model, chat template or sampling config."""
-
-
-def generation_fingerprint(cfg: RunConfig, tok_fp: dict[str, str], prompts_sha: str) -> dict[str, Any]:
-    """Everything that changes what the target writes; recorded with every chunk and checked on resume."""
-    t, g = cfg.generation.target(cfg.target), cfg.generation
-    return {"model": t.model, "source": t.source, "revision": t.revision, "dtype": t.dtype,
-            "target_seed": t.seed if t.source == "tiny" else None, **tok_fp, "backend": g.backend,
-            "temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k, "seed": g.seed,
-            "max_response_tokens": cfg.data.max_response_tokens, "chunk_size": g.chunk_size,
-            "chat_template_kwargs": cfg.data.chat_template_kwargs,
-            "prompts_sha256": prompts_sha}
-
-
-def _check_drift(recorded: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    diff = {k: (recorded.get(k), current.get(k)) for k in current if recorded.get(k) != current.get(k)}
-    if diff:
-        details = "; ".join(f"{k}: committed {a!r}, now {b!r}" for k, (a, b) in diff.items())
-        raise GenerationDriftError(f"{where} was generated with a different configuration ({details}). Use a new "
-                                   f"run_id, or restore the original settings to resume.")
 
 
 def _sample_seed(seed: int, sample_id: str, turn: int) -> int:
@@ -103,7 +81,7 @@ def generate_chunk(backend, tok, rows: list[dict], seed: int, template_kwargs: d
     return records, stats
 
 
-def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str]:
+def _load_prompts(store: ObjectStore, shard: int) -> list[dict]:
     try:
         manifest = store.get_json_verified(layout.PROMPTS_MANIFEST)
     except NotCommittedError:
@@ -114,7 +92,7 @@ def _load_prompts(store: ObjectStore, shard: int) -> tuple[list[dict], str]:
         raise ValueError(f"--shard {shard} is out of range: prep made {n_shards} shard(s) (0..{n_shards - 1})")
     key = layout.prompt_shard_key(shard)
     table = parquet_bytes_to_table(store.get_verified(key), PROMPT_SCHEMA)
-    return table.to_pylist(), store.read_commit(key).sha256
+    return table.to_pylist()
 
 
 def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
@@ -122,21 +100,17 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     io0 = io_counters()
     from tqdm import tqdm
 
-    from flashdraft.target import load_tokenizer, set_cpu_threads, tokenizer_fingerprint
+    from flashdraft.runner import task_fingerprint
+    from flashdraft.target import load_tokenizer, set_cpu_threads
 
     from .backends import make_backend
 
     set_cpu_threads(cfg)
     store = open_store(cfg.storage, cfg.run_id)
-    rows, prompts_sha = _load_prompts(store, shard)
+    rows = _load_prompts(store, shard)
     tok = load_tokenizer(cfg.target)
-    fingerprint = generation_fingerprint(cfg, tokenizer_fingerprint(tok), prompts_sha)
+    fingerprint = task_fingerprint(cfg, "generate", shard, store).digest
     done_key = layout.responses_done_key(shard)
-    if store.is_committed(done_key):
-        done = store.get_json_verified(done_key)
-        _check_drift(done["fingerprint"], fingerprint, store.url(done_key))
-        log.info("shard %d already generated (%s): nothing to do", shard, store.url(done_key))
-        return GenerateSummary.model_validate({**done, "skipped": True})
 
     size = cfg.generation.chunk_size
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
@@ -144,8 +118,6 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     for i in range(len(chunks)):
         record = store.read_commit(layout.response_chunk_key(shard, i))
         if record is not None:
-            _check_drift(record.meta.get("fingerprint", {}), fingerprint,
-                         store.url(layout.response_chunk_key(shard, i)))
             chunk_meta[i] = record.meta
     todo = [i for i in range(len(chunks)) if i not in chunk_meta]
     log.info("shard %d: %d prompts in %d chunks, %d already committed", shard, len(rows), len(chunks),
@@ -178,10 +150,8 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
             "generation_seconds": round(seconds, 3), "tokens_per_s": round(totals["generated_tokens"] /
                                                                            max(seconds, 1e-9), 2),
             "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint}
-    store.commit_json(layout.metrics_key(f"generate-{layout.shard_name(shard)}"),
-                      {**done, "store_io": io_counters(io0)})
     store.commit_json(done_key, done)
     log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated", shard,
              totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],
              totals["truncated"])
-    return GenerateSummary.model_validate(done)
+    return GenerateSummary.model_validate({**done, "store_io": io_counters(io0)})

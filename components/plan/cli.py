@@ -37,6 +37,3 @@ def plan(
         typer.secho(report["gate"], fg=typer.colors.RED, err=True)
         raise typer.Exit(3)
 
-
-def register(app: typer.Typer) -> None:
-    app.command("plan")(plan)

@@ -3,13 +3,12 @@
 Pipeline: read every source row -> normalise to chat messages (bad rows to quarantine with source, row number
 and reason) -> exact dedupe on normalised content -> length filter with the target's tokenizer and chat template
 -> deterministic shuffle by `data.seed` -> cap at `data.max_samples` -> eval split (`data.eval_count`) -> N train
-shards. Everything is committed through the store; the manifest goes last and records a fingerprint of the
-inputs, so a rerun with the same config is a no-op and a rerun with a different one is an error.
+shards. Everything is committed through the store; the manifest goes last. Whether prep runs again is the
+runner's decision (flashdraft/runner.py): the same data config is reused, a different one refused.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -29,16 +28,6 @@ from .formats import BAD_REASONS, BadRow, content_key, normalize_row
 from .sources import SourceError, iter_source
 
 log = logging.getLogger(__name__)
-
-
-class PrepDriftError(RuntimeError):
-    """The run's committed prompts were prepared from a different data config or tokenizer."""
-
-
-def _fingerprint(cfg: RunConfig, tok_fp: dict[str, str]) -> str:
-    basis = {"data": cfg.data.model_dump(mode="json", exclude={"expected_tokens_per_sample", "expected_samples"}),
-             "target": [cfg.target.model, cfg.target.source, cfg.target.revision], **tok_fp}
-    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _token_stats(counts: list[int]) -> dict[str, float]:
@@ -120,15 +109,6 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
     store = open_store(cfg.storage, cfg.run_id)
     tok = load_tokenizer(cfg.target)
     tok_fp = tokenizer_fingerprint(tok)
-    fingerprint = _fingerprint(cfg, tok_fp)
-    if store.is_committed(layout.PROMPTS_MANIFEST):
-        manifest = store.get_json_verified(layout.PROMPTS_MANIFEST)
-        if manifest["fingerprint"] != fingerprint:
-            raise PrepDriftError(
-                f"{store.url(layout.PROMPTS_MANIFEST)} was prepared with a different data config or tokenizer "
-                f"(fingerprint {manifest['fingerprint']} != {fingerprint}); use a new run_id")
-        log.info("prompts already prepared (%s): nothing to do", store.url(layout.PROMPTS_MANIFEST))
-        return PrepSummary.model_validate({**manifest["summary"], "skipped": True})
 
     kept, quarantine, per_source = _read_sources(cfg, tok)
     random.Random(cfg.data.seed).shuffle(kept)
@@ -164,10 +144,9 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
         "quarantine_key": layout.PROMPTS_QUARANTINE,
     }
     summary["markdown"] = _markdown(summary)
-    store.commit_json(layout.metrics_key("prep"), {**summary, "store_io": io_counters(io0)})
-    store.commit_json(layout.PROMPTS_MANIFEST, {"fingerprint": fingerprint, "summary": summary,
+    store.commit_json(layout.PROMPTS_MANIFEST, {"summary": summary,
                                                 "target": cfg.target.model, "max_prompt_tokens":
                                                 cfg.data.max_prompt_tokens})
     log.info("prep: %d train prompts in %d shards, %d eval, %d quarantined, %d duplicates (%.1f s)",
              len(train_rows), n_shards, len(eval_rows), len(quarantine), summary["duplicates"], summary["seconds"])
-    return PrepSummary.model_validate(summary)
+    return PrepSummary.model_validate({**summary, "store_io": io_counters(io0)})

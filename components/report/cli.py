@@ -34,6 +34,3 @@ def report(
         raise typer.Exit(2)
     typer.echo(json.dumps(result.dump(), indent=2))
 
-
-def register(app: typer.Typer) -> None:
-    app.command("report")(report)

@@ -10,7 +10,8 @@ import sys
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config, run_stage
+from flashdraft.summaries import TrainSummary
 
 
 def torchrun_command(cfg, config, preset, sets) -> list[str]:
@@ -32,20 +33,38 @@ def torchrun_command(cfg, config, preset, sets) -> list[str]:
     return cmd
 
 
+def run_ranks(command: list[str], cfg) -> TrainSummary:
+    """Run the torchrun ranks here and return the summary rank 0 committed."""
+    from flashdraft.components.train.trainer import TrainError
+
+    from flashdraft import layout
+    from flashdraft.store import open_store
+
+    rc = subprocess.call(command)
+    if rc != 0:
+        raise TrainError(f"torchrun exited with status {rc} (each rank's error is in the log above it)")
+    return TrainSummary.model_validate(open_store(cfg.storage, cfg.run_id).get_json_verified(
+        layout.metrics_key("train")))
+
+
 def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Train the drafter on the run's feature shards (resumes from the latest checkpoint)."""
-    cfg = run_config(config, preset, set_)
-    if cfg.training.world_size > 1 and "LOCAL_RANK" not in os.environ:
-        raise typer.Exit(subprocess.call(torchrun_command(cfg, config, preset, set_)))
     from flashdraft.components.train.trainer import TrainError, run_train
 
-    try:
-        summary = run_train(cfg)
-    except TrainError as exc:
-        raise fail(exc, 2) from None
+    cfg = run_config(config, preset, set_)
+    if "LOCAL_RANK" in os.environ or cfg.training.num_nodes > 1:
+        # One rank of a torchrun job (or a TrainJob node): whoever launched the job (this command on one node,
+        # the pipeline's train task or TrainJob launcher) runs the task through the runner.
+        if "LOCAL_RANK" not in os.environ:
+            raise typer.Exit(subprocess.call(torchrun_command(cfg, config, preset, set_)))
+        try:
+            summary = run_train(cfg)
+        except TrainError as exc:
+            raise fail(exc, 2) from None
+    else:
+        body = (lambda: run_ranks(torchrun_command(cfg, config, preset, set_), cfg)) \
+            if cfg.training.world_size > 1 else None
+        summary = run_stage(cfg, "train", body=body, errors=(TrainError,))
     if int(os.environ.get("RANK", "0")) == 0:
         typer.echo(json.dumps({k: v for k, v in summary.dump().items() if k != "history"}))
 
-
-def register(app: typer.Typer) -> None:
-    app.command("train")(train)

@@ -8,6 +8,9 @@ its data position is checkpointed and resumed. The offline/streaming difference 
 * `StreamSchedule` (`mode.kind=streaming`): the reader's streaming window, packed on the fly; ranks stop together
   when one runs dry. The data position is each rank's stream position (samples trained), saved per rank with
   every checkpoint; a part leaves the window only once a checkpoint covers it, so a resume replays exactly.
+  A draft vocabulary (`drafter.draft_vocab_size`) is counted from the generated replies (`response_samples`):
+  generation has finished before streaming training starts, and the replies' tokens are exactly the response
+  tokens the features carry, so the vocabulary is the one an offline run picks.
 """
 
 from __future__ import annotations
@@ -15,19 +18,22 @@ from __future__ import annotations
 import logging
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from flashdraft.components.train.distributed import DistEnv, all_reduce
 
+from flashdraft import layout
 from flashdraft.checkpoint import load_rank_state
 from flashdraft.config import RunConfig, TrainingConfig
 from flashdraft.drafter.batch import group_sizes, token_budget_groups
 from flashdraft.features.reader import OfflineReader, StreamReader, open_reader
 from flashdraft.features.shard import Sample
-from flashdraft.store import ObjectStore
+from flashdraft.records import iter_responses
+from flashdraft.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +149,10 @@ class OfflineSchedule(DataSchedule):
 class StreamSchedule(DataSchedule):
     """The streaming window, packed as it arrives; the stream position is saved per rank with each checkpoint."""
 
-    def __init__(self, reader: StreamReader, training: TrainingConfig, total_steps: int):
+    def __init__(self, reader: StreamReader, training: TrainingConfig, total_steps: int,
+                 replies: Callable[[], Iterable[Sample]]):
         self.reader, self.tokens_per_step, self.total_steps = reader, training.tokens_per_step, total_steps
+        self.replies = replies
         self.position = 0  # samples this rank has trained on since the stream began
 
     def micro_batches(self, start_step: int) -> Iterator[MicroBatch]:
@@ -158,7 +166,7 @@ class StreamSchedule(DataSchedule):
         return {"epoch": epoch, "step_in_epoch": None}
 
     def vocabulary_samples(self) -> Iterable[Sample]:
-        raise TrainError("drafter.draft_vocab_size needs the data up front: use mode.kind=offline, or unset it")
+        return self.replies()
 
     def resume(self, store: ObjectStore, prefix: str) -> None:
         state = load_rank_state(store, prefix)
@@ -191,9 +199,27 @@ def stream_total_steps(cfg: RunConfig) -> int:
     return max(1, tokens // (cfg.training.tokens_per_step * cfg.training.grad_accum * cfg.training.world_size))
 
 
+def response_samples(store: ObjectStore, num_shards: int, rank: int, world_size: int) -> Iterator[SimpleNamespace]:
+    """This rank's share (every world_size-th row) of the generated replies, as input_ids/loss_mask samples: what
+    a streaming run counts its draft vocabulary over before the first feature part arrives."""
+    missing = [k for k in range(num_shards) if not store.is_committed(layout.responses_done_key(k))]
+    if missing:
+        raise TrainError(f"drafter.draft_vocab_size in streaming mode counts every generated reply before training, "
+                         f"but generation shard(s) {missing} are not done: run generate first")
+    index = 0
+    for shard in range(num_shards):
+        for row in iter_responses(store, shard):
+            if index % world_size == rank:
+                yield SimpleNamespace(input_ids=torch.tensor(row["input_ids"], dtype=torch.long),
+                                      loss_mask=torch.tensor(row["loss_mask"], dtype=torch.bool))
+            index += 1
+
+
 def build_schedule(cfg: RunConfig, env: DistEnv) -> DataSchedule:
     """This rank's schedule over the run's feature shards (the reader checks their provenance against `cfg`)."""
     if cfg.mode.kind == "streaming":
         reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_release=True)
-        return StreamSchedule(reader, cfg.training, stream_total_steps(cfg))
+        store = open_store(cfg.storage, cfg.run_id)
+        replies = lambda: response_samples(store, cfg.data.num_shards, env.rank, env.world_size)  # noqa: E731
+        return StreamSchedule(reader, cfg.training, stream_total_steps(cfg), replies)
     return OfflineSchedule(open_reader(cfg, rank=env.rank, world_size=env.world_size), cfg.training)

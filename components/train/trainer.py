@@ -121,14 +121,6 @@ class Trainer:
         self.store = open_store(cfg.storage, cfg.run_id)
         self.latest = latest_checkpoint(self.store)
 
-    def finished_summary(self) -> TrainSummary | None:
-        """The committed summary when a previous run already finished training, else None."""
-        if self.latest and self.latest["final"] and self.store.is_committed(layout.metrics_key("train")):
-            log.info("training already finished at step %d: nothing to do", self.latest["step"])
-            return TrainSummary.model_validate({**self.store.get_json_verified(layout.metrics_key("train")),
-                                                "skipped": True})
-        return None
-
     def setup(self) -> None:
         """The model (wrapped for DDP/FSDP2), AdamW, this rank's data schedule and, in a fresh run, the draft
         vocabulary; then, when there is a checkpoint, its weights, optimizer, RNG and data position."""
@@ -150,6 +142,13 @@ class Trainer:
             log.info("resumed from %s (step %d)", prefix, self.state["step"])
             self.schedule.resume(self.store, prefix)
         self.steps_done = int(self.state["step"])
+        if self.steps_done > self.schedule.total_steps:
+            raise TrainError(f"the committed checkpoint is at step {self.steps_done}, past the "
+                             f"{self.schedule.total_steps} steps training.max_steps / epochs now give: training only "
+                             f"carries on forward; use a new run_id, or --from train to train afresh")
+        if self.latest and self.latest["final"] and self.steps_done < self.schedule.total_steps:
+            log.info("training on from step %d to %d (training.max_steps / epochs raised)", self.steps_done,
+                     self.schedule.total_steps)
         self.drafter_config = self.raw.config_dict()
 
     def step(self, micro_batches: Iterator[MicroBatch]) -> dict | None:
@@ -250,10 +249,9 @@ class Trainer:
 
 
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainSummary:
-    """Train (or resume) and return the summary; see `Trainer.run` for `stop_after`."""
+    """Train (or resume, or carry on past a finished run's last step) and return the summary; see `Trainer.run`
+    for `stop_after`. Whether to run at all is the runner's decision (flashdraft/runner.py)."""
     trainer = Trainer(cfg)
-    if (done := trainer.finished_summary()) is not None:
-        return done
     trainer.setup()
     return trainer.run(stop_after=stop_after)
 

@@ -1,5 +1,5 @@
-"""Generation on the tiny target: every shard committed, reruns are no-ops, a killed run resumes to the same
-result, config drift is refused, and multi-turn loss masks cover every regenerated turn."""
+"""Generation on the tiny target: every shard committed, reruns are reused, a killed run resumes to the same
+result, config drift is refused (by the runner), and multi-turn loss masks cover every regenerated turn."""
 
 import json
 import os
@@ -9,12 +9,11 @@ import sys
 import time
 
 import pytest
-from flashdraft.components.generate.generate import GenerationDriftError, run_generate
-from flashdraft.components.prep.prep import run_prep
 
-from flashdraft import layout
+from flashdraft import layout, status
 from flashdraft.config import load_config
 from flashdraft.records import iter_responses, response_chunk_keys
+from flashdraft.runner import StageInputsChanged, run_task
 from flashdraft.store import open_store
 
 pytestmark = pytest.mark.integration
@@ -26,6 +25,14 @@ SMALL = {"data.max_samples": 12, "data.eval_count": 2, "data.num_shards": 2, "da
 
 def _cfg(root, **over):
     return load_config(preset="tiny", overrides={"storage.root": f"file://{root}", **SMALL, **over})
+
+
+def run_prep(cfg):
+    return run_task(cfg, "prep")
+
+
+def run_generate(cfg, shard):
+    return run_task(cfg, "generate", shard)
 
 
 def _rows(cfg, shard):
@@ -94,15 +101,19 @@ def test_killed_generation_resumes_and_matches_an_uninterrupted_run(reference, t
 
 def test_configuration_drift_is_an_error(reference, tmp_path):
     ref_cfg, _, _ = reference
-    with pytest.raises(GenerationDriftError, match="temperature"):
+    with pytest.raises(StageInputsChanged, match=r"generate-shard-00000: .*generation.temperature 0.0 -> 0.7"):
         run_generate(ref_cfg.with_overrides({"generation.temperature": 0.7}), 0)
-    # partially generated shard (no DONE yet): the committed chunks' records are checked
+    # a partially generated shard (killed: its record still says running) is checked the same way
     cfg = _cfg(tmp_path / "partial", **{"data.num_shards": 1})
     run_prep(cfg)
     run_generate(cfg, 0)
-    open_store(cfg.storage, cfg.run_id).uncommit(layout.responses_done_key(0))
-    with pytest.raises(GenerationDriftError, match=r"chunk-00000.*model: committed 'tiny-qwen3'"):
+    store = open_store(cfg.storage, cfg.run_id)
+    store.uncommit(layout.responses_done_key(0))
+    record = status.read_record(store, "generate", 0)
+    store.commit_json(status.status_key("generate", 0), record.model_copy(update={"state": "running"}).model_dump())
+    with pytest.raises(StageInputsChanged, match=r"target.model \"tiny-qwen3\" -> \"other-tiny\""):
         run_generate(cfg.with_overrides({"target.model": "other-tiny"}), 0)
+    assert run_generate(cfg, 0).chunks_generated_now == 0  # the same settings resume (nothing left to do)
     with pytest.raises(ValueError, match="out of range"):
         run_generate(cfg, 5)
 
@@ -142,7 +153,9 @@ def test_seeded_sampling_is_reproducible_across_runs_and_resumes(reference, tmp_
         run_generate(cfg, 0)
     store = open_store(b.storage, b.run_id)
     for key in [layout.responses_done_key(0)] + response_chunk_keys(store, 0)[2:]:
-        store.uncommit(key)  # as if the pod died after two chunks
+        store.uncommit(key)  # as if the pod died after two chunks (its record still says running)
+    record = status.read_record(store, "generate", 0)
+    store.commit_json(status.status_key("generate", 0), record.model_copy(update={"state": "running"}).model_dump())
     assert run_generate(b, 0).chunks_generated_now == len(_rows(a, 0)) - 2
     assert _rows(a, 0) == _rows(b, 0)
     greedy = {r["sample_id"]: r["input_ids"] for r in _rows(ref_cfg, 0)}
@@ -162,7 +175,9 @@ def test_generation_dtype_loads_the_target_in_it_and_is_checked_on_resume(refere
     assert backend.model.dtype == torch.bfloat16
     run_prep(cfg)
     run_generate(cfg, 0)
-    done = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.responses_done_key(0))
-    assert done["fingerprint"]["dtype"] == "bfloat16"
-    with pytest.raises(GenerationDriftError, match="dtype: committed 'bfloat16', now 'float32'"):
+    store = open_store(cfg.storage, cfg.run_id)
+    record = status.read_record(store, "generate", 0)
+    assert record.inputs["generation.dtype"] == "bfloat16"
+    assert store.get_json_verified(layout.responses_done_key(0))["fingerprint"] == record.fingerprint
+    with pytest.raises(StageInputsChanged, match=r"generation.dtype \"bfloat16\" -> null"):
         run_generate(cfg.with_overrides({"generation.dtype": None}), 0)

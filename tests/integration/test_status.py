@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from flashdraft.cli import app
 from flashdraft.config import load_config
+from flashdraft.runner import run_task
 from flashdraft.status import StageRecord, now, stage_statuses, status_key
 from flashdraft.store import open_store
 
@@ -19,15 +20,15 @@ pytestmark = pytest.mark.integration
 
 def _half_run(cfg) -> None:
     """prep done, generate shard 0 done and shard 1 failed, extract shard 0 still running (no end recorded)."""
-    runtime.run_stage(cfg, "prep", lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
-    runtime.run_stage(cfg, "generate", lambda: {"samples": 13, "generated_tokens": 390, "generation_seconds": 3.0},
+    run_task(cfg, "prep", body=lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
+    run_task(cfg, "generate", body=lambda: {"samples": 13, "generated_tokens": 390, "generation_seconds": 3.0},
                       shard=0)
 
     def boom() -> dict:
         raise RuntimeError("vLLM engine died: CUDA error: an illegal memory access")
 
     with pytest.raises(RuntimeError):
-        runtime.run_stage(cfg, "generate", boom, shard=1)
+        run_task(cfg, "generate", body=boom, shard=1)
     store = open_store(cfg.storage, cfg.run_id)
     store.commit_json(status_key("extract", 0), StageRecord(
         stage="extract", shard=0, state="running", started=now(), attempt=2,
@@ -66,7 +67,7 @@ def test_status_reads_any_store(backend, tmp_path, request):
 def test_stage_states_combine_shards_and_count_hand_run_stages(tmp_path):
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
     for shard, (samples, tokens, secs) in enumerate([(10, 300, 3.0), (12, 500, 2.0)]):
-        runtime.run_stage(cfg, "generate", lambda s=samples, t=tokens, x=secs: {
+        run_task(cfg, "generate", body=lambda s=samples, t=tokens, x=secs: {
             "samples": s, "generated_tokens": t, "generation_seconds": x}, shard=shard)
     store = open_store(cfg.storage, cfg.run_id)
     from flashdraft.status import read_records
@@ -77,7 +78,7 @@ def test_stage_states_combine_shards_and_count_hand_run_stages(tmp_path):
     assert gen.headline == "22 samples, 800 tokens, 160.0 tokens/s"
     assert statuses["train"].state == "done", "metrics without a record: run by hand with `flashdraft train`"
     assert statuses["extract"].state == "not run"
-    runtime.run_stage(cfg, "generate", lambda: {"samples": 10, "generated_tokens": 300, "generation_seconds": 3.0},
+    run_task(cfg, "generate", body=lambda: {"samples": 10, "generated_tokens": 300, "generation_seconds": 3.0},
                       shard=0)
     again = [r for r in read_records(store) if r.shard == 0][0]
     assert again.attempt == 2, "a rerun of a task counts its attempts"
@@ -90,7 +91,7 @@ def test_step_metrics_and_the_exit_handler_artifacts_carry_the_same_states_and_f
 
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
     step = Metrics()
-    runtime.run_stage(cfg, "generate", lambda: {"samples": 13, "generated_tokens": 390, "generation_seconds": 3.0},
+    run_task(cfg, "generate", body=lambda: {"samples": 13, "generated_tokens": 390, "generation_seconds": 3.0},
                       shard=0, metrics=step)
     assert step.metadata["samples"] == 13 and step.metadata["tokens_per_s"] == 130.0
     assert step.metadata["duration_s"] >= 0

@@ -19,15 +19,14 @@ from pathlib import Path
 import dockerfile
 import pytest
 
+from flashdraft.stages import stages
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("base", "inference", "trainer")
-# Where each component folder's stage runs (pools.stage_pool: cpu -> base, inference, trainer). Files named after
-# a stage (e.g. components/<stage>/<other stage>.py) follow that stage instead of their folder.
-STAGE_IMAGE = {
-    "plan": "base", "prep": "base", "report": "base", "export": "base",
-    "generate": "inference", "extract": "inference", "evaluate": "inference",
-    "train": "trainer",
-}
+# Where each component folder's stage runs: its declared pool's image (flashdraft/stages.py; cpu -> base). Files
+# named after a stage (e.g. components/<stage>/<other stage>.py) follow that stage instead of their folder.
+POOL_IMAGE = {"cpu": "base", "inference": "inference", "trainer": "trainer"}
+STAGE_IMAGE = {spec.name: POOL_IMAGE[spec.pool] for spec in stages()}
 # What each image must provide for the stages it runs, beyond the base dependencies.
 REQUIRED = {"base": {"kfp", "torch"}, "inference": {"vllm", "torch", "kfp"}, "trainer": {"torch", "kfp"}}
 

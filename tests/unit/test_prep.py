@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from flashdraft.components.prep.formats import BAD_REASONS, content_key, normalize_row
-from flashdraft.components.prep.prep import PrepDriftError, run_prep
+from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.prep.sources import SourceError
 
 from flashdraft import layout
@@ -106,18 +106,22 @@ def test_demo_prep_shards_split_and_manifest(tiny_cfg):
     assert manifest["summary"]["sources"] == {"builtin:demo": {"read": 302, "kept": 302}}
 
 
-def test_shuffle_is_deterministic_and_rerun_is_a_noop_but_changed_config_is_an_error(tmp_path):
+def test_shuffle_is_deterministic_and_rerun_is_reused_but_changed_config_is_refused(tmp_path):
+    from flashdraft.runner import StageInputsChanged, run_task
+
     a = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/a"})
     b = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/b"})
-    sa, sb = run_prep(a), run_prep(b)
+    sa, sb = run_task(a, "prep"), run_prep(b)
     ids = [[r["sample_id"] for r in _all_prompt_rows(c, s)] for c, s in ((a, sa), (b, sb))]
     assert ids[0] == ids[1]
     c = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/c", "data.seed": 1})
     assert [r["sample_id"] for r in _all_prompt_rows(c, run_prep(c))] != ids[0]
 
-    assert run_prep(a).skipped is True
-    with pytest.raises(PrepDriftError, match="different data config"):
-        run_prep(a.with_overrides({"data.max_prompt_tokens": 100}))
+    assert run_task(a, "prep").skipped is True
+    with pytest.raises(StageInputsChanged, match=r"^prep: .*data.max_prompt_tokens \d+ -> 100; .*--from prep"):
+        run_task(a.with_overrides({"data.max_prompt_tokens": 100}), "prep")
+    # a field that cannot change the prompts does not count
+    assert run_task(a.with_overrides({"data.expected_samples": 5000}), "prep").skipped is True
 
 
 def test_unreadable_or_empty_sources_are_clear_errors(tmp_path):

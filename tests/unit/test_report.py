@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from flashdraft import layout
 from flashdraft.cli import app
 from flashdraft.config import load_config
+from flashdraft.runner import run_task
 from flashdraft.store import ObjectStore, open_store
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -109,13 +110,12 @@ def test_stored_features_counts_objects_bytes_and_bytes_per_token(tmp_path):
 @pytest.fixture()
 def failed_run(tmp_path, monkeypatch):
     """plan and prep done, generate shard 0 done, shard 1 raised: records written by the pipeline's stage wrapper
-    (`runtime.run_stage`) exactly as a component body writes them."""
-    from flashdraft.pipelines import runtime
+    (`runner.run_task`) exactly as a component body writes them."""
 
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
-    runtime.run_stage(cfg, "plan", lambda: run_plan(cfg))
-    runtime.run_stage(cfg, "prep", lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
-    runtime.run_stage(cfg, "generate", lambda: {"samples": 13, "generated_tokens": 300, "generation_seconds": 3.0},
+    run_task(cfg, "plan", body=lambda: run_plan(cfg))
+    run_task(cfg, "prep", body=lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
+    run_task(cfg, "generate", body=lambda: {"samples": 13, "generated_tokens": 300, "generation_seconds": 3.0},
                       shard=0)
 
     def boom() -> dict:
@@ -123,7 +123,7 @@ def failed_run(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FLASHDRAFT_TASK_LOG", "/var/log/flashdraft/generate-shard-00001.log")
     with pytest.raises(ValueError, match="out of memory"):
-        runtime.run_stage(cfg, "generate", boom, shard=1)
+        run_task(cfg, "generate", body=boom, shard=1)
     monkeypatch.delenv("FLASHDRAFT_TASK_LOG")
     return cfg
 

@@ -1,0 +1,356 @@
+"""The one stage runner: every task of every stage runs through `run_task`, whether started by `flashdraft
+<stage>`, by `flashdraft run-local` or by a pipeline pod on a cluster (datatrove's executor is the model: the
+runner, not the stage, owns completion, reuse and the status record).
+
+For each task the runner computes a fingerprint: the config fields the stage reads (its declared sections, less
+the fields that cannot change a result; flashdraft/stages.py) and the fingerprints of the upstream results it
+reads (their committed status records). Then, against the task's committed record:
+
+* same fingerprint, result committed: the result is reused ("reused: fingerprint matches"), nothing runs;
+* same fingerprint, no committed result (a crash, a failure, a kill): the stage runs and resumes from its
+  committed work (chunks, parts, checkpoints), producing what an uninterrupted run would have;
+* changed only in what the stage declares it can carry on from (`continue_on`: more `training.max_steps` or
+  epochs; for evaluate and export any change, such as a new checkpoint or new `eval.*` settings): it runs again
+  and carries on from its committed work;
+* any other change: refused with one line naming the changed fields and the choices (a new run_id, or
+  `--from <stage>` to recompute from there). Nothing is overwritten.
+
+`check_run` applies the same comparison to every stage before a run starts (run-local, and the plan gate on a
+cluster), so a refused change stops the run before any stage works. Each task ends with a committed
+`status/<task>.json` record (with its fingerprint and the config values behind it) and, for reusable stages, its
+result as `metrics/<task>.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+from flashdraft import layout, status
+from flashdraft.config import ConfigError, RunConfig
+from flashdraft.stages import StageSpec, downstream, stage, stages
+from flashdraft.status import REUSED
+from flashdraft.summaries import StageSummary, summary_of
+
+if TYPE_CHECKING:
+    from flashdraft.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class StageInputsChanged(ConfigError):
+    """A stage's committed result was made with settings (or upstream results) that have since changed, in a way
+    the stage cannot carry on from. The message is one line naming the fields and the choices."""
+
+
+# -- fingerprints -------------------------------------------------------------------------------------------
+
+
+def _leaves(value: Any, path: str) -> dict[str, Any]:
+    if isinstance(value, BaseModel):
+        out: dict[str, Any] = {}
+        for name in type(value).model_fields:
+            out.update(_leaves(getattr(value, name), f"{path}.{name}"))
+        return out
+    return {path: to_jsonable_python(value)}
+
+
+def _ignored(key: str, ignores: Iterable[str]) -> bool:
+    return any(key == i or key.startswith(i + ".") for i in ignores)
+
+
+def config_inputs(spec: StageSpec, cfg: RunConfig) -> dict[str, Any]:
+    """The config values a stage's result depends on, by dotted field name (every field of a declared section)."""
+    out: dict[str, Any] = {}
+    for path in spec.reads:
+        node: Any = cfg
+        for part in path.split("."):
+            if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+                raise ValueError(f"stage {spec.name!r} reads {path!r}, which is not a config field")
+            node = getattr(node, part)
+        out.update(_leaves(node, path))
+    return {k: v for k, v in sorted(out.items()) if not _ignored(k, spec.ignores)}
+
+
+def _field_default(path: str) -> Any:
+    """A config field's default (for a field that a record made before the field existed does not hold)."""
+    model: Any = RunConfig
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        if i == len(parts) - 1:
+            return to_jsonable_python(field.get_default(call_default_factory=True))
+        model = field.annotation
+    return None
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _shards(store: ObjectStore, stage_name: str) -> list[int]:
+    prefix = layout.status_key(f"{stage_name}-shard-")[: -len(".json")]
+    out = []
+    for key in store.list_committed(prefix):
+        name = key[len(layout.STATUS) + 1: -len(".json")]
+        try:
+            out.append(int(name.rsplit("-", 1)[1]))
+        except (IndexError, ValueError):
+            continue
+    return sorted(out)
+
+
+def upstream_fingerprints(store: ObjectStore, spec: StageSpec, cfg: RunConfig,
+                          shard: int | None) -> dict[str, str | None]:
+    """Per upstream stage, the fingerprint of the committed result this task reads: the same shard's for a
+    per-shard stage reading a per-shard one, all shards' together for a fan-in; None when not committed."""
+    out: dict[str, str | None] = {}
+    for name in spec.upstream_for(cfg):
+        up = stage(name)
+        if up.per_shard and shard is not None:
+            record = status.read_record(store, name, shard)
+            out[name] = record.fingerprint if record and record.state == "done" else None
+        elif up.per_shard:
+            records = [status.read_record(store, name, k) for k in _shards(store, name)]
+            fps = [r.fingerprint if r and r.state == "done" else None for r in records]
+            out[name] = _digest(fps) if fps and None not in fps else None
+        else:
+            record = status.read_record(store, name)
+            out[name] = record.fingerprint if record and record.state == "done" else None
+    return out
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a task's result depends on, and its digest (recorded in the task's status record)."""
+
+    inputs: dict[str, Any]
+    upstream: dict[str, str | None]
+
+    @property
+    def digest(self) -> str:
+        return _digest({"inputs": self.inputs, "upstream": self.upstream})
+
+
+def task_fingerprint(cfg: RunConfig, stage_name: str, shard: int | None = None,
+                     store: ObjectStore | None = None) -> Fingerprint:
+    from flashdraft.store import open_store
+
+    spec = stage(stage_name)
+    store = store or open_store(cfg.storage, cfg.run_id)
+    return Fingerprint(config_inputs(spec, cfg), upstream_fingerprints(store, spec, cfg, shard))
+
+
+def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
+                   upstream: dict[str, str | None] | None = None) -> dict[str, tuple[Any, Any]]:
+    """What differs from a committed record: config fields as (committed, now), upstream stages as
+    ("upstream <stage>", (committed fingerprint, now)). A field the record does not hold (added to flashdraft
+    since) counts as unchanged while it keeps its default; an upstream result without a recorded fingerprint on
+    either side (a stage run outside the runner) is not compared."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key, now in inputs.items():
+        before = record.inputs[key] if key in record.inputs else _field_default(key)
+        if before != now:
+            out[key] = (before, now)
+    for name, now in (upstream or {}).items():
+        before = record.upstream.get(name)
+        if before is not None and now is not None and before != now:  # None: not recorded (run outside the runner)
+            out[f"upstream {name}"] = (before, now)
+    return out
+
+
+def _continues(spec: StageSpec, change: str) -> bool:
+    for c in spec.continue_on:
+        if c == "*" or change == c or change.startswith(c + ".") or change == f"upstream {c}":
+            return True
+    return False
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def refusal(task: str, spec: StageSpec, changes: dict[str, tuple[Any, Any]]) -> StageInputsChanged:
+    """The one-line refusal: the changed fields, then the choices."""
+    fields = [k for k in changes if not k.startswith("upstream ")]
+    upstream = [k.removeprefix("upstream ") for k in changes if k.startswith("upstream ")]
+    start = spec.name if fields else next((s for s in stage_names_in_order() if s in upstream), spec.name)
+    detail = ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in changes.items()
+                       if not k.startswith("upstream "))
+    what = detail if detail else f"the result of {', '.join(upstream)}"
+    return StageInputsChanged(
+        f"{task}: changed since its committed result: {what}; keep the old settings, use a new run_id "
+        f"(--set run_id=NEW), or recompute with `--from {start}` ({', '.join(downstream(start))})")
+
+
+def stage_names_in_order() -> list[str]:
+    return [s.name for s in stages()]
+
+
+# -- running a task -----------------------------------------------------------------------------------------
+
+
+def _emit_and_commit(store: ObjectStore, record: status.StageRecord, commit: bool = True) -> None:
+    """Tell the local console, and commit the task's status record; a store failure here is logged, never raised:
+    it must not replace the stage's own outcome (or its own error)."""
+    from flashdraft.pipelines.console import emit
+
+    emit({"kind": "task", "record": record.model_dump(mode="json")})
+    if not commit:
+        return
+    try:
+        store.commit_json(status.status_key(record.stage, record.shard), record.model_dump(mode="json"))
+    except Exception:  # noqa: BLE001
+        log.warning("could not commit the status record of %s", record.task, exc_info=True)
+
+
+def _committed_result(store: ObjectStore, spec: StageSpec, shard: int | None) -> StageSummary | None:
+    key = layout.metrics_key(status.task_name(spec.name, shard))
+    if not store.is_committed(key):
+        return None
+    return summary_of(spec.name, {**store.get_json_verified(key), "skipped": True})
+
+
+def _call(spec: StageSpec, cfg: RunConfig, shard: int | None) -> Any:
+    fn = spec.run_function()
+    return fn(cfg) if shard is None else fn(cfg, shard)
+
+
+def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
+             body: Callable[[], StageSummary | dict[str, Any]] | None = None, force: bool = False,
+             metrics: Any = None) -> StageSummary:
+    """Run one task (a stage, or one shard of a per-shard stage) under the runner's rules (module docstring).
+
+    body: what to call instead of the stage's declared run function (a CLI's options, a pipeline's launcher).
+    force: run even when the committed result's fingerprint matches or the change would be refused (the old
+    `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
+    The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
+    from flashdraft.pipelines.console import task_output
+    from flashdraft.store import open_store
+
+    spec = stage(stage_name)
+    store = open_store(cfg.storage, cfg.run_id)
+    task = status.task_name(spec.name, shard)
+    previous = status.read_record(store, spec.name, shard)
+    fp = Fingerprint(config_inputs(spec, cfg), upstream_fingerprints(store, spec, cfg, shard))
+    attempt = previous.attempt + 1 if previous else 1
+    if spec.reuse and not force and previous is not None and previous.fingerprint is not None:
+        changes = changed_fields(previous, fp.inputs, fp.upstream)
+        if not changes and previous.state == "done":
+            result = _committed_result(store, spec, shard)
+            if result is not None:
+                log.info("%s: %s (%s)", task, REUSED, previous.fingerprint)
+                now = status.now()
+                _emit_and_commit(store, previous.model_copy(update={
+                    "reused": True, "started": now, "ended": now, "attempt": attempt,
+                    "log": status.task_log_location()}))
+                _log_metrics(metrics, spec.name, previous.figures, 0.0)
+                return result
+        refused = {k: v for k, v in changes.items() if not _continues(spec, k)}
+        if refused:
+            exc = refusal(status.task_name(spec.name, shard), spec, refused)
+            now = status.now()
+            _emit_and_commit(store, status.StageRecord(
+                stage=spec.name, shard=shard, state="failed", started=now, ended=now, attempt=attempt,
+                error_type=type(exc).__name__, error=str(exc)), commit=False)  # the committed record stays
+            raise exc
+        if changes:
+            log.info("%s: carrying on from its committed work after a change of %s", task, ", ".join(changes))
+    with task_output(task) as log_path:
+        record = status.StageRecord(stage=spec.name, shard=shard, state="running", started=status.now(),
+                                    attempt=attempt, log=log_path or status.task_log_location(),
+                                    fingerprint=fp.digest, inputs=fp.inputs, upstream=fp.upstream)
+        _emit_and_commit(store, record)
+        try:
+            summary = summary_of(spec.name, body() if body is not None else _call(spec, cfg, shard))
+            if spec.reuse and not spec.commits_result:
+                store.commit_json(layout.metrics_key(task), summary.dump())
+        except BaseException as exc:
+            log.error("%s failed", task, exc_info=True)  # the traceback, in its log
+            message = str(exc)
+            if len(message) > status.MAX_ERROR_CHARS:
+                message = message[: status.MAX_ERROR_CHARS] + " [truncated; the log has it all]"
+            _emit_and_commit(store, record.model_copy(update={"state": "failed", "ended": status.now(),
+                                                              "error_type": type(exc).__name__, "error": message}))
+            raise
+        figures = summary.figures()
+        done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures,
+                                         "headline": status.headline(spec.name, figures)})
+        _emit_and_commit(store, done)
+    _log_metrics(metrics, spec.name, figures, done.duration_s or 0.0)
+    return summary
+
+
+def _log_metrics(metrics: Any, stage_name: str, figures: dict[str, float], duration_s: float) -> None:
+    if metrics is None:
+        return
+    for key, value in {**status.derive(stage_name, figures), "duration_s": duration_s}.items():
+        metrics.log_metric(key, float(value))
+
+
+# -- before a run -------------------------------------------------------------------------------------------
+
+
+def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
+    """Refuse, before any stage runs, a config whose changes no committed stage can carry on from.
+
+    Compares the config fields of every stage with a committed record (upstream results cannot have changed yet:
+    they change only through these fields). Raises StageInputsChanged naming the earliest such stage."""
+    from flashdraft.store import open_store
+
+    store = store or open_store(cfg.storage, cfg.run_id)
+    for spec in stages():
+        if not spec.reuse:
+            continue
+        inputs = config_inputs(spec, cfg)
+        records = [status.read_record(store, spec.name)] if not spec.per_shard else [
+            status.read_record(store, spec.name, k) for k in _shards(store, spec.name)]
+        for record in records:
+            if record is None or record.fingerprint is None:
+                continue
+            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(spec, k)}
+            if refused:
+                raise refusal(record.task, spec, refused)
+
+
+def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None) -> list[str]:
+    """`--from <stage>`: delete the committed results of `stage_name` and of every stage after it that reads it
+    (outputs, metrics, status records), so they are recomputed; returns the stages cleared."""
+    from flashdraft.store import COMMIT_SUFFIX, open_store
+
+    store = store or open_store(cfg.storage, cfg.run_id)
+    try:
+        names = downstream(stage(stage_name).name)
+    except ValueError as exc:
+        raise ConfigError(f"--from {stage_name}: {exc}") from None
+    for name in names:
+        spec = stage(name)
+        keys = set()
+        for prefix in (*spec.outputs, layout.status_key(name)[: -len(".json")],
+                       layout.metrics_key(name)[: -len(".json")]):
+            keys.update(store.list(prefix))
+        own = {k for k in keys if k.startswith(tuple(spec.outputs)) or _task_key_of(k, name)}
+        for key in sorted(own, key=lambda k: not k.endswith(COMMIT_SUFFIX)):  # records first: readers stop seeing
+            store.delete(key)
+        log.info("--from %s: cleared %s (%d objects)", stage_name, name, len(own))
+    return names
+
+
+def _task_key_of(key: str, name: str) -> bool:
+    """A `status/` or `metrics/` key of stage `name` itself (`train.json`, `extract-shard-00001.json`), not of a
+    stage whose name starts the same way."""
+    for folder in (layout.STATUS, layout.METRICS):
+        if key.startswith(folder + "/"):
+            base = key[len(folder) + 1:].split(".json", 1)[0]
+            return base == name or base.startswith(name + "-shard-")
+    return False
