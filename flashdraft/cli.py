@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +18,7 @@ from flashdraft.cli_options import (
     RunOpt,
     SetOpt,
     ShardOpt,
+    fail,
     run_config,
     run_stage,
     run_store,
@@ -58,6 +60,7 @@ def build_app() -> typer.Typer:
         load_ref(ref)(app)
     app.command("presets")(presets)
     app.command("show-config")(show_config)
+    app.command("config-reference")(config_reference)
     app.command("status")(status)
     return app
 
@@ -78,6 +81,26 @@ def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt
     typer.echo(dump_config(cfg))
     if cfg.target.num_layers:
         typer.echo(f"# derived: features.layer_ids = {cfg.layer_ids()}  drafter.gamma = {cfg.drafter.resolved_gamma}")
+
+def config_reference(
+    section: Annotated[str | None, typer.Argument(help="Only this section, e.g. training.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the Markdown here instead of "
+                                                                       "printing it.")] = None,
+) -> None:
+    """Every config field with its type, default and description (what --set can change). The committed
+    docs/config-reference.md is this command's output."""
+    from flashdraft.config_reference import render
+
+    try:
+        text = render(section)
+    except KeyError as exc:
+        raise fail(exc.args[0], 2) from None
+    if output is None:
+        typer.echo(text)
+    else:
+        output.write_text(text + "\n")
+        typer.echo(f"wrote {output}")
+
 
 def status(
     run: RunOpt = None, endpoint_url: EndpointOpt = None,

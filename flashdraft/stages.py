@@ -189,7 +189,7 @@ declare(StageSpec(
     ignores=_TARGET_HINTS, cli=f"{_C}.evaluate.cli:evaluate", component="flashdraft.pipelines.stages:evaluate"))
 declare(StageSpec(
     "export", ExportSummary, "cpu", HOUR, run=f"{_C}.export.export:run_export",
-    upstream=("train",), continue_on=("*",), reads=("target",), ignores=_TARGET_HINTS,
+    upstream=("train",), continue_on=("*",), reads=("target", "export"), ignores=_TARGET_HINTS,
     doc="Export the latest training checkpoint to the object store (export/) and a local folder.",
     outputs=("export/",), cli=f"{_C}.export.cli:export", component="flashdraft.pipelines.stages:export"))
 declare(StageSpec(

@@ -62,16 +62,15 @@ def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -
                                              .contiguous() for k, v in tensors.items()})}
 
 
-def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str = "bfloat16",
-               speculators: bool = False) -> ExportSummary:
+def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSummary:
     """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
-    `out_dir/<format>/`. dtype: bfloat16 (z-lab checkpoints' dtype), float16 or float32 (bit-exact)."""
+    `out_dir/<format>/`, in the formats and dtype of `cfg.export` (so a pipeline run asks for them like any
+    other setting; `flashdraft export --dtype/--speculators` override them)."""
     from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.drafter.model import DFlashDrafter
     from flashdraft.target import load_hf_config
 
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    dtype = cfg.export.dtype
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     latest = latest_checkpoint(store)
@@ -86,10 +85,13 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None, dtype: str 
                     "mask slots with the target's row %d and draft differently; train with an explicit "
                     "drafter.mask_token_id (a token the chat never produces) for an export every reader shares",
                     drafter.geometry.mask_token_id)
-    formats = {"zlab": _files_zlab(drafter, dtype)}
-    if speculators:
-        archs = list(getattr(load_hf_config(cfg.target), "architectures", None) or [])
-        formats["speculators"] = _files_speculators(drafter, dtype, archs)
+    formats = {}
+    for name in cfg.export.formats:
+        if name == "zlab":
+            formats[name] = _files_zlab(drafter, dtype)
+        else:
+            archs = list(getattr(load_hf_config(cfg.target), "architectures", None) or [])
+            formats[name] = _files_speculators(drafter, dtype, archs)
     summary = {"checkpoint": latest["prefix"], "step": latest["step"], "final": latest["final"], "dtype": dtype,
                "mask_token_id": drafter.geometry.mask_token_id, "trainable_mask": drafter.geometry.trainable_mask,
                "target_layer_ids": drafter.geometry.target_layer_ids, "formats": {}}

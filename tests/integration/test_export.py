@@ -33,7 +33,9 @@ def _checkpointed_drafter(cfg):
 
 def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
     model = _checkpointed_drafter(tiny_cfg)
-    summary = run_export(tiny_cfg, out_dir=tmp_path / "out", dtype="float32", speculators=True)
+    cfg = tiny_cfg.with_overrides({"export.dtype": "float32", "export.formats": ["zlab", "speculators"]})
+    summary = run_export(cfg, out_dir=tmp_path / "out")
+    assert sorted(summary.formats) == ["speculators", "zlab"] and summary.dtype == "float32"
     folder = tmp_path / "out" / "zlab"
     assert summary.step == 7 and summary.final
     loaded = DFlashDrafter.from_pretrained(folder, target=tiny_cfg.target)
@@ -109,7 +111,7 @@ def test_draft_vocab_exports_as_vllm_reads_it_and_roundtrips(tiny_cfg, tmp_path)
     model.set_draft_vocab(ids)
     save_checkpoint(open_store(cfg.storage, cfg.run_id), model, torch.optim.AdamW(model.parameters()),
                     model.config_dict(), {"step": 3, "history": []}, final=True)
-    run_export(cfg, out_dir=tmp_path / "out", dtype="float32")
+    run_export(cfg.with_overrides({"export.dtype": "float32"}), out_dir=tmp_path / "out")
     folder = tmp_path / "out" / "zlab"
     assert json.loads((folder / "config.json").read_text())["draft_vocab_size"] == 64
     with safe_open(str(folder / "model.safetensors"), "pt") as f:

@@ -28,3 +28,18 @@ def test_show_config_prints_derived_values_and_rejects_bad_fields():
     assert res.exit_code == 0 and "layer_ids = [1, 8, 14, 20, 27]" in res.output
     res = runner.invoke(app, ["show-config", "--preset", "tiny", "--set", "drafter.block_size=1"])
     assert res.exit_code == 2 and "drafter.block_size" in res.output
+
+
+def test_config_reference_command_prints_one_section_and_writes_the_doc(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["config-reference", "training"])
+    assert res.exit_code == 0 and "`training.num_threads`" in res.output and "## storage" not in res.output
+    res = runner.invoke(app, ["config-reference", "--output", str(tmp_path / "ref.md")])
+    assert res.exit_code == 0 and "## export" in (tmp_path / "ref.md").read_text()
+    res = runner.invoke(app, ["config-reference", "nope"])
+    assert res.exit_code == 2 and "no config section 'nope'" in res.output
+
+
+def test_export_cli_flags_override_the_config_before_any_work():
+    res = CliRunner().invoke(app, ["export", "--preset", "tiny", "--dtype", "float64"])
+    assert res.exit_code == 2 and "export.dtype" in res.output

@@ -97,3 +97,39 @@ def test_missing_inputs_are_clear(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
+
+
+def test_every_field_has_a_description():
+    from flashdraft.config_reference import iter_fields, undescribed_fields
+
+    assert len(list(iter_fields())) > 130  # the walk reaches nested sections and data.sources[] items
+    assert undescribed_fields() == [], "describe these fields in flashdraft/config.py (Field(description=...))"
+
+
+def test_committed_config_reference_is_current():
+    from pathlib import Path
+
+    from flashdraft.config_reference import REFERENCE_DOC, render
+
+    committed = (Path(__file__).resolve().parents[2] / REFERENCE_DOC).read_text()
+    assert committed == render() + "\n", (
+        f"{REFERENCE_DOC} is stale: regenerate it with `flashdraft config-reference --output {REFERENCE_DOC}`")
+
+
+def test_config_reference_shows_effective_nested_defaults():
+    from flashdraft.config_reference import render
+
+    pools = render("pools")
+    assert "| `pools.cpu.accelerator_type` | `str \\| None` | `null` |" in pools  # the cpu pool's own default
+    assert '| `pools.trainer.accelerator_type` | `str \\| None` | `"nvidia.com/gpu"` |' in pools
+    assert "## training" not in pools
+    with pytest.raises(KeyError, match="no config section 'nope'"):
+        render("nope")
+
+
+def test_export_settings_are_config_fields():
+    cfg = load_config(preset="tiny", overrides=["export.dtype=float32", "export.formats=[zlab, speculators, zlab]"])
+    assert (cfg.export.dtype, cfg.export.formats) == ("float32", ["zlab", "speculators"])
+    assert load_config(preset="tiny").export.formats == ["zlab"]
+    with pytest.raises(ConfigError, match="export.formats"):
+        load_config(preset="tiny", overrides=["export.formats=[onnx]"])

@@ -42,12 +42,12 @@ def evaluated_run(tmp_path_factory):
     cfg = load_config(preset="tiny", overrides={
         "storage.root": f"file://{tmp}/runs", "data.max_samples": 16, "data.num_shards": 1, "data.eval_count": 4,
         "training.epochs": 12, "training.tokens_per_step": 1024, "training.lr": 3e-3,
-        "eval.num_prompts": 4, "eval.max_new_tokens": MAX_NEW})
+        "eval.num_prompts": 4, "eval.max_new_tokens": MAX_NEW, "export.dtype": "float32"})
     run_prep(cfg)
     run_generate(cfg, 0)
     run_extract(cfg, 0)
     run_train(cfg)
-    export = run_export(cfg, out_dir=tmp / "export", dtype="float32")
+    export = run_export(cfg, out_dir=tmp / "export")
     metrics = run_evaluate(cfg)
     prompts = load_eval_prompts(cfg, open_store(cfg.storage, cfg.run_id), load_tokenizer(cfg.target))
     return cfg, tmp, export, metrics, prompts
