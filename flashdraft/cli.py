@@ -23,6 +23,7 @@ from flashdraft.cli_options import (
     run_stage,
     run_store,
 )
+from flashdraft.config import ConfigError
 from flashdraft.stages import StageSpec, load_ref, stages
 
 # Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
@@ -147,5 +148,36 @@ def status(
 
 app = build_app()
 
+
+def main() -> None:
+    """The `flashdraft` console script: the typer app, with known failures reduced to one line.
+
+    Known failures are the ones a person fixes by changing a setting or the environment (ConfigError, which
+    includes a target.model that cannot be loaded, and StoreError): one line and exit 1, the traceback saved to a
+    file for a bug report. Anything else is a bug in flashdraft and keeps its traceback on the terminal."""
+    try:
+        app()
+    except Exception as exc:
+        from flashdraft.store import StoreError  # here, not at import: fsspec/s3fs would slow every --help
+
+        if not isinstance(exc, ConfigError | StoreError):
+            raise
+        trace = _save_traceback(exc)
+        typer.secho(f"{' '.join(str(exc).split())} (traceback: {trace})", fg=typer.colors.RED, err=True)
+        raise SystemExit(1) from None
+
+
+def _save_traceback(exc: BaseException) -> Path:
+    import os
+    import tempfile
+    import traceback
+
+    folder = Path(os.environ.get("FLASHDRAFT_LOG_DIR") or Path(tempfile.gettempdir()) / "flashdraft-logs")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text("".join(traceback.format_exception(exc)))
+    return path
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -45,10 +45,12 @@ def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
 
 def run_stage(cfg: RunConfig, stage: str, shard: int | None = None, *, body: Callable[[], Any] | None = None,
               force: bool = False, errors: tuple[type[BaseException], ...] = ()) -> Any:
-    """`flashdraft <stage>`: the task through the runner (flashdraft/runner.py), as a pipeline runs it. A refused
-    change (StageInputsChanged), a config error or one of the stage's own `errors` ends in one red line, exit 1."""
+    """`flashdraft <stage>`: the store preflight (`check_store`), then the task through the runner
+    (flashdraft/runner.py), as a pipeline runs it. A store that cannot be used, a refused change
+    (StageInputsChanged), a config error or one of the stage's own `errors` ends in one red line, exit 1."""
     from flashdraft.runner import run_task
 
+    check_store(cfg)  # before the stage works: a bad store fails in seconds, in one line
     try:
         return run_task(cfg, stage, shard, body=body, force=force)
     except (ConfigError, *errors) as exc:
@@ -56,9 +58,29 @@ def run_stage(cfg: RunConfig, stage: str, shard: int | None = None, *, body: Cal
 
 
 def run_config(config: Path | None, preset: str | None, sets: list[str] | None) -> RunConfig:
-    """Load the config or exit with the validation message (no traceback for a user's mistake)."""
+    """Load the config or exit 1 with the validation message (no traceback for a user's mistake)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return load_config(config, preset, sets or [])
     except ConfigError as exc:
-        raise fail(exc, 2) from None
+        raise fail(exc, 1) from None
+
+
+def check_store(cfg: RunConfig) -> None:
+    """The store preflight (`flashdraft.store.preflight`) before a command starts any work: credentials, server,
+    bucket and a probe commit, in seconds; a failure exits 1 with one line naming the setting to fix."""
+    from flashdraft.store import StorePreflightError, preflight
+
+    # The probe's own chatter (botocore's "found credentials", the store's retry warning) would bury the verdict.
+    quiet = [logging.getLogger(name) for name in ("botocore", "aiobotocore", "flashdraft.store")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        preflight(cfg.storage, cfg.run_id)
+    except StorePreflightError as exc:
+        raise fail(exc, 1) from None
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+

@@ -604,12 +604,13 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | list[str])
 
 
 def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid run config ({source}):"]
+    """One line: every invalid field with its reason, and where the fields are described."""
+    problems = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "<root>"
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+        problems.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+    return (f"invalid run config ({source}): {'; '.join(problems)} (`flashdraft config-reference SECTION` "
+            "describes every field)")
 
 
 def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
 import hashlib
 import json
@@ -186,10 +187,11 @@ def _s3_credentials() -> dict[str, str]:
 class ObjectStore:
     """Keys are `/`-separated paths relative to `root`; the same code runs on every backend.
 
-    `retries` / `backoff_s` override `storage.retries` / `storage.retry_base_s` (tests use tiny backoffs)."""
+    `retries` / `backoff_s` override `storage.retries` / `storage.retry_base_s` (tests use tiny backoffs);
+    `timeout_s` the S3 connect/read timeouts (10 s / 60 s; `preflight` uses a short one)."""
 
     def __init__(self, root: str, storage: StorageConfig | None = None, *, retries: int | None = None,
-                 backoff_s: float | None = None):
+                 backoff_s: float | None = None, timeout_s: float | None = None):
         scheme, path = split_uri(root)
         if scheme not in STORAGE_SCHEMES:
             raise StoreError(f"unsupported storage scheme {scheme!r} in {root!r}")
@@ -219,7 +221,8 @@ class ObjectStore:
             config_kwargs = {"s3": {"addressing_style": "path" if storage.path_style else "virtual"},
                              "request_checksum_calculation": "when_required",
                              "response_checksum_validation": "when_required",
-                             "retries": {"total_max_attempts": 1}, "connect_timeout": 10, "read_timeout": 60}
+                             "retries": {"total_max_attempts": 1}, "connect_timeout": timeout_s or 10,
+                             "read_timeout": timeout_s or 60}
             self.fs = fsspec.filesystem("s3", client_kwargs=client_kwargs, config_kwargs=config_kwargs,
                                         use_listings_cache=False, skip_instance_cache=True, **_s3_credentials())
             self.fs.retries = 1  # s3fs: one attempt per call
@@ -450,3 +453,83 @@ def open_store(storage: StorageConfig, run_id: str | None = None) -> ObjectStore
     """The store for a run: `storage.root/<run_id>/` (or the root itself when run_id is None)."""
     store = ObjectStore(storage.root, storage)
     return store.child(run_id) if run_id else store
+
+
+class StorePreflightError(StoreError):
+    """The run's store cannot be used; one line naming the setting (or environment variable) and what to do."""
+
+
+PREFLIGHT_PREFIX = ".preflight"
+
+
+def _s3_has_credentials() -> bool:
+    """Whether botocore's credential chain finds any (environment, profile, Secret folder, instance role)."""
+    if os.environ.get(SECRET_DIR_ENV):
+        _s3_credentials()  # raises naming the folder when its files are missing
+        return True
+    import botocore.session
+
+    return botocore.session.get_session().get_credentials() is not None
+
+
+def preflight(storage: StorageConfig, run_id: str | None = None, *, timeout_s: float = 5.0) -> None:
+    """Check once, before any stage runs, that the run's store takes a commit: credentials are there, the server
+    answers, the bucket exists and accepts a write, and the committed probe reads back; then remove the probe.
+
+    A short timeout and one retry (not storage.retries) so a wrong endpoint fails in seconds instead of after the
+    stage's retry budget. Every failure raises StorePreflightError with one line that names the setting to fix."""
+    scheme, path = split_uri(storage.root)
+    if scheme == "memory":
+        return
+    endpoint = storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    where = f"storage.root={storage.root}" + (f" (endpoint {endpoint})" if endpoint else "")
+    if scheme == "s3":
+        if not path.strip("/"):
+            raise StorePreflightError(f"storage.root={storage.root} names no bucket: use s3://BUCKET/PREFIX")
+        try:
+            found = _s3_has_credentials()
+        except StoreError as exc:
+            raise StorePreflightError(f"{where}: {exc}") from exc
+        if not found:
+            raise StorePreflightError(
+                f"{where}: no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                f"AWS_PROFILE), or {SECRET_DIR_ENV} to a folder holding them (a mounted Kubernetes Secret)")
+    store = ObjectStore(storage.root, storage, retries=1, backoff_s=0.2, timeout_s=timeout_s)
+    if run_id:
+        store = store.child(run_id)
+    key = f"{PREFLIGHT_PREFIX}/probe-{uuid.uuid4().hex[:12]}"
+    payload = f"flashdraft store preflight {time.time()}".encode()
+    try:
+        store.commit(key, payload)
+        if store.get_verified(key) != payload:
+            raise StorePreflightError(f"{where}: a committed probe read back different bytes")
+        store.uncommit(key)
+        if scheme == "file":  # leave no empty probe folder in the run
+            with contextlib.suppress(OSError):
+                os.rmdir(store._p(PREFLIGHT_PREFIX))
+    except StorePreflightError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - each failure is translated into the setting to fix
+        raise StorePreflightError(_preflight_message(scheme, where, endpoint, path.split("/")[0], exc)) from exc
+
+
+def _preflight_message(scheme: str, where: str, endpoint: str | None, bucket: str, exc: BaseException) -> str:
+    unavailable = isinstance(exc, StoreUnavailableError) or transient_kind(exc) is not None
+    if isinstance(exc, StoreUnavailableError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # the transport error itself, not the retry summary
+    detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    if unavailable:
+        if scheme == "s3":
+            fix = ("start the S3 server or fix storage.endpoint_url" if endpoint else
+                   "check the network, or set storage.endpoint_url for a non-AWS server")
+        else:
+            fix = "check the filesystem"
+        return f"{where}: the store does not answer ({detail}); {fix}"
+    if scheme == "s3" and isinstance(exc, FileNotFoundError):
+        return f"{where}: bucket {bucket!r} does not exist: create it, or fix storage.root ({detail})"
+    if scheme == "s3" and isinstance(exc, PermissionError):
+        return (f"{where}: the S3 server refused the credentials or the write ({detail}); check "
+                f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or {SECRET_DIR_ENV}) and the bucket's policy")
+    if isinstance(exc, StoreReadOnlyError | StoreFullError | PermissionError):
+        return f"{where}: cannot write there ({detail}); fix the folder's permissions or point storage.root elsewhere"
+    return f"{where}: a probe commit failed ({detail}); fix the store settings (docs/config-reference.md#storage)"

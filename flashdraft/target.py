@@ -20,6 +20,7 @@ only ever call `from_pretrained(folder)`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from flashdraft.config import RunConfig, TargetConfig
+from flashdraft.config import ConfigError, RunConfig, TargetConfig
 
 # transformers >= 5.25 swaps layers for kernels downloaded from the Hub at load time unless told not to: code
 # fetched at run time (the same trust question as trust_remote_code), a network call an air-gapped cluster cannot
@@ -187,10 +188,31 @@ def _hub_kwargs(target: TargetConfig) -> dict:
     return kw
 
 
+class TargetNotFoundError(ConfigError):
+    """target.model names nothing this machine can load (not a folder, not reachable on the Hub)."""
+
+
+@contextlib.contextmanager
+def _named_target(target: TargetConfig):
+    """transformers says a Hub model is missing with a long OSError; say which setting names it and what to do."""
+    try:
+        yield
+    except OSError as exc:
+        if target.source != "hf":
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        rev = f" (target.revision={target.revision})" if target.revision else ""
+        raise TargetNotFoundError(
+            f"target.model={target.model}{rev}: cannot load it ({first}); set target.model to a local model folder "
+            "or a Hub id this machine can reach (HF_TOKEN for a gated model; with HF_HUB_OFFLINE=1 it must be in "
+            "the Hugging Face cache already)") from exc
+
+
 def load_tokenizer(target: TargetConfig):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(target), **_hub_kwargs(target))
+    with _named_target(target):
+        tok = AutoTokenizer.from_pretrained(resolve_model_dir(target), **_hub_kwargs(target))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -199,7 +221,8 @@ def load_tokenizer(target: TargetConfig):
 def load_hf_config(target: TargetConfig):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(resolve_model_dir(target), **_hub_kwargs(target))
+    with _named_target(target):
+        return AutoConfig.from_pretrained(resolve_model_dir(target), **_hub_kwargs(target))
 
 
 class UnsupportedTargetError(ValueError):
@@ -273,8 +296,9 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
         if getattr(text, "layer_types", None):
             text.layer_types = list(text.layer_types)[:num_layers]  # a hybrid's layer kinds must stay aligned
         kwargs["config"] = cfg
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(target), dtype=torch_dtype(target), **kwargs,
-                                                 **NO_HUB_KERNELS)
+    with _named_target(target):
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(target), dtype=torch_dtype(target), **kwargs,
+                                                     **NO_HUB_KERNELS)
     return model.to(device).eval()
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
+from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, check_store, fail, run_config
 
 DEFAULT_PACKAGE = "build/flashdraft-pipeline.yaml"
 CLUSTER_PRESET = "qwen3.6-27b"
@@ -136,6 +136,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
+        check_store(cfg)  # before kfp.local starts anything: a bad store fails in seconds, in one line
         if not verbose:
             logging.getLogger().setLevel(logging.WARNING)
         from flashdraft.config import ConfigError
