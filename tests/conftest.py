@@ -104,3 +104,21 @@ def _threads():
     import torch
 
     torch.set_num_threads(int(os.environ.get("FLASHDRAFT_TEST_THREADS", "2")))
+
+
+# Test tiers are folders: every test under tests/integration, tests/vllm or tests/k8s carries that tier's marker
+# (so `-m "not integration"` can never pick up a test that needs a service), and tests/unit uses no real service.
+TIER_FOLDERS = ("integration", "vllm", "k8s")
+SERVICE_FIXTURES = {"s3_server"}  # every real-S3 fixture (s3_env, s3_storage, any_store's s3 case) depends on it
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else None
+        if folder in TIER_FOLDERS:
+            item.add_marker(folder)
+        elif folder == "unit" and SERVICE_FIXTURES & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid} uses a real service ({', '.join(SERVICE_FIXTURES)}): tests/unit "
+                                    "uses none; move it to tests/integration")

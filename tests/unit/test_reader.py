@@ -138,17 +138,6 @@ def test_provenance_mismatch_is_refused_with_the_fields(tiny_cfg):
     assert "codec: data has {'name': 'bf16-zstd'" in str(err.value) and "tokenizer_sha" not in str(err.value)
 
 
-@pytest.mark.integration
-def test_single_sample_byte_range_fetch_on_s3(s3_storage, tiny_cfg):
-    s3 = ObjectStore(s3_storage.root, s3_storage)
-    keys = commit_parts(s3, tiny_cfg, {0: [6]})
-    reader = OfflineReader(s3, shuffle=False)
-    whole = ids(reader)
-    one = reader.fetch(keys[0], 4)
-    assert one.sample_id == whole[4] == "0-0-4"
-    assert one.features.shape[1] == 5 * 256
-
-
 def test_dataloader_workers_split_disjointly(tiny_cfg, tmp_path):
     s = ObjectStore(f"file://{tmp_path}/dl")
     commit_parts(s, tiny_cfg, LAYOUT)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 from feature_fixtures import write_responses
@@ -15,17 +12,6 @@ from flashdraft.features.shard import iter_shard
 from flashdraft.store import open_store
 
 pytestmark = pytest.mark.vllm
-
-VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-
-
-@pytest.fixture()
-def vllm_python(monkeypatch):
-    python = os.environ.get("FLASHDRAFT_VLLM_PYTHON") or (str(VENV_PYTHON) if VENV_PYTHON.exists() else None)
-    if python is None:
-        pytest.skip("run make vllm-venv")
-    monkeypatch.setenv("FLASHDRAFT_VLLM_PYTHON", python)
-    return python
 
 
 def _samples(cfg):
