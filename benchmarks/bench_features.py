@@ -29,13 +29,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from flashdraft.components.extract.extract import run_extract
-from flashdraft.components.prep.demo import demo_rows
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from flashdraft import layout
 from flashdraft.capture import capture_layers
+from flashdraft.components.extract.extract import run_extract
+from flashdraft.components.prep.demo import demo_rows
 from flashdraft.config import CODECS, StorageConfig, load_config
 from flashdraft.features.codecs import Codec, relative_error_per_layer
 from flashdraft.features.reader import OfflineReader

@@ -21,7 +21,6 @@ from pathlib import Path
 from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
-
 from flashdraft.config import load_config
 from flashdraft.records import iter_responses
 from flashdraft.store import open_store

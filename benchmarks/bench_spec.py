@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 
 import torch
+
+from flashdraft.capture import capture_layers
 from flashdraft.components.evaluate.evaluate import _eos_ids, summarize
 from flashdraft.components.evaluate.prompts import encode_chat
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
 from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.prep.demo import demo_rows
-
-from flashdraft.capture import capture_layers
 from flashdraft.config import load_config
 from flashdraft.drafter.batch import pack
 from flashdraft.drafter.loss import dflash_loss

@@ -285,9 +285,9 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
                          held_eval: list[dict] | None = None) -> dict:
     """flashdraft's own trainer pieces (build_model, micro_step, lr_at, clip, AdamW) on the plan's steps."""
     import torch
+
     from flashdraft.components.train.distributed import DistEnv
     from flashdraft.components.train.trainer import build_model, lr_at, micro_step
-
     from flashdraft.drafter.batch import pack
     from flashdraft.drafter.loss import block_labels
     from flashdraft.features.shard import Sample
@@ -511,7 +511,6 @@ def curve_main(args) -> dict:
     import tempfile
 
     from flashdraft.components.train.trainer import lr_at
-
     from flashdraft.config import load_config
     from flashdraft.target import cache_dir, resolve_model_dir
 

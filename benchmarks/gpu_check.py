@@ -203,6 +203,7 @@ def run_config(folder: Path, spec: TargetSpec, work: Path, *, drafter_layers: in
 def random_rows(n: int, lengths: tuple[int, int], vocab: int, seed: int):
     """Rows of random tokens (prompt + response halves); only the response half carries the loss."""
     import torch
+
     from flashdraft.components.extract.extract import Row
 
     g = torch.Generator().manual_seed(seed)
@@ -268,6 +269,7 @@ def train(cfg, groups: list[list[Sample]], device: str, steps: int, seed: int = 
     """Per-step losses and step seconds of the trainer's step (build_model, micro_step, clip, AdamW) on `device`.
     CPU: dense SDPA, fp32. CUDA: FlexAttention (compiled), bf16 autocast, bf16 head (the trainer's own choice)."""
     import torch
+
     from flashdraft.components.train.distributed import DistEnv
     from flashdraft.components.train.trainer import build_model, micro_step
 
@@ -394,7 +396,6 @@ def evaluate(cfg, model, rows, device: str, max_new_tokens: int):
     from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
     from flashdraft.components.evaluate.prompts import EvalPrompt
     from flashdraft.components.evaluate.spec import speculative_generate, target_generate
-
     from flashdraft.target import load_causal_lm
 
     target = load_causal_lm(cfg.target, device=device)
@@ -475,8 +476,8 @@ def timed_steps(model, params, opt, cfg, rows, device: str, steps: int, warmup: 
     CUDA events between its parts; the first `warmup` steps (compilation, allocator growth) are not timed. Peak
     memory is the allocator's over all steps, state included."""
     import torch
-    from flashdraft.components.train.trainer import drafter_loss
 
+    from flashdraft.components.train.trainer import drafter_loss
     from flashdraft.drafter.batch import pack
 
     d, dev = cfg.drafter, torch.device(device)
@@ -543,6 +544,7 @@ def production_train(work: Path, device: str, scale: DryRun | None = None, steps
     """The production drafter's step for each activation-checkpointing choice (one model and optimizer, so the
     optimizer state is allocated once and counted in every peak)."""
     import torch
+
     from flashdraft.components.train.distributed import DistEnv
     from flashdraft.components.train.trainer import build_model
 

@@ -132,8 +132,9 @@ def register(app: typer.Typer) -> None:
         import logging
         import sys
 
-        from flashdraft.pipelines.local import print_outcome, run_local
         from rich.console import Console
+
+        from flashdraft.pipelines.local import print_outcome, run_local
 
         cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
         check_store(cfg)  # before kfp.local starts anything: a bad store fails in seconds, in one line

@@ -94,10 +94,10 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     Before anything runs, a change of settings that a committed stage cannot carry on from raises
     StageInputsChanged (one line naming the fields; flashdraft/runner.py)."""
     _hide_shadowing_docker()
-    from flashdraft.pipelines.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
-    from flashdraft.pipelines.pipeline import build_pipeline
     from kfp import local
 
+    from flashdraft.pipelines.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
+    from flashdraft.pipelines.pipeline import build_pipeline
     from flashdraft.runner import check_run, clear_from
 
     cfg = localize(cfg)
@@ -139,9 +139,8 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
 def outcome(cfg: RunConfig) -> dict[str, Any]:
     """What a finished run left in the store: stage states and the first failed task, report path, tau, planned vs
     stored feature bytes."""
-    from flashdraft.components.report.report import stage_metrics
-
     from flashdraft import layout
+    from flashdraft.components.report.report import stage_metrics
     from flashdraft.features.manifest import committed_parts
     from flashdraft.status import first_failure, read_records, stage_statuses
     from flashdraft.store import open_store

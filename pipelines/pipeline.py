@@ -15,11 +15,11 @@ import json
 import os
 from typing import Any
 
-from flashdraft.pipelines import stages
-from flashdraft.pipelines.placement import PoolParams, place
 from kfp import compiler, dsl
 
 from flashdraft.config import RunConfig
+from flashdraft.pipelines import stages
+from flashdraft.pipelines.placement import PoolParams, place
 from flashdraft.stages import load_ref
 from flashdraft.stages import stages as declared_stages
 

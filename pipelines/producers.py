@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from flashdraft.pipelines.runtime import end_stream
-
 from flashdraft.config import load_config
+from flashdraft.pipelines.runtime import end_stream
 
 
 def main(config_path: str) -> int:

@@ -19,7 +19,6 @@ def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_nu
     """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
     from flashdraft.components.plan.planner import run_plan
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import check_run, run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -39,7 +38,6 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
     `Output`. Its figures reach the UI through the report step's Metrics.
     """
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -50,7 +48,6 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
 def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Target responses for one prompt shard."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -60,7 +57,6 @@ def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metr
 def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Hidden states of one response shard into the object store (never a KFP artifact)."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -70,7 +66,6 @@ def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metri
 def stream_end(config_yaml: str, overrides: dict) -> str:
     """Streaming: after the extract loop (even a failed one), tell the trainer the stream ended or failed."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -86,7 +81,6 @@ def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers
     after another and a consumer that waits for a producer scheduled after it would never finish.
     """
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -99,7 +93,6 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
                     runtime_ref: str, metrics: Output[Metrics]) -> str:
     """Multi-node training: create a Kubeflow Trainer TrainJob, wait for it, surface its status."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -116,7 +109,6 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
 def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Metrics]) -> str:
     """Acceptance length (tau) of the trained drafter against the target."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -126,7 +118,6 @@ def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Me
 def export(config_yaml: str, overrides: dict, evaluated: str, metrics: Output[Metrics]) -> str:
     """Export the trained drafter for vLLM / SGLang."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
@@ -137,7 +128,6 @@ def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Me
     """Any declared stage without a component of its own: its declared run function, through the runner (it
     reads its inputs from the store; the DAG orders it after its upstream tasks)."""
     from flashdraft.pipelines import runtime
-
     from flashdraft.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)

@@ -32,9 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from flashdraft.components.extract.source import FeatureSource
 
 from flashdraft import layout
+from flashdraft.components.extract.source import FeatureSource
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
 from flashdraft.features.manifest import (

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+
     from flashdraft.components.extract.extract import Row
 
 

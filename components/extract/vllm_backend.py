@@ -16,8 +16,8 @@ import tempfile
 import time
 
 import torch
-from flashdraft.components.extract.extract import ExtractionError, Row
 
+from flashdraft.components.extract.extract import ExtractionError, Row
 from flashdraft.config import RunConfig
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ def plan(
     gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when offline storage exceeds the budget.")] = False,
 ) -> None:
     """Bytes at rest per codec, GPU-hours per pool, streaming bandwidth and the recommended mode."""
-    from flashdraft.components.plan.planner import make_plan, plan_markdown
     from rich.console import Console
     from rich.markdown import Markdown
 
+    from flashdraft.components.plan.planner import make_plan, plan_markdown
     from flashdraft.config import ConfigError
 
     cfg = run_config(config, preset, set_)

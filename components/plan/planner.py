@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
-
 from flashdraft import layout
+from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.config import CODECS, ConfigError, RunConfig
 from flashdraft.summaries import PlanSummary
 

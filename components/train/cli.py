@@ -35,9 +35,8 @@ def torchrun_command(cfg, config, preset, sets) -> list[str]:
 
 def run_ranks(command: list[str], cfg) -> TrainSummary:
     """Run the torchrun ranks here and return the summary rank 0 committed."""
-    from flashdraft.components.train.trainer import TrainError
-
     from flashdraft import layout
+    from flashdraft.components.train.trainer import TrainError
     from flashdraft.store import open_store
 
     rc = subprocess.call(command)

@@ -24,10 +24,10 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from flashdraft.components.train.distributed import DistEnv, all_reduce
 
 from flashdraft import layout
 from flashdraft.checkpoint import load_rank_state
+from flashdraft.components.train.distributed import DistEnv, all_reduce
 from flashdraft.config import RunConfig, TrainingConfig
 from flashdraft.drafter.batch import group_sizes, token_budget_groups
 from flashdraft.features.reader import OfflineReader, StreamReader, open_reader

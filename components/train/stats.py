@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-from flashdraft.components.train.distributed import all_reduce
 
+from flashdraft.components.train.distributed import all_reduce
 from flashdraft.drafter.loss import LossOutput
 
 

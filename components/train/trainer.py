@@ -25,13 +25,13 @@ import time
 from collections.abc import Iterable, Iterator
 
 import torch
-from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_distributed, wrap_model
-from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
-from flashdraft.components.train.stats import StepStats
 from tqdm import tqdm
 
 from flashdraft import layout
 from flashdraft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_distributed, wrap_model
+from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
+from flashdraft.components.train.stats import StepStats
 from flashdraft.config import DrafterConfig, RunConfig
 from flashdraft.drafter.batch import PackedBatch, pack
 from flashdraft.drafter.loss import LossOutput, dflash_loss

@@ -4,13 +4,13 @@ untrained baseline's, and speculative decoding stays lossless. Runs every stage 
 from __future__ import annotations
 
 import pytest
+
 from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.report.report import run_report
 from flashdraft.components.train.trainer import run_train
-
 from flashdraft.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
-from flashdraft.components.export.export import run_export
 from safetensors import safe_open
 
 from flashdraft.checkpoint import latest_checkpoint, save_checkpoint
+from flashdraft.components.export.export import run_export
 from flashdraft.drafter.model import DFlashDrafter, build_drafter
 from flashdraft.store import open_store
 from flashdraft.target import load_hf_config

@@ -487,7 +487,6 @@ def small_mount(tmp_path):
 def test_full_disk_and_read_only_store_root_fail_clearly_and_a_rerun_completes(clean_runs, s3_server,
                                                                                monkeypatch, small_mount):
     from flashdraft.components.extract.extract import run_extract
-
     from flashdraft.store import StoreFullError, StoreReadOnlyError
 
     _aws(monkeypatch)

@@ -165,8 +165,8 @@ def test_seeded_sampling_is_reproducible_across_runs_and_resumes(reference, tmp_
 
 def test_generation_dtype_loads_the_target_in_it_and_is_checked_on_resume(reference, tmp_path):
     import torch
-    from flashdraft.components.generate.backends import HFBackend
 
+    from flashdraft.components.generate.backends import HFBackend
     from flashdraft.target import load_tokenizer
 
     cfg = _cfg(tmp_path / "bf16", **{"generation.dtype": "bfloat16", "data.num_shards": 1})

@@ -1,9 +1,9 @@
 """Prep then generate every shard with the real SmolLM2-135M-Instruct (smollm2-local preset, small caps)."""
 
 import pytest
+
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
-
 from flashdraft.config import load_config
 from flashdraft.records import iter_responses
 from flashdraft.store import open_store

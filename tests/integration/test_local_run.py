@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from flashdraft.pipelines.local import run_local
 from typer.testing import CliRunner
 
 from flashdraft import layout
 from flashdraft.cli import app
 from flashdraft.config import load_config
+from flashdraft.pipelines.local import run_local
 from flashdraft.store import open_store
 
 # The console bound of `flashdraft run-local` (tested here for a failed run, in test_readme_commands.py for the

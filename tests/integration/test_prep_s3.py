@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from flashdraft.components.prep.prep import run_prep
 
+from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
 from flashdraft.store import ObjectStore
 

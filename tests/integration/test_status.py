@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from flashdraft.pipelines import runtime
 from typer.testing import CliRunner
 
 from flashdraft.cli import app
 from flashdraft.config import load_config
+from flashdraft.pipelines import runtime
 from flashdraft.runner import run_task
 from flashdraft.status import StageRecord, now, stage_statuses, status_key
 from flashdraft.store import open_store

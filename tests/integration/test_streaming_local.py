@@ -7,10 +7,10 @@ must end the run with a clear error instead of a trainer waiting forever.
 from __future__ import annotations
 
 import pytest
-from flashdraft.pipelines.local import run_local
 
 from flashdraft import layout
 from flashdraft.config import load_config
+from flashdraft.pipelines.local import run_local
 from flashdraft.store import open_store
 
 # One tiny-target sample is ~100-150 KB of features and a part holds one extraction batch, so 128-token batches

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 import torch
-from flashdraft.components.train.trainer import evaluate_samples, run_train
 from safetensors.torch import load as load_bytes
 
 from flashdraft import layout
 from flashdraft.capture import capture_layers
 from flashdraft.checkpoint import latest_checkpoint
+from flashdraft.components.train.trainer import evaluate_samples, run_train
 from flashdraft.features.manifest import codec_from_config, make_provenance
 from flashdraft.features.shard import Sample, build_shard, encode_sample
 from flashdraft.store import open_store

@@ -164,10 +164,10 @@ PIPELINE_VARIANTS = {"offline": {}, "streaming": {"mode.kind": "streaming"}, "mu
 def compiled_pipelines(tmp_path_factory) -> dict:
     """variant -> (yaml text, CompiledPipeline) of the qwen3.6-27b preset, compiled as `make compile` does."""
     import yaml
-    from flashdraft.pipelines.pipeline import compile_pipeline
     from kfp_pods import CompiledPipeline
 
     from flashdraft.config import load_config
+    from flashdraft.pipelines.pipeline import compile_pipeline
 
     out = tmp_path_factory.mktemp("compiled")
     compiled = {}

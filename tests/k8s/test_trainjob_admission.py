@@ -15,6 +15,8 @@ import time
 
 import pytest
 from conftest import POOL_NODES
+from kfp_pods import create_pod, wait_scheduled
+
 from flashdraft.pipelines.runtime import stage_config
 from flashdraft.pipelines.trainjob import (
     API_GROUP,
@@ -27,7 +29,6 @@ from flashdraft.pipelines.trainjob import (
     launch_and_wait,
     render_trainjob,
 )
-from kfp_pods import create_pod, wait_scheduled
 
 pytestmark = pytest.mark.k8s
 

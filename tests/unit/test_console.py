@@ -6,10 +6,10 @@ from __future__ import annotations
 import io
 import json
 
-from flashdraft.pipelines.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
 from rich.console import Console
 from tqdm import tqdm
 
+from flashdraft.pipelines.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
 from flashdraft.status import StageRecord
 
 

@@ -110,7 +110,6 @@ def test_drafter_config_fields_and_errors(tiny_cfg):
 
 def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
     from flashdraft.components.export.export import _files_zlab
-
     from flashdraft.zlab import read_zlab
 
     hf = load_hf_config(tiny_cfg.target)

@@ -7,10 +7,10 @@ import json
 
 import pytest
 from evaluate_fixtures import commit_drafter
-from flashdraft.components.evaluate.evaluate import run_evaluate
-from flashdraft.components.prep.prep import run_prep
 
 from flashdraft import layout
+from flashdraft.components.evaluate.evaluate import run_evaluate
+from flashdraft.components.prep.prep import run_prep
 from flashdraft.store import open_store
 
 
@@ -63,7 +63,6 @@ def test_evaluate_without_a_trained_drafter_names_what_is_missing(tiny_cfg):
 
 def test_bad_extra_prompt_line_is_named(tiny_cfg, tmp_path):
     from flashdraft.components.evaluate.prompts import extra_prompts
-
     from flashdraft.target import load_tokenizer
 
     bad = tmp_path / "bad.jsonl"
@@ -77,7 +76,6 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
     from flashdraft.components.evaluate.evaluate import evaluate_prompts
     from flashdraft.components.evaluate.prompts import load_eval_prompts
     from flashdraft.components.evaluate.spec import greedy_accept
-
     from flashdraft.drafter.model import build_drafter
     from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 
@@ -97,7 +95,6 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
 def test_the_baseline_decodes_only_its_prompt_limit_and_is_compared_on_those_prompts(evaluated):
     from flashdraft.components.evaluate.evaluate import evaluate_prompts
     from flashdraft.components.evaluate.prompts import load_eval_prompts
-
     from flashdraft.drafter.model import build_drafter
     from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 from feature_fixtures import write_responses
-from flashdraft.components.extract.extract import FAULT_ENV, length_buckets, run_extract
 
 from flashdraft import layout
+from flashdraft.components.extract.extract import FAULT_ENV, length_buckets, run_extract
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
 from flashdraft.store import open_store
@@ -92,8 +92,9 @@ def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
 
 def test_features_verify_passes_then_flags_a_corrupted_shard(cfg):
     import typer
-    from flashdraft.components.extract import cli
     from typer.testing import CliRunner
+
+    from flashdraft.components.extract import cli
 
     write_responses(cfg, n=6)
     run_extract(cfg, 0)

@@ -68,10 +68,10 @@ def test_gpu_check_tolerance_admits_bf16_but_sees_it(tmp_path):
 def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
     """The analytic FLOPs behind the TFLOP/s figure equal what torch counts for the projections, MLP and head of
     one real training step (torch does not count masked SDPA; ours counts the allowed pairs only)."""
-    from flashdraft.components.train.distributed import DistEnv
-    from flashdraft.components.train.trainer import build_model, micro_step
     from torch.utils.flop_counter import FlopCounterMode
 
+    from flashdraft.components.train.distributed import DistEnv
+    from flashdraft.components.train.trainer import build_model, micro_step
     from flashdraft.drafter.batch import pack
 
     cfg = gc.run_config(gc.build_target(MICRO, tmp_path / "m"), MICRO, tmp_path, drafter_layers=2, block_size=4,

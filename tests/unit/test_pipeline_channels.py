@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from flashdraft.pipelines.pipeline import compile_pipeline
 
 from flashdraft.config import load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
 
 
 @pytest.mark.parametrize("overrides", [{}, {"mode.kind": "streaming"}, {"training.num_nodes": 2}],

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import yaml
-from flashdraft.pipelines.pipeline import compile_pipeline
-from flashdraft.pipelines.placement import RETRIES
 from typer.testing import CliRunner
 
 from flashdraft.cli import app
 from flashdraft.config import load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
+from flashdraft.pipelines.placement import RETRIES
 from flashdraft.stages import stage
 
 POOL_OF_EXECUTOR = {

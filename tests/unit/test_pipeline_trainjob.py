@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from flashdraft.pipelines.runtime import check_compiled_shape, stage_config
-from flashdraft.pipelines.trainjob import render_trainjob, trainjob_state
 
 from flashdraft.config import ConfigError, load_config
+from flashdraft.pipelines.runtime import check_compiled_shape, stage_config
+from flashdraft.pipelines.trainjob import render_trainjob, trainjob_state
 
 # Field names of trainer.kubeflow.org/v1alpha1 as of Trainer 2.2+ (TrainJobSpec / Trainer).
 SPEC_FIELDS = {"runtimeRef", "trainer", "runtimePatches", "initializer", "labels", "annotations", "suspend",

@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from flashdraft.components.plan.planner import PlanGateError, make_plan, run_plan
 from typer.testing import CliRunner
 
 from flashdraft.cli import app
+from flashdraft.components.plan.planner import PlanGateError, make_plan, run_plan
 from flashdraft.config import load_config
 
 

@@ -5,11 +5,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from flashdraft import layout
 from flashdraft.components.prep.formats import BAD_REASONS, content_key, normalize_row
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.prep.sources import SourceError
-
-from flashdraft import layout
 from flashdraft.config import load_config
 from flashdraft.records import PROMPT_SCHEMA, parquet_bytes_to_table
 from flashdraft.store import open_store

@@ -1,6 +1,7 @@
 """Every recognised row format normalises to the same chat form; malformed rows raise the right reason."""
 
 import pytest
+
 from flashdraft.components.prep.formats import BadRow, content_key, normalize_row
 
 ASSISTANT = {"role": "assistant", "content": ""}

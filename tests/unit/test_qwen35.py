@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flashdraft.components.evaluate.spec import speculative_generate, target_generate
-from flashdraft.components.evaluate.target_cache import VerifyCache, croppable
 from test_spec import ScriptedDrafter
 
 from flashdraft.capture import capture_layers, decoder_stack
+from flashdraft.components.evaluate.spec import speculative_generate, target_generate
+from flashdraft.components.evaluate.target_cache import VerifyCache, croppable
 from flashdraft.config import load_config
 from flashdraft.target import (
     NO_HUB_KERNELS,

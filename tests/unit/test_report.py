@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 from evaluate_fixtures import commit_drafter
-from flashdraft.components.evaluate.evaluate import run_evaluate
-from flashdraft.components.plan.planner import run_plan
-from flashdraft.components.prep.prep import run_prep
-from flashdraft.components.report.report import build_report, fmt_bytes, run_report, stored_features
 from typer.testing import CliRunner
 
 from flashdraft import layout
 from flashdraft.cli import app
+from flashdraft.components.evaluate.evaluate import run_evaluate
+from flashdraft.components.plan.planner import run_plan
+from flashdraft.components.prep.prep import run_prep
+from flashdraft.components.report.report import build_report, fmt_bytes, run_report, stored_features
 from flashdraft.config import load_config
 from flashdraft.runner import run_task
 from flashdraft.store import ObjectStore, open_store

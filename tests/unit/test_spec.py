@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from flashdraft.capture import capture_layers
 from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
 from flashdraft.components.evaluate.prompts import EvalPrompt
 from flashdraft.components.evaluate.spec import (
@@ -14,8 +16,6 @@ from flashdraft.components.evaluate.spec import (
     speculative_generate,
     target_generate,
 )
-
-from flashdraft.capture import capture_layers
 from flashdraft.config import load_config
 from flashdraft.drafter.model import build_drafter
 from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer

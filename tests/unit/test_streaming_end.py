@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from flashdraft.pipelines.runtime import end_stream
 
 from flashdraft import layout
 from flashdraft.config import load_config
 from flashdraft.features.window import WindowConsumer
+from flashdraft.pipelines.runtime import end_stream
 from flashdraft.store import open_store
 
 

@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
-from flashdraft.pipelines.pipeline import compile_pipeline
 from typer.testing import CliRunner
 
 from flashdraft.cli import app
 from flashdraft.config import load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
 
 TOKEN = "sa-token-value-must-not-be-printed"
 

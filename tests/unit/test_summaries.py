@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from flashdraft.pipelines.runtime import to_json
-
 from flashdraft.summaries import EvaluateSummary, TrainSummary
 
 

@@ -90,9 +90,9 @@ def test_consumer_stop_ends_a_waiting_producer(tiny_cfg):
 
 def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(tiny_cfg):
     from feature_fixtures import write_responses
-    from flashdraft.components.extract.extract import run_extract
 
     from flashdraft import layout
+    from flashdraft.components.extract.extract import run_extract
 
     cfg = tiny_cfg.with_overrides({"mode.kind": "streaming", "mode.window_shards": 2, "mode.reuse": 1,
                                    "features.shard_bytes": 30_000, "features.batch_tokens": 64,

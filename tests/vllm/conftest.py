@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 
 ROOT = Path(__file__).resolve().parents[2]

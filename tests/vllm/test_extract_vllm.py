@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from feature_fixtures import write_responses
-from flashdraft.components.extract.extract import run_extract
 
+from flashdraft.components.extract.extract import run_extract
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
 from flashdraft.store import open_store

@@ -5,9 +5,9 @@ vLLM runs from its own venv (`make vllm-venv`); `make test-vllm` points FLASHDRA
 
 
 import pytest
+
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
-
 from flashdraft.config import load_config
 from flashdraft.records import iter_responses
 from flashdraft.store import open_store

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from flashdraft.components.extract.extract import run_extract
-from flashdraft.components.generate.generate import run_generate
-from flashdraft.components.prep.prep import run_prep
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from flashdraft.capture import capture_layers
+from flashdraft.components.extract.extract import run_extract
+from flashdraft.components.generate.generate import run_generate
+from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard

@@ -19,10 +19,10 @@ import subprocess
 
 import pytest
 import torch
+
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
-
 from flashdraft.config import load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard

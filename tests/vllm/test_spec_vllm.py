@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.evaluate.prompts import load_eval_prompts
 from flashdraft.components.export.export import run_export
@@ -27,7 +28,6 @@ from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.train.trainer import run_train
-
 from flashdraft.config import load_config
 from flashdraft.store import open_store
 from flashdraft.target import load_tokenizer, resolve_model_dir
@@ -100,7 +100,6 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.components.evaluate.evaluate import _eos_ids
     from flashdraft.components.evaluate.spec import speculative_generate
     from flashdraft.components.export.export import _files_zlab
-
     from flashdraft.drafter.model import DFlashDrafter
     from flashdraft.target import load_causal_lm
     from flashdraft.zlab import read_zlab
