@@ -36,7 +36,8 @@ from flashdraft import layout
 from flashdraft.capture import capture_layers
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.prep.demo import demo_rows
-from flashdraft.config import CODECS, StorageConfig, load_config
+from flashdraft.config import StorageConfig, load_config
+from flashdraft.features.codec_registry import CODECS
 from flashdraft.features.codecs import Codec, relative_error_per_layer
 from flashdraft.features.reader import OfflineReader
 from flashdraft.features.shard import build_shard, encode_sample

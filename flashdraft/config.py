@@ -16,8 +16,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flashdraft.features.codec_registry import (
+    CODECS,
+    Q4_BLOCKS,
+    Q4_SCALES,
+    Q4_VALUES,
+    CodecParams,
+    CodecSpecError,
+    codec_spec,
+)
+
 STORAGE_SCHEMES = ("file", "s3", "memory")
-CODECS = ("bf16", "bf16-zstd", "fp8", "fp8-zstd")
 CPU_FORWARD_TOKENS = 1024  # extraction forward size on CPU (see FeaturesConfig.forward_tokens)
 
 
@@ -178,13 +187,27 @@ class FeaturesConfig(_Section):
         "DFlash rule (uniform from 1 to L-3) over target.num_layers")
     codec: str = Field(
         default="bf16-zstd", description=f"on-store encoding of the features, one of {', '.join(CODECS)}: bf16 is "
-        "lossless for a bf16 target; fp8 halves the bytes (lossy); -zstd adds zstd compression. Read by extract "
-        "(writes), train (reads), plan (bytes)")
+        "lossless for a bf16 target; fp8 halves the bytes (lossy); q4 (4-bit, 0.27x, lossy, the q4_* fields); "
+        "-zstd adds zstd compression. The codec registry (flashdraft/features/codec_registry.py) defines them; "
+        "read by extract (writes), train (reads), plan (bytes)")
     fp8_scale: Literal["token", "block64"] = Field(
         default="token", description="fp8 codecs: one scale per token row, or one per 64 channels of a row "
         "(block64: more scales, less error)")
     zstd_level: int = Field(default=1, ge=-7, le=22, description="-zstd codecs: zstd compression level (higher: "
                             "smaller parts, slower extraction)")
+    # q4 defaults: the lowest error per layer at <= 0.27x of bf16 on SmolLM2 and the tiny hybrid
+    # (benchmarks/bench_codecs.py); the tau gate has not yet decided between the candidates (docs/shard-format.md)
+    q4_values: Literal[Q4_VALUES] = Field(  # type: ignore[valid-type]
+        default="nf4", description="q4: the 16 values a 4-bit code stands for (FP4 e2m1, int4, NF4)")
+    q4_block: Literal[Q4_BLOCKS] = Field(  # type: ignore[valid-type]
+        default=64, description="q4: values per block scale (e2m1 with e4m3 per 16 is NVFP4's layout, 0.28x of bf16)")
+    q4_scale: Literal[Q4_SCALES] = Field(  # type: ignore[valid-type]
+        default="bf16", description="q4: block scale format: e4m3 under a bf16 scale per row (NVFP4), e8m0 "
+        "(MXFP4, a power of two) or bf16")
+    q4_outliers: int = Field(default=8, ge=0, le=64, description="q4: largest magnitudes per row kept exactly "
+                             "(bf16 + channel, 4 bytes each): SmolLM2's massive activations cost a 4-bit block "
+                             "its resolution; 8 halve the error for 0.003x of bf16 (benchmarks/bench_codecs.py)")
+    q4_rotate: int = Field(default=0, ge=0, description="q4: Hadamard rotation width before quantising (0: none)")
     shard_bytes: int = Field(
         default=512 * 2**20, ge=1024, description="a feature part closes at the first sample boundary past this "
         "many encoded bytes (the unit of upload, commit, streaming window and reader cache)")
@@ -206,9 +229,22 @@ class FeaturesConfig(_Section):
     @field_validator("codec")
     @classmethod
     def _known_codec(cls, v: str) -> str:
-        if v not in CODECS:
-            raise ValueError(f"unknown codec {v!r}; choose one of {', '.join(CODECS)}")
+        codec_spec(v)  # the registry names the choices
         return v
+
+    @model_validator(mode="after")
+    def _codec_params(self) -> FeaturesConfig:
+        try:
+            self.codec_params()
+        except CodecSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def codec_params(self) -> CodecParams:
+        """The configured codec as the registry describes it (byte accounting, lossless, recorded parameters)."""
+        return CodecParams(self.codec, fp8_scale=self.fp8_scale, zstd_level=self.zstd_level,
+                           q4_values=self.q4_values, q4_block=self.q4_block, q4_scale=self.q4_scale,
+                           q4_outliers=self.q4_outliers, q4_rotate=self.q4_rotate)
 
 
 class DrafterConfig(_Section):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flashdraft.features.codecs import Codec
-from flashdraft.features.manifest import expected_provenance
+from flashdraft.features.manifest import codec_from_config, expected_provenance
 from flashdraft.features.shard import build_shard, encode_sample
 from flashdraft.layout import feature_part_key
 from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
@@ -24,7 +23,7 @@ def provenance(cfg) -> dict:
 
 def part_bytes(cfg, shard: int, part: int, n: int, hidden: int | None = None) -> tuple[bytes, dict]:
     g = torch.Generator().manual_seed(1000 * shard + part)
-    codec = Codec(cfg.features.codec)
+    codec = codec_from_config(cfg)
     ids = cfg.layer_ids()
     h = hidden or cfg.target.hidden_size
     samples = []

@@ -21,11 +21,11 @@ from typing import Any
 
 from flashdraft import layout
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
-from flashdraft.config import CODECS, ConfigError, RunConfig
+from flashdraft.config import ConfigError, RunConfig
+from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
 from flashdraft.summaries import PlanSummary
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features
-LOSSLESS = {"bf16": True, "bf16-zstd": True, "fp8": False, "fp8-zstd": False}
 
 
 class PlanGateError(RuntimeError):
@@ -36,21 +36,22 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / 1e12:.1f} TB ({n / 2**40:.1f} TiB)" if n >= 1e12 else f"{n / 1e9:.2f} GB ({n / 2**30:.2f} GiB)"
 
 
+def codec_for(cfg: RunConfig, name: str) -> CodecParams:
+    """Codec `name` with the run's codec parameters (the ones that apply to it)."""
+    f = cfg.features
+    return CodecParams(name, fp8_scale=f.fp8_scale, zstd_level=f.zstd_level, q4_values=f.q4_values,
+                       q4_block=f.q4_block, q4_scale=f.q4_scale, q4_outliers=f.q4_outliers, q4_rotate=f.q4_rotate)
+
+
 def feature_bytes_per_token(cfg: RunConfig, codec: str, hidden: int) -> float:
-    """Stored feature bytes per token for `codec` (without ids/mask)."""
-    n = cfg.features.num_features
-    raw_bf16 = n * hidden * 2
-    if codec == "bf16":
-        return raw_bf16
-    if codec == "bf16-zstd":
-        return raw_bf16 * cfg.plan.zstd_ratio.get("bf16-zstd", 1.0)
-    scales = n * 4 if cfg.features.fp8_scale == "token" else n * math.ceil(hidden / 64) * 4
-    fp8 = n * hidden + scales
-    if codec == "fp8":
-        return fp8
-    if codec == "fp8-zstd":
-        return fp8 * cfg.plan.zstd_ratio.get("fp8-zstd", 1.0)
-    raise ConfigError(f"features.codec: unknown {codec!r}")
+    """Stored feature bytes per token for `codec` (without ids/mask), as the codec counts them; entropy-coded
+    codecs scale their exact raw count by the measured `plan.zstd_ratio` (1.0 when none is known)."""
+    params = codec_for(cfg, codec)
+    ratio = cfg.plan.zstd_ratio.get(codec, 1.0) if params.spec.entropy_coded else None
+    try:
+        return params.bytes_per_token(hidden, cfg.features.num_features, ratio)
+    except CodecSpecError as exc:
+        raise ConfigError(f"features: {exc}") from None
 
 
 def _target_params(cfg: RunConfig, layers: int, hidden: int) -> float:
@@ -82,7 +83,7 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         total = tokens * (bpt + ID_BYTES_PER_TOKEN)
         codecs[codec] = {"bytes_per_token": round(bpt, 1), "total_bytes": int(total),
                          "total_tb": round(total / 1e12, 2), "total_tib": round(total / 2**40, 2),
-                         "lossless": LOSSLESS[codec]}
+                         "lossless": codec_for(cfg, codec).lossless}
     selected = codecs[cfg.features.codec]
     at_rest = selected["total_bytes"]
     window = min(cfg.mode.window_bytes, at_rest)
@@ -176,11 +177,11 @@ def plan_markdown(plan: dict[str, Any]) -> str:
     """The plan as a Markdown table (a KFP Markdown artifact and the report's planner section)."""
     lines = [f"### Plan: {plan['target']} ({plan['samples']:,} samples x {plan['tokens_per_sample']} tokens)", "",
              f"Feature layers {plan['layer_ids']}, naive bf16 layout {plan['bytes_per_token']:,} B/token.", "",
-             "| codec | lossless | bytes/token | at rest |", "|---|---|---:|---:|"]
+             "| codec | lossless | bytes/token | x bf16 | at rest |", "|---|---|---:|---:|---:|"]
     for codec, v in plan["codecs"].items():
         mark = " (selected)" if codec == plan["codec"] else ""
         lines.append(f"| {codec}{mark} | {'yes' if v['lossless'] else 'no'} | {v['bytes_per_token']:,.0f} | "
-                     f"{_fmt_bytes(v['total_bytes'])} |")
+                     f"{v['bytes_per_token'] / plan['bytes_per_token']:.3f} | {_fmt_bytes(v['total_bytes'])} |")
     lines += ["", "| stage | GPU | tokens | tokens/s/GPU | GPU-hours |", "|---|---|---:|---:|---:|"]
     for stage, v in plan["gpu_hours"].items():
         lines.append(f"| {stage} | {v['gpu'] or '-'} | {v['tokens']:,} | {v['tokens_per_s_per_gpu'] or '-'} | "

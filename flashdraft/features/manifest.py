@@ -40,7 +40,7 @@ def flashdraft_version() -> str:
 
 
 def codec_from_config(cfg: RunConfig) -> Codec:
-    return Codec(cfg.features.codec, fp8_scale=cfg.features.fp8_scale, zstd_level=cfg.features.zstd_level)
+    return Codec.from_params(cfg.features.codec_params().as_dict())
 
 
 def make_provenance(cfg: RunConfig, fingerprint: dict[str, str], hidden_size: int, layer_ids: list[int]) -> dict:

@@ -65,7 +65,9 @@ def test_length_buckets_sort_and_bound_the_padded_size():
     assert length_buckets(lengths, 24) == groups
 
 
-def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
+@pytest.mark.parametrize("codec", ["bf16-zstd", "q4"])
+def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path, codec):
+    cfg = cfg.with_overrides({"features.codec": codec})
     write_responses(cfg)
     reference = cfg.with_overrides({"run_id": "reference"})
     write_responses(reference)
@@ -76,7 +78,8 @@ def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
     code = ("import json, sys; from flashdraft.config import load_config; "
             "from flashdraft.components.extract.extract import run_extract; "
             "run_extract(load_config(preset='tiny', overrides=json.loads(sys.argv[1])), 0)")
-    overrides = {"storage.root": cfg.storage.root, "features.shard_bytes": 40_000, "features.batch_tokens": 64}
+    overrides = {"storage.root": cfg.storage.root, "features.shard_bytes": 40_000, "features.batch_tokens": 64,
+                 "features.codec": codec}
     cmd = [sys.executable, "-c", code, json.dumps(overrides)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr[-2000:]
@@ -90,20 +93,26 @@ def test_kill_mid_shard_then_rerun_commits_identical_bytes(cfg, tmp_path):
     assert _parts(cfg) == expected
 
 
-def test_features_verify_passes_then_flags_a_corrupted_shard(cfg):
+@pytest.mark.parametrize("codec", ["bf16-zstd", "q4"])
+def test_features_verify_passes_then_flags_a_corrupted_shard(cfg, codec):
     import typer
     from typer.testing import CliRunner
 
     from flashdraft.components.extract import cli
 
+    cfg = cfg.with_overrides({"features.codec": codec})
     write_responses(cfg, n=6)
     run_extract(cfg, 0)
     app = typer.Typer()
     cli.register_features(app)
-    args = ["features", "verify", "--preset", "tiny", "--set", f"storage.root={cfg.storage.root}", "-n", "3"]
+    args = ["features", "verify", "--preset", "tiny", "--set", f"storage.root={cfg.storage.root}", "--set",
+            f"features.codec={codec}", "-n", "3"]
     ok = CliRunner().invoke(app, args)
     assert ok.exit_code == 0, ok.output
-    assert '"max_rel_rms_error"' in ok.output
+    report = json.loads(ok.output[ok.output.index("{"):])
+    # the codec's own tolerance (registry): lossless ~0, q4 its quantisation error, nonzero
+    assert report["tolerance"] == (0.01 if codec == "bf16-zstd" else 0.2)
+    assert (report["max_rel_rms_error"] > 0.01) == (codec == "q4")
 
     store = open_store(cfg.storage, cfg.run_id)
     key = committed_parts(store)[0]

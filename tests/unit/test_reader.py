@@ -17,9 +17,23 @@ LAYOUT = {0: [7, 5], 1: [6], 2: [4, 4, 3]}
 TOTAL = sum(sum(v) for v in LAYOUT.values())
 
 
+@pytest.fixture(params=["bf16-zstd", "fp8-zstd", "q4"])
+def codec_cfg(tiny_cfg, request):
+    """The tiny config storing its features with each codec family: every reader test runs on each."""
+    return tiny_cfg.with_overrides({"features.codec": request.param})
+
+
 @pytest.fixture()
-def store(tiny_cfg):
-    s = ObjectStore(f"memory://reader-{id(tiny_cfg)}")
+def store(codec_cfg):
+    s = ObjectStore(f"memory://reader-{id(codec_cfg)}")
+    commit_parts(s, codec_cfg, LAYOUT)
+    return s
+
+
+@pytest.fixture()
+def bf16_store(tiny_cfg):
+    """bf16-zstd parts only: large enough that no commit record carries its part inline (GET counts below)."""
+    s = ObjectStore(f"memory://reader-bf16-{id(tiny_cfg)}")
     commit_parts(s, tiny_cfg, LAYOUT)
     return s
 
@@ -49,7 +63,8 @@ def _count_gets(store, monkeypatch) -> dict:
     return counts
 
 
-def test_one_rank_reads_whole_parts_and_several_ranks_read_only_their_samples(store, monkeypatch):
+def test_one_rank_reads_whole_parts_and_several_ranks_read_only_their_samples(bf16_store, monkeypatch):
+    store = bf16_store
     counts = _count_gets(store, monkeypatch)
     assert len(ids(OfflineReader(store, seed=2))) == TOTAL
     assert counts == {"whole": len(LAYOUT[0]) + len(LAYOUT[1]) + len(LAYOUT[2]), "range": 6}  # + 6 header probes
@@ -80,8 +95,8 @@ def test_whole_part_cache_stays_within_its_byte_budget(store, monkeypatch):
     assert 0 < counts["whole"] < len(sizes) and counts["range"] > len(sizes)  # ...so some were read by range
 
 
-def test_order_is_deterministic_per_seed_and_epoch_and_complete(store, tiny_cfg):
-    a = OfflineReader(store, seed=3, shuffle_buffer=4, expected_provenance=provenance(tiny_cfg))
+def test_order_is_deterministic_per_seed_and_epoch_and_complete(store, codec_cfg):
+    a = OfflineReader(store, seed=3, shuffle_buffer=4, expected_provenance=provenance(codec_cfg))
     b = OfflineReader(store, seed=3, shuffle_buffer=4)
     e0 = ids(a)
     assert e0 == ids(b) and sorted(e0) == sorted(set(e0)) and len(e0) == TOTAL

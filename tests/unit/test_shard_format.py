@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from flashdraft.features.codecs import Codec
+from flashdraft.features.codecs import Codec, relative_error_per_layer
 from flashdraft.features.shard import (
     ShardFormatError,
     build_shard,
@@ -43,12 +46,14 @@ def test_round_trip_and_single_sample_range():
     assert decode_sample(header, 1, data[start:end], "mem").sample_id == "s1"
 
 
-def test_identical_inputs_give_identical_bytes():
-    assert _shard(Codec("fp8-zstd"))[1] == _shard(Codec("fp8-zstd"))[1]
+@pytest.mark.parametrize("name", ["fp8-zstd", "q4"])
+def test_identical_inputs_give_identical_bytes(name):
+    assert _shard(Codec(name))[1] == _shard(Codec(name))[1]
 
 
-def test_corrupt_sample_fails_crc_and_bad_magic_is_named():
-    _, data = _shard(Codec("bf16"))
+@pytest.mark.parametrize("name", ["bf16", "q4"])
+def test_corrupt_sample_fails_crc_and_bad_magic_is_named(name):
+    _, data = _shard(Codec(name))
     header = parse_header(data, "x.fds")
     start, end = sample_range(header, 2)
     bad = bytearray(data[start:end])
@@ -57,3 +62,39 @@ def test_corrupt_sample_fails_crc_and_bad_magic_is_named():
         decode_sample(header, 2, bytes(bad), "x.fds")
     with pytest.raises(ShardFormatError, match="bad magic"):
         parse_header(b"PK\x03\x04" + data[4:], "y.fds")
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("name", ["bf16", "bf16-zstd", "fp8", "fp8-zstd"])
+def test_shards_written_before_the_codec_registry_still_read(name):
+    """tests/unit/data/v1-*.fds were written by flashdraft before q4 and the codec registry (same format version);
+    the .json beside each holds what that version decoded. fp8-zstd's uses block64 scales."""
+    ref = json.loads((DATA / f"v1-{name}.json").read_text())
+    out = list(iter_shard((DATA / f"v1-{name}.fds").read_bytes(), f"v1-{name}.fds"))
+    assert [s.input_ids.tolist() for s in out] == ref["ids"]
+    assert [s.features.view(torch.int16).flatten().tolist() for s in out] == ref["features"]
+
+
+def test_q4_shard_round_trip_and_header_records_its_parameters():
+    codec = Codec("q4", q4_values="nf4", q4_block=16, q4_outliers=1)
+    rows, data = _shard(codec)
+    header = parse_header(data, "mem")
+    assert header.codec == codec and json.loads(data[16:header.data_offset])["codec"]["version"] == 1
+    for (sid, ids, _, feats), s in zip(rows, iter_shard(data, "mem"), strict=True):
+        assert s.sample_id == sid and torch.equal(s.input_ids, ids)
+        assert relative_error_per_layer(feats, s.features.reshape(feats.shape)).max() < 0.2
+
+
+@pytest.mark.parametrize("codec", [{"name": "q5"}, {"name": "q4", "version": 9, "q4_block": 32}])
+def test_unknown_codec_in_a_header_fails_naming_the_part_and_the_codec(codec):
+    _, data = _shard(Codec("q4"))
+    end = 16 + int.from_bytes(data[8:16], "little")
+    header = json.loads(data[16:end])
+    header["codec"] = codec
+    raw = json.dumps(header).encode()
+    forged = b"FDSHARD1" + len(raw).to_bytes(8, "little") + raw
+    with pytest.raises(ShardFormatError, match=r"s3://b/run/features/shard-00000/part-00003\.fds: .*"
+                       + ("unknown codec 'q5'" if codec["name"] == "q5" else "q4 payload version 9")):
+        parse_header(forged, "s3://b/run/features/shard-00000/part-00003.fds")
