@@ -730,7 +730,8 @@ def calibration(prod: Production, device: str, commit: str | None):
     if best is not None:
         rates["train"] = {"tokens_per_s_per_gpu": best.tokens_per_s, "flops_per_token": prod.flops_per_token,
                           "note": f"{best.label}; step {best.step_s * 1e3:.0f} ms",
-                          "shape": {**prod.shape, "anchors_per_row": best.anchors_per_row}}
+                          "shape": {**prod.shape, "anchors_per_row": best.anchors_per_row,
+                                    "activation_checkpointing": best.label.split("recompute=")[1].split(",")[0]}}
     if prod.extract_tokens_per_s:
         rates["extract"] = {"tokens_per_s_per_gpu": prod.extract_tokens_per_s,
                             "note": "HF prefill with capture hooks (the extract stage's hf backend), random weights",
@@ -741,7 +742,8 @@ def calibration(prod: Production, device: str, commit: str | None):
                                       "dtype": "bfloat16" if cuda else "float32"}}
     memory = [{"peak_bytes": r.peak_bytes, "measure": "cuda_max_allocated", "out_of_memory": bool(r.oom),
                "note": r.label + (f": {r.oom}" if r.oom else ""),
-               "shape": {**prod.shape, "anchors_per_row": r.anchors_per_row or None}}
+               "shape": {**prod.shape, "anchors_per_row": r.anchors_per_row or None,
+                         "activation_checkpointing": r.label.split("recompute=")[1].split(",")[0]}}
               for r in prod.train if cuda]
     return Calibration.model_validate({
         "source": {"device": f"one {name}" + ("" if cuda else ""), "date": datetime.date.today().isoformat(),

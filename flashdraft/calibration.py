@@ -76,6 +76,8 @@ class TrainShape(_Strict):
     world_size: int = Field(1, ge=1, description="ranks the state is sharded over (fsdp2)")
     autocast: Literal["bfloat16", "none"] = "bfloat16"
     head_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    activation_checkpointing: Literal["none", "mlp", "layer"] = Field(
+        "none", description="training.activation_checkpointing: what the layers recompute in the backward")
 
 
 class ExtractShape(_Strict):

@@ -534,6 +534,17 @@ class PlanConfig(_Section):
     response_fraction: float = Field(default=0.75, gt=0, le=1, description="share of a sample's tokens generated")
     target_params: float | None = Field(default=None, gt=0, description="target parameter count; estimated if unset")
     target_vocab: int = Field(default=151936, ge=1, description="vocabulary size for the LM-head cost")
+    target_kv_bytes_per_token: float | None = Field(
+        default=None, gt=0, description="vLLM KV-cache bytes per token over all full-attention target layers (bf16 K "
+        "and V: 4 x layers x kv_heads x head_dim); default 4 x num_layers x hidden_size, an upper bound")
+    target_state_bytes_per_sequence: float = Field(
+        default=0.0, ge=0, description="recurrent state per sequence over all linear-attention (Gated DeltaNet) "
+        "target layers, SSM state plus convolution cache, as vLLM holds it")
+    target_intermediate_size: int | None = Field(
+        default=None, ge=1, description="the target's MLP width, for activation workspaces; default 4 x hidden_size")
+    calibration: str | None = Field(
+        default=None, description="a calibration JSON (flashdraft/calibration.py; `flashdraft plan --calibrate`): "
+        "its measured rates and trainer peaks replace the assumed ones")
     zstd_ratio: dict[str, float] = Field(
         default_factory=lambda: {"bf16-zstd": 0.71, "fp8-zstd": 0.86}, description="compressed / raw size of the "
         "zstd codecs; defaults measured by `make bench` on SmolLM2 features")

@@ -144,8 +144,10 @@ _TARGET_HINTS = ("target.num_layers", "target.hidden_size")  # planner geometry 
 
 declare(StageSpec(
     "plan", PlanSummary, "cpu", 900, run=f"{_C}.plan.planner:run_plan", reuse=False,
-    doc="Storage and GPU-hour plan; on a cluster the gate that refuses an over-budget run or changed settings.",
-    reads=("target", "data", "features", "mode", "plan", "pools", "training", "storage.budget_bytes"),
+    doc="Storage, GPU-hour and per-GPU memory plan; on a cluster the gate that refuses an over-budget run, a "
+        "config whose predicted peak memory exceeds a pool's GPU, or changed settings.",
+    reads=("target", "data", "features", "mode", "plan", "pools", "training", "storage.budget_bytes", "drafter",
+           "generation.tensor_parallel", "generation.max_model_len"),
     cli=f"{_C}.plan.cli:plan", component="flashdraft.pipelines.stages:plan_gate"))
 declare(StageSpec(
     "prep", PrepSummary, "cpu", 4 * HOUR, run=f"{_C}.prep.prep:run_prep",

@@ -92,7 +92,11 @@ class PlanSummary(StageSummary):
     recommended_mode: str | None = Field(None, description="offline, streaming or 'none fits'")
     budget_bytes: int | None = Field(None, description="storage.budget_bytes")
     fits_budget: bool | None = Field(None, description="the offline data fits the budget")
-    gate: str | None = Field(None, description="why an offline run may not start; None when it may")
+    memory: dict[str, dict[str, Any]] | None = Field(
+        None, description="per pool: peak_bytes_per_gpu, usable_bytes_per_gpu, fits, phase, parts, peak_source")
+    train_flops_per_step: dict[str, float] | None = Field(None, description="one rank's step FLOPs by part")
+    calibration: str | None = Field(None, description="where the calibration's measured figures come from")
+    gate: str | None = Field(None, description="why the run may not start (storage or memory); None when it may")
 
     @property
     def selected(self) -> CodecPlan | None:

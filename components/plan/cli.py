@@ -15,19 +15,26 @@ def plan(
     preset: PresetOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable report.")] = False,
-    gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when offline storage exceeds the budget.")] = False,
+    gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when offline storage exceeds the budget or a pool's "
+                                                      "predicted peak memory exceeds its GPU.")] = False,
+    calibrate: Annotated[str | None, typer.Option(
+        "--calibrate", help="Calibration JSON (gpu-check writes one; schema: flashdraft/calibration.py): "
+                            "measured rates and trainer peaks replace the assumed ones.")] = None,
 ) -> None:
-    """Bytes at rest per codec, GPU-hours per pool, streaming bandwidth and the recommended mode."""
+    """Bytes at rest per codec, GPU-hours per pool, peak memory per GPU per pool, streaming bandwidth, the mode."""
     from rich.console import Console
     from rich.markdown import Markdown
 
+    from flashdraft.calibration import CalibrationError
     from flashdraft.components.plan.planner import make_plan, plan_markdown
     from flashdraft.config import ConfigError
 
     cfg = run_config(config, preset, set_)
     try:
+        if calibrate:
+            cfg = cfg.with_overrides({"plan.calibration": calibrate})
         report = make_plan(cfg)
-    except (ConfigError, KeyError) as exc:
+    except (ConfigError, CalibrationError, KeyError) as exc:
         raise fail(exc, 2) from None
     if as_json:
         typer.echo(json.dumps(report, indent=2))

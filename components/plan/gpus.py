@@ -10,11 +10,19 @@ Dense (non-sparse) BF16 tensor throughput, memory and bandwidth from the vendors
 - H200 SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense BF16 (NVIDIA H200 datasheet).
 - L40S: 48 GB GDDR6, 864 GB/s, 362 TFLOPS dense BF16 (NVIDIA L40S datasheet; 733 with sparsity).
 - A100 SXM 80GB: 80 GB HBM2e, 2.04 TB/s, 312 TFLOPS dense BF16 (NVIDIA A100 datasheet).
+
+Memory the planner checks against (`usable_bytes`): the total the driver reports (`memory_mib`, nvidia-smi's
+figure; the datasheets' "GB" of HBM are close to GiB: an H200 "141 GB" reports 143,771 MiB = 140.4 GiB, measured on
+the lent H200 of 2026-12-04), minus `RESERVED_GIB` for the CUDA context, NCCL and allocator fragmentation, so an
+H200 gives ~138.9 GiB and a B200 (183,359 MiB reported) ~177.6 GiB. Reported totals other than the H200's are
+the commonly reported nvidia-smi figures, not measured here; `plan.gpu_overrides.<gpu>.memory_mib` replaces them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+RESERVED_GIB = 1.5  # CUDA context + NCCL + fragmentation: what torch cannot allocate of the reported total
 
 
 @dataclass(frozen=True)
@@ -24,16 +32,23 @@ class GpuSpec:
     bandwidth_gbs: float
     bf16_tflops: float
     source: str
+    memory_mib: float = 0.0  # total as the driver reports it (0: memory_gb as GiB)
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes one process can expect to allocate (module docstring)."""
+        total = self.memory_mib * 2**20 if self.memory_mib else self.memory_gb * 2**30
+        return int(total - RESERVED_GIB * 2**30)
 
 
 GPUS: dict[str, GpuSpec] = {
-    "b200": GpuSpec("NVIDIA B200", 180, 8000, 2250, "HGX B200 datasheet, dense BF16"),
+    "b200": GpuSpec("NVIDIA B200", 180, 8000, 2250, "HGX B200 datasheet, dense BF16", 183359),
     "rtx-pro-6000": GpuSpec("NVIDIA RTX PRO 6000 Blackwell Server", 96, 1597, 503.8,
-                            "RTX PRO 6000 Blackwell datasheet, dense BF16 derived from sparse peak"),
-    "h100": GpuSpec("NVIDIA H100 SXM", 80, 3350, 989, "H100 datasheet, dense BF16"),
-    "h200": GpuSpec("NVIDIA H200 SXM", 141, 4800, 989, "H200 datasheet, dense BF16"),
-    "l40s": GpuSpec("NVIDIA L40S", 48, 864, 362, "L40S datasheet, dense BF16"),
-    "a100": GpuSpec("NVIDIA A100 SXM 80GB", 80, 2039, 312, "A100 datasheet, dense BF16"),
+                            "RTX PRO 6000 Blackwell datasheet, dense BF16 derived from sparse peak", 97887),
+    "h100": GpuSpec("NVIDIA H100 SXM", 80, 3350, 989, "H100 datasheet, dense BF16", 81559),
+    "h200": GpuSpec("NVIDIA H200 SXM", 141, 4800, 989, "H200 datasheet, dense BF16", 143771),
+    "l40s": GpuSpec("NVIDIA L40S", 48, 864, 362, "L40S datasheet, dense BF16", 46068),
+    "a100": GpuSpec("NVIDIA A100 SXM 80GB", 80, 2039, 312, "A100 datasheet, dense BF16", 81920),
 }
 
 
@@ -42,7 +57,9 @@ def gpu_spec(name: str, overrides: dict[str, dict[str, float]] | None = None) ->
         raise KeyError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))} (pools.*.gpu_type)")
     spec = GPUS[name]
     fields = (overrides or {}).get(name, {})
-    unknown = set(fields) - {"memory_gb", "bandwidth_gbs", "bf16_tflops"}
+    unknown = set(fields) - {"memory_gb", "memory_mib", "bandwidth_gbs", "bf16_tflops"}
     if unknown:
         raise KeyError(f"plan.gpu_overrides.{name}: unknown fields {sorted(unknown)}")
+    if "memory_gb" in fields and "memory_mib" not in fields:
+        fields = {**fields, "memory_mib": 0.0}  # a datasheet figure given alone replaces the reported total
     return replace(spec, **fields, source=spec.source + (" (overridden)" if fields else ""))

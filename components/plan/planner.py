@@ -7,11 +7,16 @@ the bandwidth streaming needs, and the inference:trainer GPU ratio that keeps bo
 Throughput models are deliberately simple and overridable (`plan.measured_tokens_per_s` replaces them):
 - generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes;
 - extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * params * deepest layer / layers);
-- training: FLOPs per data token = block tokens per data token * (6 * drafter layer params + 4 * V * H)
-  + 6 * fused-context params, at `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
+- training: FLOPs of one per-rank step by part (draft layers, LM head, attention; memory.py's `trainer_flops`,
+  gpu_check's accounting) over the row's tokens, at `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
+
+Memory (resources.py, memory.py): predicted peak bytes per GPU for the trainer pool and the inference pool, the
+GPU's usable memory, and whether it fits. A calibration file (`plan.calibration`, `--calibrate`) replaces assumed
+rates and corrects the trainer's memory with measured figures; the plan names the source of every measured one.
 
 The gate (`run_plan` in the pipeline) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes,
-naming the alternatives: a smaller codec, streaming mode, or fewer samples.
+naming the alternatives: a smaller codec, streaming mode, or fewer samples; and any run whose predicted peak
+memory exceeds a pool's GPU, naming the levers (tokens a step, anchors, draft vocabulary, sharding, loss chunk).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import math
 from typing import Any
 
 from flashdraft import layout
+from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
+from flashdraft.components.plan.memory import trainer_flops
+from flashdraft.components.plan.resources import calibrate_rates, memory_gate, memory_section, train_shape, window_keys
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
 from flashdraft.summaries import PlanSummary
@@ -103,13 +111,17 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     if inf_gpu and rates["extract"] is None:
         flops_per_token = 2 * params * (max(ids) + 1) / layers
         rates["extract"] = cfg.plan.prefill_efficiency * inf_gpu.bf16_tflops * 1e12 / flops_per_token
-    anchors = min(cfg.drafter.max_anchors, tps * cfg.plan.response_fraction)
-    block_tokens_per_token = anchors * cfg.drafter.block_size / tps
-    drafter_layer_params = 12 * cfg.drafter.num_layers * hidden**2
-    train_flops_per_token = (block_tokens_per_token * (6 * drafter_layer_params + 4 * cfg.plan.target_vocab * hidden)
-                             + 6 * cfg.features.num_features * hidden**2)
+    shape, _ = train_shape(cfg)
+    step_flops = trainer_flops(shape, window_keys(cfg))
+    train_flops_per_token = sum(step_flops.values()) / shape.tokens_per_step
     if train_gpu and rates["train"] is None:
         rates["train"] = cfg.plan.train_efficiency * train_gpu.bf16_tflops * 1e12 / train_flops_per_token
+    sources = {stage: "plan.measured_tokens_per_s" if stage in measured else "assumed (model)" for stage in rates}
+    cal = load_calibration(cfg.plan.calibration) if cfg.plan.calibration else None
+    gpus = {"generate": inf_gpu, "extract": _pool_gpu(cfg, "extract"), "train": train_gpu}
+    if cal is not None:
+        sources.update(calibrate_rates(cfg, cal, rates, {"extract": 2 * params * (max(ids) + 1) / layers,
+                                                         "train": train_flops_per_token}, gpus))
 
     def hours(stage_tokens: float, rate: float | None) -> float | None:
         return round(stage_tokens / rate / 3600, 1) if rate else None
@@ -117,11 +129,14 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     train_tokens = tokens * cfg.training.epochs
     gpu_hours = {
         "generate": {"gpu": inf_gpu.name if inf_gpu else None, "tokens": gen_tokens,
-                     "tokens_per_s_per_gpu": _r(rates["generate"]), "gpu_hours": hours(gen_tokens, rates["generate"])},
+                     "tokens_per_s_per_gpu": _r(rates["generate"]), "gpu_hours": hours(gen_tokens, rates["generate"]),
+                     "rate_source": sources["generate"]},
         "extract": {"gpu": inf_gpu.name if inf_gpu else None, "tokens": tokens,
-                    "tokens_per_s_per_gpu": _r(rates["extract"]), "gpu_hours": hours(tokens, rates["extract"])},
+                    "tokens_per_s_per_gpu": _r(rates["extract"]), "gpu_hours": hours(tokens, rates["extract"]),
+                    "rate_source": sources["extract"]},
         "train": {"gpu": train_gpu.name if train_gpu else None, "tokens": train_tokens,
-                  "tokens_per_s_per_gpu": _r(rates["train"]), "gpu_hours": hours(train_tokens, rates["train"])},
+                  "tokens_per_s_per_gpu": _r(rates["train"]), "gpu_hours": hours(train_tokens, rates["train"]),
+                  "rate_source": sources["train"]},
     }
     trainers = cfg.training.world_size
     stream_bw = ratio = None
@@ -146,8 +161,12 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         "inference_per_trainer_gpu": ratio, "trainer_gpus": trainers,
         "mode": cfg.mode.kind, "recommended_mode": recommended,
         "budget_bytes": budget, "fits_budget": fits,
+        "memory": memory_section(cfg, params, gpus, cal),
+        "train_flops_per_step": {k: float(f"{v:.4g}") for k, v in step_flops.items()},
+        "calibration": cal.origin() if cal else None,
     }
-    plan["gate"] = gate_message(cfg, plan)
+    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus)]
+    plan["gate"] = " | ".join(g for g in gates if g) or None
     return plan
 
 
@@ -191,9 +210,39 @@ def plan_markdown(plan: dict[str, Any]) -> str:
               f"- streaming peak: {_fmt_bytes(plan['peak_bytes_streaming'])}; bandwidth needed: "
               f"{(bw / 1e9) if bw else 0:.2f} GB/s",
               f"- inference GPUs per trainer GPU (streaming, to keep up): {plan['inference_per_trainer_gpu']}"]
+    lines += memory_markdown(plan)
     if plan["gate"]:
         lines += ["", f"**Gate: {plan['gate']}**"]
     return "\n".join(lines) + "\n"
+
+
+def memory_markdown(plan: dict[str, Any]) -> list[str]:
+    """Per pool: predicted peak, the GPU's usable memory, fits; the training FLOPs; where each figure comes from."""
+    lines = ["", "| pool | stages | GPU | predicted peak / GPU | usable / GPU | fits | peak set by |",
+             "|---|---|---|---:|---:|---|---|"]
+    for pool, m in plan["memory"].items():
+        usable = _gib(m["usable_bytes_per_gpu"]) if m["usable_bytes_per_gpu"] else "-"
+        fits = "-" if m["fits"] is None else ("yes" if m["fits"] else "**no**")
+        lines.append(f"| {pool} | {m['stage']} | {m['gpu'] or '-'} | {_gib(m['peak_bytes_per_gpu'])} | {usable} | "
+                     f"{fits} | {m['phase']} |")
+    for pool, m in plan["memory"].items():
+        top = sorted(m["parts"].items(), key=lambda kv: -kv[1])[:4]
+        lines.append(f"- {pool}: " + ", ".join(f"{k} {_gib(v)}" for k, v in top) + f" ({m['peak_source']})")
+    train = plan["memory"].get(next((p for p, m in plan["memory"].items() if m["stage"] == "train"), ""), {})
+    if train.get("assumed"):
+        lines.append(f"- assumed drafter geometry (not in the config): {', '.join(train['assumed'])}")
+    flops = plan["train_flops_per_step"]
+    total = sum(flops.values()) or 1
+    lines.append("- training FLOPs a step (per rank): " + ", ".join(
+        f"{k} {v / 1e12:,.1f} TFLOP ({v / total:.0%})" for k, v in flops.items()))
+    lines.append("- rates: " + "; ".join(f"{stage}: {v['rate_source']}" for stage, v in plan["gpu_hours"].items()))
+    if plan["calibration"]:
+        lines.append(f"- calibration: {plan['calibration']}")
+    return lines
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def run_plan(cfg: RunConfig) -> PlanSummary:

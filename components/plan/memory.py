@@ -1,0 +1,249 @@
+"""The planner's resource model: peak memory per GPU and FLOPs a step, from the config alone.
+
+Trainer (`trainer_memory`): the bytes live at the step's peak, term by term, on one rank:
+
+* state: fp32 trainable weights, fp32 gradients and AdamW's two fp32 moments (16 B a parameter), divided by the
+  world size under FSDP2 (`fully_shard` per layer, no mixed-precision policy: flashdraft keeps fp32 masters);
+  whole on every rank under DDP (plus DDP's gradient buckets, a second fp32 copy of the gradients);
+* the frozen target embedding and LM head (bf16 on CUDA, fp32 on CPU: `drafter.head_dtype` auto), plus the
+  draft-vocabulary rows of the head when `drafter.draft_vocab_size` is set (a gathered copy);
+* activations autograd saves for the backward, per draft layer: a per-drafted-position part (positions =
+  anchors a row x block), a per-key part (keys = context tokens + positions) and, on CPU only, the dense SDPA
+  mask; plus once per step the fused context, RoPE tables, the final norm and the loss's inputs;
+* transients at the peak: the loss's vocabulary chunk (drafter/loss.py walks ~2**26 logits at a time), or the
+  first MLP gradients of the backward, whichever is larger; on CPU the dense mask's construction;
+* communication: FSDP2's all-gathered fp32 layer (current + prefetched) and its unsharded root (fc), or DDP's
+  buckets.
+
+Per-device terms are explicit (`Device`). CUDA: bf16 autocast (projection and MLP inputs saved as bf16 casts, one
+per consumer; the residual stream and the RMSNorms stay fp32; q_norm/k_norm upcast bf16 to fp32; autocast keeps a
+bf16 copy of every weight for the backward) and FlexAttention (a sparse block mask, nothing dense; its output is
+copied once for o_proj). CPU: fp32 without autocast, SDPA with a dense mask [positions, keys] that SDPA saves as a
+float copy (4 B a pair, every layer), and `dense_mask`'s own temporaries while it is built. The per-tensor byte
+counts were read off autograd's saved tensors (torch.autograd.graph.saved_tensors_hooks) on the real
+`DFlashDrafter`, in fp32 and under CPU bf16 autocast (which reproduced the CUDA formula exactly, the mask and the
+flex output copy aside); `benchmarks/bench_memory.py` checks the CPU peak against a real trainer step.
+
+The peak is the largest of three moments: the last layer's forward while its dense mask is built (CPU), the loss
+(its vocabulary chunk) or the first MLP gradients of the backward with every layer's activations held, and the
+optimizer step (gradients + AdamW's temporaries, activations gone). FLOPs (`trainer_flops`) follow
+benchmarks/gpu_check.py's `step_flops` (the matmul part equals torch's FlopCounterMode there), with the attention
+pairs estimated from the layout.
+
+Inference (`inference_memory`): target weights (bf16, split over tensor parallel), vLLM's KV cache (full-attention
+layers) and recurrent state (Gated DeltaNet layers) for `plan.decode_batch` sequences of `max_model_len`, and
+extraction's prefill (one forward of `features.batch_tokens` tokens: hidden states, MLP activations, the captured
+feature layers). vLLM reserves `gpu_memory_utilization` of the GPU up front; the check is that what the batch
+needs fits inside that reservation.
+
+GPU memory: components/plan/gpus.py's `usable_bytes` (the driver-reported total minus a reserve).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from flashdraft.calibration import TrainShape
+
+Device = Literal["cuda", "cpu"]
+GiB = 2**30
+LOSS_CHUNK_ELEMENTS = 2**26  # flashdraft/drafter/loss.py's CHUNK_ELEMENTS (kept in step by tests/unit/test_plan_memory)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A predicted peak: its parts in bytes (what a reader needs to pick a lever) and the phase that sets it."""
+
+    parts: dict[str, int]
+    peak_bytes: int
+    phase: str
+    loss_chunk_bytes: int = 0  # the fused loss's vocabulary chunk (a lever the gate names)
+
+    def top(self, n: int = 3) -> list[tuple[str, int]]:
+        return sorted(self.parts.items(), key=lambda kv: -kv[1])[:n]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Parameter and position counts of a TrainShape."""
+
+    params_layer: int   # one draft layer
+    params_root: int    # fc and the norms: FSDP2's root module
+    params: int         # all trainable parameters
+    positions: int      # drafted positions a row: anchors x block
+    keys: int           # context tokens + positions
+    loss_rows: int      # slots 1..B-1 of every block
+
+
+def counts(s: TrainShape) -> Counts:
+    H, q, kv, inter = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
+    layer = H * q + 2 * H * kv + q * H + 3 * H * inter + 2 * H + 2 * s.head_dim
+    root = s.num_features * H * H + 2 * H
+    n = s.anchors_per_row or 0.0
+    positions = int(round(n * s.block_size))
+    return Counts(layer, root, layer * s.num_layers + root, positions, s.tokens_per_step + positions,
+                  int(round(n * (s.block_size - 1))))
+
+
+def _shard(s: TrainShape) -> int:
+    return s.world_size if s.strategy == "fsdp2" else 1
+
+
+def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
+    """Peak bytes on one rank of the trainer for `s` (anchors_per_row must be set) on `device`."""
+    if s.anchors_per_row is None:
+        raise ValueError("trainer_memory needs shape.anchors_per_row")
+    g = counts(s)
+    cuda = device == "cuda"
+    a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
+    hb = 2 if s.head_dtype == "bfloat16" else 4                  # frozen head/embedding dtype
+    H, L, M, K, C = s.hidden_size, s.num_layers, g.positions, g.keys, s.tokens_per_step
+    q, kvd, inter, nh = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size, s.num_heads
+    P, shard = g.params, _shard(s)
+    V_rows = s.target_vocab_size or s.vocab_size
+    parts: dict[str, int] = {}
+    parts["weights (fp32)"] = 4 * P // shard
+    parts["AdamW moments (fp32)"] = 8 * P // shard
+    parts["frozen embedding + LM head"] = V_rows * H * hb * 2 + (s.vocab_size * H * hb if s.vocab_size < V_rows else 0)
+    if cuda and s.autocast == "bfloat16":
+        parts["autocast bf16 weight copies"] = 2 * P  # cast per use of the gathered weight, kept for the backward
+    # The per-layer saved tensors (module docstring). Position part: x, the q_proj input, x after attention, a norm
+    # product and the MLP input (fp32 on CPU; on CUDA the projection inputs are bf16 casts, one per consumer),
+    # q before/after its norm, q with RoPE, the attention output (4 tensors of heads x head_dim), 4 MLP tensors.
+    if cuda:  # bf16 autocast + FlexAttention
+        # hidden: the layer input and x after attention (fp32), the two RMSNorm products (fp32), three bf16 casts
+        # (q_proj, gate_proj, up_proj inputs); q: q_norm's fp32 upcast and product, the bf16 q flex reads, its
+        # output and o_proj's copy of it (flex returns [heads, positions, dim]); MLP: four bf16 tensors.
+        per_pos = 22 * H + 14 * q + 8 * inter + 8 * nh + 8
+        # keys: the k_proj and v_proj bf16 casts of [context | block], k_norm's fp32 upcast and product, bf16 k, v
+        per_key = 4 * H + 12 * kvd + 4 * s.num_kv_heads
+        mask = 0
+    else:  # fp32 + SDPA with the dense mask
+        per_pos = 24 * H + 16 * q + 16 * inter + 8 * nh + 8
+        per_key = 4 * H + 16 * kvd + 4 * s.num_kv_heads
+        mask = 4 * M * K  # SDPA's float copy of the dense boolean mask, saved per layer
+    mlp_saved = (4 * H if cuda else 0) + 4 * a * inter  # gate/up input casts (CUDA) and the four MLP tensors
+    full_layer = M * per_pos + K * per_key + mask
+    recompute = s.activation_checkpointing
+    if recompute == "mlp":  # checkpoint(mlp, h): the MLP's fp32 input h is kept instead of its insides
+        layer = full_layer - M * mlp_saved + (4 * M * H if cuda else 0)
+    elif recompute == "layer":  # checkpoint(layer): only the layer's fp32 input is kept
+        layer = 4 * M * H
+    else:
+        layer = full_layer
+    feat = s.num_features * H
+    once = (2 * C * feat                 # the packed row's bf16 features
+            + (2 if cuda else 4) * C * feat  # fc's saved input (bf16 autocast cast / fp32 copy)
+            + 3 * C * H * (2 if cuda else 4)  # fc output, hidden_norm product, fused context
+            + 2 * 4 * (M + K) * s.head_dim  # RoPE cos/sin for queries and keys
+            + 2 * 4 * M * H)               # final norm's input and product
+    if not cuda:  # on CPU the samples the row was packed from share the memory (on CUDA they stay on the host)
+        parts["input samples (CPU host memory)"] = C * (2 * feat + 9)
+    parts["activations: context, RoPE, final norm"] = once
+    comm = 0
+    if s.strategy == "fsdp2" and s.world_size > 1:
+        comm = 2 * 4 * g.params_layer + 4 * g.params_root  # gathered layer + prefetched one, unsharded root
+    elif s.strategy == "ddp" and s.world_size > 1:
+        comm = 4 * P  # gradient buckets
+    if comm:
+        parts["communication buffers"] = comm
+    common = dict(parts)
+
+    # 1. The last layer's dense mask on CPU (dense_mask): with a window, the [positions, positions] slot distance
+    #    and its abs() in int64 beside the boolean context [positions, context] and block [positions, positions]
+    #    masks, or the [positions, context] int64 distance; then the cat and SDPA's float copy.
+    if cuda:
+        build = 0
+    elif s.sliding_window:
+        build = max(10 * M * C + M * M, M * C + 17 * M * M, 5 * M * K)
+    else:
+        build = max(2 * M * C + 2 * M * M, 5 * M * K)
+    at_mask = {**common, "activations: earlier draft layers": (L - 1) * layer, "dense mask build (CPU)": build}
+    # 2. The loss: every layer's activations held, the slot hidden states and their gradient, one vocabulary chunk
+    #    (CPU: fp32 logits, in place; CUDA: the compiled chunk function's bf16 logits and bf16 gradient).
+    chunk_rows = min(max(16, LOSS_CHUNK_ELEMENTS // s.vocab_size), g.loss_rows)
+    loss_chunk = chunk_rows * s.vocab_size * 4
+    held = {**common, "activations: draft layers": L * layer}
+    if cuda and s.autocast == "bfloat16":
+        held["autocast bf16 weight copies"] = 2 * P  # cast per use of the gathered weight, kept for the backward
+    at_loss = {**held, "loss: slot hidden + its gradient": 2 * 4 * g.loss_rows * H,
+               "loss chunk (drafter/loss.py)": loss_chunk}
+    # 3. The last layer's backward: the loss and the final norm are done with; a checkpointed part is recomputed
+    #    (one MLP's insides, or the whole layer) and the first gradients arrive (an [positions, MLP] one net of
+    #    what they free, two fp32 [positions, width] ones, the layer's weight gradients).
+    first_grads = M * inter * a + 2 * 4 * M * H + 4 * g.params_layer
+    recomputed = {"none": 0, "mlp": M * mlp_saved, "layer": full_layer}[recompute]
+    at_backward = {**held, "activations: context, RoPE, final norm": once - 2 * 4 * M * H,
+                   "backward: first gradients": first_grads}
+    if recomputed:
+        at_backward[f"backward: recomputed {recompute}"] = recomputed
+    # 3. The optimizer step: gradients (sharded) + AdamW temporaries (CUDA foreach: a state-sized list; CPU: per
+    #    tensor), activations gone.
+    biggest = max(H * inter, H * q, s.num_features * H * H)
+    at_step = {k: v for k, v in common.items() if k != "activations: context, RoPE, final norm"}
+    at_step.update({"gradients (fp32)": 4 * P // shard,
+                    "AdamW step temporaries": 4 * P // shard if cuda else 2 * 4 * biggest})
+    best = max((sum(at_mask.values()), "forward: last layer's dense mask", at_mask),
+               (sum(at_loss.values()), "loss", at_loss), (sum(at_backward.values()), "backward", at_backward),
+               (sum(at_step.values()), "optimizer step", at_step), key=lambda x: x[0])
+    return MemoryEstimate(best[2], int(best[0]), best[1], loss_chunk)
+
+
+def trainer_flops(s: TrainShape, window_keys: float) -> dict[str, float]:
+    """Matmul FLOPs of one training step on one row, by part (benchmarks/gpu_check.py's `step_flops`, with the
+    mean visible context keys per drafted position `window_keys` estimated by the caller)."""
+    g = counts(s)
+    H, L, C, M = s.hidden_size, s.num_layers, s.tokens_per_step, g.positions
+    q, kvd, inter = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
+    fc = C * 2 * s.num_features * H * H
+    ctx_kv = C * L * 4 * H * kvd
+    per_block_token = L * (4 * H * q + 4 * H * kvd + 6 * H * inter)
+    pairs = L * M * (window_keys + s.block_size)
+    return {"draft layers": 2 * fc + 3 * (ctx_kv + M * per_block_token),
+            "LM head": 2 * 2 * s.vocab_size * H * g.loss_rows,
+            "attention": 3 * 4 * s.head_dim * s.num_heads * pairs}
+
+
+@dataclass(frozen=True)
+class InferenceShape:
+    """What an inference GPU holds (from the config; `components/plan/planner.py` builds it)."""
+
+    target_params: float
+    hidden_size: int
+    intermediate_size: int
+    tensor_parallel: int
+    kv_bytes_per_token: float      # all full-attention layers, bf16 K and V
+    state_bytes_per_sequence: float  # all recurrent (Gated DeltaNet) layers: state + conv cache
+    batch: int
+    max_model_len: int
+    prefill_tokens: int
+    num_features: int
+    vocab_size: int
+    gpu_memory_utilization: float
+
+
+def inference_memory(s: InferenceShape) -> MemoryEstimate:
+    """Peak of the inference pool: the larger of generation (vLLM) and extraction (HF prefill)."""
+    weights = int(2 * s.target_params / s.tensor_parallel)
+    kv = int(s.batch * s.max_model_len * s.kv_bytes_per_token / s.tensor_parallel)
+    state = int(s.batch * s.state_bytes_per_sequence / s.tensor_parallel)
+    # vLLM's forward workspace: one step of max(batch, 2048) tokens through the widest layer, and the logits.
+    step_tokens = max(s.batch, 2048)
+    workspace = int(step_tokens * (4 * s.hidden_size + 3 * s.intermediate_size) * 2 + s.batch * s.vocab_size * 4)
+    generate = weights + kv + state + workspace
+    T = s.prefill_tokens
+    prefill = int(T * (4 * s.hidden_size + 3 * s.intermediate_size) * 2      # one layer's live activations
+                  + T * s.num_features * s.hidden_size * 2 * 2               # captured features + their host copy
+                  + T * s.kv_bytes_per_token)                                 # the forward's own KV
+    extract = weights + prefill
+    parts = {"target weights (bf16)": weights, "vLLM KV cache (batch x max_model_len)": kv,
+             "vLLM recurrent state (batch)": state, "vLLM forward workspace": workspace,
+             "extraction prefill (batch_tokens)": prefill}
+    if generate >= extract:
+        return MemoryEstimate(parts, generate, "generation (vLLM)")
+    return MemoryEstimate(parts, extract, "extraction prefill")
+
+
+def fmt_gib(n: float) -> str:
+    return f"{n / GiB:,.1f} GiB"
