@@ -28,6 +28,9 @@ them like any HF folder. Checks, one table, exit status 1 on any failure:
    through a random target of the full Qwen3.6-27B architecture (64-layer hybrid, cut after the deepest feature
    layer as the extract stage cuts it) in bf16, capturing the five feature layers: tokens/s. The figures are also
    written as JSON (`--json`) for `flashdraft plan --calibrate`.
+6. codecs (with section 5): every 4-bit candidate and fp8 decoded on the GPU from host bytes
+   (benchmarks/bench_codecs.py's `gpu_decode_check`): bit-identical to the CPU decode (rotated candidates: max
+   relative difference <= 1e-2), and GB/s of bf16 output on each side.
 
 The CPU half (reference computations, comparisons, the table and the exit status) runs in CI: tests/unit/
 test_gpu_check.py, with the "device" side on CPU.
@@ -63,8 +66,9 @@ def bootstrap() -> None:
     """Make the repository importable as installed (flashdraft, flashdraft.components) with the carried wheels."""
     from importlib import metadata
 
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+    for folder in (REPO, REPO / "benchmarks"):  # flashdraft itself; bench_codecs (section 6)
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     wanted = []
     for wheel in sorted(WHEELS.glob("*.whl")):
         dist, version = wheel.name.split("-")[:2]
@@ -630,6 +634,18 @@ def production_extract(device: str, layer_ids: list[int], tokens: int = 4096, ro
     return done * rows * tokens / seconds, peak
 
 
+def codec_decode(report: Report, device: str, tokens: int, hidden: int) -> None:
+    """Section 6: the feature codecs decoded on `device` against their CPU decode."""
+    from bench_codecs import gpu_decode_check
+
+    for row in gpu_decode_check(device, tokens=tokens, hidden=hidden):
+        exact = row["exact_expected"]
+        report.add(f"decode/{row['codec']} on {device.split(':')[0]}",
+                   float(row["mismatches"]) if exact else row["max_rel_diff"], 0.0 if exact else 1e-2,
+                   f"{'values differing from' if exact else 'max rel. diff vs'} the CPU decode; "
+                   f"{row['gbs']:.2f} GB/s (CPU {row['cpu_gbs']:.2f})")
+
+
 @dataclass
 class DryRun:
     """The production section at toy widths, for the CPU dry-run (tests/unit/test_gpu_check.py): the same code
@@ -709,6 +725,7 @@ def production(report: Report, work: Path, device: str, scale: DryRun | None = N
                f"HF prefill {'bf16' if cuda else 'cpu'}, {rows} x {tokens} tokens, {max(layers) + 1} layers run, "
                f"layers {layers} captured" + (f"; peak {gib:.1f} GiB" if cuda else ""))
     out.extract_tokens_per_s, out.extract_layers = tps, layers
+    codec_decode(report, device, tokens=64 if scale else 2048, hidden=128 if scale else 5120)
     out.extract_forward_tokens, out.extract_hidden = rows * tokens, extract_scale.get("hidden_size", 5120)
     return out
 

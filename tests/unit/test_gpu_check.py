@@ -117,6 +117,7 @@ def test_gpu_check_production_dry_run_writes_a_calibration_file(tmp_path, capsys
     for mode in gc.RECOMPUTE:
         assert f"train/qwen3.6-27b recompute={mode} tokens/s" in table
     assert "extract/qwen3.6-27b tokens/s" in table
+    assert "decode/fp8 on cpu" in table and table.count("decode/") >= 5  # section 6: every q4 candidate and fp8
     cal = load_calibration(out)
     train = cal.rates.train
     assert train.tokens_per_s_per_gpu > 0 and train.flops_per_token > 0
