@@ -200,17 +200,18 @@ def bench_speculators(path: Path, steps: int, warmup: int) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def block_metrics(logits, labels, valid, gamma: float) -> dict:
+def block_metrics(logits, labels, valid, gamma: float, drafts=None) -> dict:
     """Sums over blocks for held-out metrics; torch only (runs in both venvs). logits [N, B-1, V] for slots
-    1..B-1, labels/valid [N, B-1]. The accepted run of a block is its count of leading correct slots: with the
-    data being the target's greedy output, 1 + its mean is the tau greedy speculative decoding would get."""
+    1..B-1, labels/valid [N, B-1]; drafts [N, B-1] the drafted tokens when they are not the argmax (DFlash2's
+    selector walk). The accepted run of a block is its count of leading correct slots: with the data being the
+    target's greedy output, 1 + its mean is the tau greedy speculative decoding would get."""
     import torch
     import torch.nn.functional as F
 
     N, B1, V = logits.shape
     ce = F.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1), reduction="none").view(N, B1)
     valid = valid.bool()
-    correct = (logits.argmax(-1) == labels) & valid
+    correct = ((logits.argmax(-1) if drafts is None else drafts) == labels) & valid
     w = torch.exp(-torch.arange(B1, dtype=torch.float64) / gamma).float()[None, :]
     vf = valid.float()
     lf = (valid & torch.isfinite(ce)).float()  # a draft vocabulary cannot score tokens outside it: no loss there
@@ -316,7 +317,12 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
             batch.anchors = a
             batch.labels, batch.valid = block_labels(batch.input_ids, s["loss_mask"].bool(), a, B)
             hidden = model(*batch.drafter_inputs())
-            parts.append(block_metrics(model.logits(hidden[:, 1:]), batch.labels, batch.valid, gamma))
+            drafts = None
+            if model.candidate_selector is not None:  # DFlash2 drafts by the selector walk, 256 blocks at a time
+                anchors_tok = batch.input_ids[a]
+                drafts = torch.cat([model.propose_batch(hidden[i:i + 256, 1:], anchors_tok[i:i + 256])
+                                    for i in range(0, len(a), 256)])
+            parts.append(block_metrics(model.logits(hidden[:, 1:]), batch.labels, batch.valid, gamma, drafts))
         model.train()
         return reduce_metrics(parts)
 
@@ -339,7 +345,7 @@ def run_flashdraft_curve(cfg, train: list[dict], held: list[dict], plan: dict, l
         opt.zero_grad(set_to_none=True)
         seconds += time.perf_counter() - t0
         first_loss = float(stats.loss) if first_loss is None else first_loss
-    return {"impl": label, "curve": curve, "first_loss": first_loss}
+    return {"impl": label, "curve": curve, "first_loss": first_loss, "model": model}
 
 
 def run_speculators_curve(path: Path) -> dict:

@@ -250,6 +250,11 @@ class FeaturesConfig(_Section):
 class DrafterConfig(_Section):
     """The DFlash drafter's shape and loss (train builds it; evaluate and export read its checkpoint)."""
 
+    kind: Literal["dflash", "dflash2"] = Field(
+        default="dflash", description="dflash: the DFlash drafter; dflash2: DFlash plus per-layer dynamic block "
+                                      "convolutions around attention and MLP and a candidate selector that rescores "
+                                      "the LM head's top-k pairwise (docs/dflash2.md). Exported as "
+                                      "DFlashDraftModel / DFlash2DraftModel")
     num_layers: int = Field(default=5, ge=1, description="draft decoder layers (z-lab's Qwen3 drafters use 5; "
                             "more layers draft better and cost more per cycle)")
     block_size: int = Field(default=16, ge=2, description="tokens per draft block B: the anchor plus B-1 "
@@ -297,6 +302,43 @@ class DrafterConfig(_Section):
     sliding_window: int | None = Field(
         default=None, ge=1, description="window W of sliding_attention layers: a block query at position p sees "
                                         "context keys at positions > p - W (vLLM's per-layer window)")
+
+    conv_kernel_size: int = Field(
+        default=2, ge=1, description="dflash2: taps of the causal in-block convolutions (vLLM "
+                                     "dflash_config.conv_kernel_size; z-lab's fixture uses 2)")
+    conv_group_size: int = Field(
+        default=64, ge=1, description="dflash2: channels sharing one per-token kernel delta (must divide the "
+                                      "width; vLLM dflash_config.conv_group_size)")
+    selector_rank: int = Field(
+        default=256, ge=1, description="dflash2: rank of the predecessor/successor codebooks (vocab x rank each: "
+                                       "2 x 248320 x 256 = 127M parameters on Qwen3.6)")
+    selector_top_k: int = Field(
+        default=16, ge=2, description="dflash2: LM-head candidates per draft slot that the selector rescores")
+    selector_objective: Literal["gold_topk", "strict_topk"] = Field(
+        default="gold_topk", description="dflash2 selector loss (docs/dflash2.md; neither is published with "
+                                         "DFlash2): gold_topk (speculators' reconstruction) puts the gold token in "
+                                         "place of the k-th candidate when the top-k misses it and trains every "
+                                         "slot; strict_topk (SpecForge's) trains only slots whose gold token is in "
+                                         "the top-k, with the weight held at 0 for selector_warmup then ramped")
+    selector_weight: float = Field(default=1.0, ge=0, description="dflash2: weight of the selector loss "
+                                                                     "(added to the DFlash loss)")
+    selector_warmup: float = Field(
+        default=0.0, ge=0, lt=1, description="dflash2: fraction of the optimizer steps with selector weight 0")
+    selector_ramp: float = Field(
+        default=0.0, ge=0, lt=1, description="dflash2: fraction of the steps (after the warmup) over which the "
+                                             "selector weight rises linearly to selector_weight")
+    selector_detach: bool = Field(
+        default=False, description="dflash2: stop the selector loss's gradient at the drafter's hidden states and "
+                                   "unary logits (only the selector's own weights learn from it)")
+
+    @model_validator(mode="after")
+    def _dflash2(self) -> DrafterConfig:
+        if self.kind == "dflash2" and self.draft_vocab_size is not None:
+            raise ValueError("drafter.kind=dflash2 needs the full vocabulary (its codebooks and vLLM's candidate "
+                             "ids are target ids): unset drafter.draft_vocab_size")
+        if self.kind == "dflash2" and self.selector_top_k > 1024:
+            raise ValueError(f"drafter.selector_top_k={self.selector_top_k}: at most 1024")
+        return self
 
     @model_validator(mode="after")
     def _attention_layout(self) -> DrafterConfig:

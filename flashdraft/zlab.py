@@ -9,6 +9,11 @@ z-lab / SpecForge format (vLLM `--speculative-config '{"method": "dflash", ...}'
                      to its attention backend as the per-layer window, which is the window attention.py trains with.
                      A "flashdraft" key records the target and mask-embedding facts for our own loader.
   model.safetensors  layers.*, fc.weight, hidden_norm.weight, norm.weight; no embedding, no LM head.
+  DFlash2 (drafter.kind=dflash2): architectures ["DFlash2DraftModel"] (vLLM serves it with method "dflash", V2
+                     runner only), dflash_config adds conv_kernel_size, conv_group_size, selector_rank,
+                     selector_top_k (vLLM raises KeyError without them) and input_embedding_scale = output_multiplier
+                     = 1.0; weights add layers.N.{attention,mlp}_conv.{base_kernel,kernel_projection.weight} and
+                     candidate_selector.{predecessor_codebook,successor_codebook,hidden_projection.weight}.
   When the mask embedding is trainable (no free row in the target vocabulary): mask_embedding.pt (a bare [H]
   tensor: vLLM's optional override of the mask row) and mask_embedding.safetensors (the same, for readers that
   refuse pickle); dflash_config.mask_token_id then names the placeholder row the override replaces. Only vLLM
@@ -53,12 +58,19 @@ def qwen3_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
     }
 
 
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 def zlab_config(g: dict[str, Any], dtype: str) -> dict[str, Any]:
+    dflash2 = g.get("kind") == "dflash2"
+    extra = {k: g[k] for k in DFLASH2_KEYS} if dflash2 else {}
+    if dflash2:  # neutral values, written so a reader never guesses (flashdraft trains neither scaling nor a cap)
+        extra.update(input_embedding_scale=1.0, output_multiplier=1.0)
     return {
-        "architectures": ["DFlashDraftModel"], **qwen3_config(g, dtype), "block_size": g["block_size"],
-        "num_target_layers": g["num_target_layers"],
+        "architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"], **qwen3_config(g, dtype),
+        "block_size": g["block_size"], "num_target_layers": g["num_target_layers"],
         "dflash_config": {"mask_token_id": g["mask_token_id"], "target_layer_ids": list(g["target_layer_ids"]),
-                          "block_size": g["block_size"]},
+                          "block_size": g["block_size"], **extra},
         "flashdraft": {"target": g.get("target", {}), "trainable_mask": g["trainable_mask"]},
         **({"draft_vocab_size": g["draft_vocab_size"]} if g.get("draft_vocab_size") else {}),
     }
@@ -123,9 +135,22 @@ def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
 
     folder = Path(folder)
     c = json.loads((folder / "config.json").read_text())
-    if "DFlashDraftModel" not in c.get("architectures", []):
-        raise ValueError(f"{folder}/config.json: architectures {c.get('architectures')} is not DFlashDraftModel")
+    archs = c.get("architectures", [])
+    if not {"DFlashDraftModel", "DFlash2DraftModel"} & set(archs):
+        raise ValueError(f"{folder}/config.json: architectures {archs} is neither DFlashDraftModel nor "
+                         "DFlash2DraftModel")
     dflash, extra = c["dflash_config"], c.get("flashdraft", {})
+    dflash2 = {}
+    if "DFlash2DraftModel" in archs:
+        missing = [k for k in DFLASH2_KEYS if k not in dflash]
+        if missing:
+            raise ValueError(f"{folder}/config.json: DFlash2DraftModel without dflash_config {missing}")
+        for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                             ("final_logit_softcapping", None)):
+            if dflash.get(key) not in (neutral, None, 0, 0.0):
+                raise ValueError(f"{folder}/config.json: dflash_config.{key}={dflash[key]} is not supported "
+                                 "(flashdraft drafters use none)")
+        dflash2 = {"kind": "dflash2", **{k: int(dflash[k]) for k in DFLASH2_KEYS}}
     weights = load_file(str(folder / "model.safetensors"))
     if "d2t" in weights:  # offsets back to target ids; the reduced head is rebuilt from the target's
         weights["d2t"] = weights["d2t"].long() + torch.arange(weights["d2t"].numel())
@@ -144,6 +169,6 @@ def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
         "trainable_mask": trainable, "max_position_embeddings": c.get("max_position_embeddings", 32768),
         "initializer_range": c.get("initializer_range", 0.02), "target": extra.get("target", {}),
         **_read_attention(c, folder),
-        "draft_vocab_size": c.get("draft_vocab_size") if "d2t" in weights else None,
+        "draft_vocab_size": c.get("draft_vocab_size") if "d2t" in weights else None, **dflash2,
     }
     return geometry, weights

@@ -85,6 +85,9 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
                     "mask slots with the target's row %d and draft differently; train with an explicit "
                     "drafter.mask_token_id (a token the chat never produces) for an export every reader shares",
                     drafter.geometry.mask_token_id)
+    if "speculators" in cfg.export.formats and drafter.geometry.is_dflash2:
+        raise ExportError("export.formats: the speculators format is written for DFlash only; a dflash2 drafter "
+                          "exports as z-lab DFlash2DraftModel (served by vLLM with method dflash)")
     formats = {}
     for name in cfg.export.formats:
         if name == "zlab":

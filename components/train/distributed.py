@@ -55,6 +55,8 @@ def wrap_model(model: torch.nn.Module, training: TrainingConfig, env: DistEnv) -
 
         for layer in model.layers:
             fully_shard(layer)
+        if getattr(model, "candidate_selector", None) is not None:  # DFlash2: called outside the model's forward
+            fully_shard(model.candidate_selector)
         return fully_shard(model)
     from torch.nn.parallel import DistributedDataParallel
 

@@ -34,6 +34,7 @@ from flashdraft.components.train.schedule import MicroBatch, TrainError, build_s
 from flashdraft.components.train.stats import StepStats
 from flashdraft.config import DrafterConfig, RunConfig
 from flashdraft.drafter.batch import PackedBatch, pack
+from flashdraft.drafter.dflash2 import selector_loss, selector_scale
 from flashdraft.drafter.loss import LossOutput, dflash_loss
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.features.shard import Sample
@@ -68,13 +69,28 @@ def build_model(cfg: RunConfig, env: DistEnv):
     return model
 
 
-def drafter_loss(raw, hidden: torch.Tensor, batch: PackedBatch, drafter: DrafterConfig) -> LossOutput:
+def drafter_loss(raw, hidden: torch.Tensor, batch: PackedBatch, drafter: DrafterConfig,
+                 selector_weight: float | None = None) -> LossOutput:
     """The DFlash loss over the drafter's head: the target's LM head, or its draft-vocabulary rows with labels
-    mapped to draft indices (slots whose label is outside the draft vocabulary drop out)."""
+    mapped to draft indices (slots whose label is outside the draft vocabulary drop out). DFlash2 adds
+    `selector_weight` (default drafter.selector_weight) times the selector loss over the same valid slots."""
     labels, valid = batch.labels, batch.valid
     if raw.d2t is not None:
         labels, valid = draft_labels(labels, valid, raw.target_to_draft())
-    return dflash_loss(hidden, raw.head_weight, labels, valid, drafter.resolved_gamma, drafter.loss_normalization)
+    selector = raw.candidate_selector
+    out = dflash_loss(hidden, raw.head_weight, labels, valid, drafter.resolved_gamma, drafter.loss_normalization,
+                      top_k=selector.top_k if selector is not None else 0)
+    if selector is None:
+        return out
+    B = batch.block_size
+    previous = batch.input_ids[batch.anchors[:, None] + torch.arange(B - 1, device=labels.device)]
+    out.selector = selector_loss(selector, hidden[:, 1:].reshape(-1, hidden.shape[-1])[out.rows],
+                                 raw.head_weight, out.top_ids, labels.reshape(-1)[out.rows],
+                                 previous.reshape(-1)[out.rows], out.row_weight, drafter.selector_objective,
+                                 drafter.selector_detach)
+    weight = drafter.selector_weight if selector_weight is None else selector_weight
+    out.loss = out.loss + weight * out.selector.loss  # also at weight 0: every parameter joins the graph (DDP)
+    return out
 
 
 def build_draft_vocab(raw, samples: Iterable[Sample]) -> None:
@@ -87,9 +103,10 @@ def build_draft_vocab(raw, samples: Iterable[Sample]) -> None:
 
 
 def micro_step(model, raw, samples: list[Sample], cfg: RunConfig, epoch: int, device: torch.device, weight: float,
-               sync: bool) -> StepStats:
+               sync: bool, selector_weight: float | None = None) -> StepStats:
     """Forward + backward of one packed row (its loss times `weight`); gradients are synchronised across ranks
-    only when `sync` (the step's last micro-batch). Returns the row's statistics."""
+    only when `sync` (the step's last micro-batch). DFlash2: `selector_weight` is this step's selector loss
+    weight. Returns the row's statistics."""
     d = cfg.drafter
     batch = pack(samples, d.block_size, d.max_anchors, seed=cfg.training.seed, epoch=epoch,
                  max_tokens=cfg.training.tokens_per_step).to(device)
@@ -102,7 +119,7 @@ def micro_step(model, raw, samples: list[Sample], cfg: RunConfig, epoch: int, de
             return StepStats.of_row(d.block_size, batch.num_tokens)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             hidden = model(*batch.drafter_inputs())
-        out = drafter_loss(raw, hidden, batch, d)
+        out = drafter_loss(raw, hidden, batch, d, selector_weight)
         (out.loss * weight).backward()
     return StepStats.of_row(d.block_size, batch.num_tokens, batch.anchors.numel(), out, weight)
 
@@ -159,12 +176,14 @@ class Trainer:
         t0 = time.perf_counter()
         accum, total = self.cfg.training.grad_accum, self.schedule.total_steps
         stats = StepStats.zeros(self.cfg.drafter.block_size)
+        d = self.cfg.drafter
+        sel_w = selector_scale(self.steps_done, total, d.selector_weight, d.selector_warmup, d.selector_ramp)
         for k in range(accum):
             mb = next(micro_batches, None)
             if mb is None or self.steps_done >= total:  # the schedule's data ended, or its last step is done
                 return None
             stats += micro_step(self.model, self.raw, mb.samples, self.cfg, mb.epoch, self.env.device, 1.0 / accum,
-                                sync=k == accum - 1)
+                                sync=k == accum - 1, selector_weight=sel_w)
             self.schedule.trained(len(mb.samples))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
         lr = lr_at(self.steps_done, total, self.cfg)
@@ -177,6 +196,8 @@ class Trainer:
         elapsed = time.perf_counter() - t0
         entry = {"step": self.steps_done, "epoch": mb.epoch, "lr": lr, "grad_norm": round(float(grad_norm), 5),
                  **stats.metrics(self.env.world_size), "step_s": round(elapsed, 4)}
+        if self.raw.candidate_selector is not None:
+            entry["selector_weight"] = sel_w
         entry["tokens_per_s"] = round(entry["tokens"] / elapsed, 1)
         self.state["history"].append(entry)
         self.state["train_seconds"] += elapsed
@@ -239,6 +260,7 @@ class Trainer:
                  "ce_by_pos": [sum(h["ce_by_pos"][k] for h in tail) / len(tail) for k in range(B1)]}
         secs = max(state["train_seconds"], 1e-9)
         return {"steps": state["step"], "world_size": self.env.world_size, "strategy": cfg.training.strategy,
+                "drafter_kind": cfg.drafter.kind,
                 "device": str(self.env.device), "checkpoint": prefix, "tokens": state["tokens"],
                 "train_seconds": round(secs, 3), "tokens_per_s": round(state["tokens"] / secs, 1),
                 "trainable_params": sum(p.numel() for p in raw.parameters() if p.requires_grad),

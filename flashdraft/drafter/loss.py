@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -68,25 +69,31 @@ def _chunk_fn(hidden: torch.Tensor):
 
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, row_weight, chunk):
+    def forward(ctx, hidden, weight, labels, row_weight, chunk, top_k):
         needs_grad = hidden.requires_grad
         M = hidden.shape[0]
         acc_dtype = torch.promote_types(hidden.dtype, torch.float32)  # fp32 softmax/CE even for bf16 GEMMs
         ce = torch.empty(M, device=hidden.device, dtype=acc_dtype)
         correct = torch.empty(M, device=hidden.device, dtype=torch.bool)
         grad = torch.empty_like(hidden) if needs_grad else None
+        top = torch.empty(M, top_k, device=hidden.device, dtype=torch.long)
         w = weight  # never copied: on GPU the head is bf16 and large; the hidden chunk is cast instead
         fused = _chunk_fn(hidden) if needs_grad else None
         for s in range(0, M, chunk):
             e = min(M, s + chunk)
             lab = labels[s:e]
             if fused is not None:
-                ce[s:e], correct[s:e], grad_logits = fused(hidden[s:e].to(w.dtype) @ w.T, lab, row_weight[s:e])
+                logits = hidden[s:e].to(w.dtype) @ w.T
+                if top_k:  # DFlash2's candidates, from the logits this chunk forms anyway
+                    top[s:e] = logits.topk(top_k, dim=-1).indices
+                ce[s:e], correct[s:e], grad_logits = fused(logits, lab, row_weight[s:e])
                 grad[s:e] = (grad_logits @ w).to(grad.dtype)
                 continue
             logits = (hidden[s:e].to(w.dtype) @ w.T).to(acc_dtype)
             # one max pass gives both the stabiliser and the argmax; exp in place; no separate logsumexp
             mx, am = logits.max(dim=-1)
+            if top_k:  # DFlash2's candidates, from the logits this chunk forms anyway
+                top[s:e] = logits.topk(top_k, dim=-1).indices
             target = logits.gather(1, lab[:, None]).squeeze(1)
             probs = logits.sub_(mx[:, None]).exp_()
             total = probs.sum(dim=-1)
@@ -98,13 +105,13 @@ class _FusedLinearCE(torch.autograd.Function):
                 probs[torch.arange(e - s, device=probs.device), lab] -= rw
                 grad[s:e] = (probs.to(w.dtype) @ w).to(grad.dtype)
         ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(ce, correct)
-        return (ce * row_weight).sum(), ce, correct
+        ctx.mark_non_differentiable(ce, correct, top)
+        return (ce * row_weight).sum(), ce, correct, top
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_correct):
+    def backward(ctx, grad_loss, _grad_ce, _grad_correct, _grad_top):
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None, None
+        return grad * grad_loss.to(grad.dtype), None, None, None, None, None
 
 
 def default_chunk(vocab_size: int) -> int:
@@ -113,13 +120,13 @@ def default_chunk(vocab_size: int) -> int:
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                               row_weight: torch.Tensor, chunk: int | None = None):
-    """(sum_i row_weight_i * CE(hidden_i @ weight.T, labels_i), per-row CE, per-row argmax==label), chunked.
-    `row_weight` must already contain the normalisation."""
+                               row_weight: torch.Tensor, chunk: int | None = None, top_k: int = 0):
+    """(sum_i row_weight_i * CE(hidden_i @ weight.T, labels_i), per-row CE, per-row argmax==label, per-row top-k
+    ids [M, top_k]), chunked. `row_weight` must already contain the normalisation."""
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
         return _FusedLinearCE.apply(hidden, weight, labels, row_weight.to(acc_dtype),
-                                    chunk or default_chunk(weight.shape[0]))
+                                    chunk or default_chunk(weight.shape[0]), top_k)
 
 
 @dataclass
@@ -128,11 +135,17 @@ class LossOutput:
     ce_sum: torch.Tensor          # [B-1] unweighted CE summed over valid slots at each position (no grad)
     correct: torch.Tensor         # [B-1] argmax hits at each position
     count: torch.Tensor           # [B-1] valid slots at each position
+    rows: torch.Tensor | None = None      # [M] flat (block, slot) index of each valid slot, in `top_ids` order
+    row_weight: torch.Tensor | None = None  # [M] each valid slot's normalised weight
+    top_ids: torch.Tensor | None = None   # [M, top_k] the LM head's top-k ids per valid slot (top_k > 0)
+    selector: Any = None                  # DFlash2: the dflash2.SelectorOutput folded into `loss`
 
 
 def dflash_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-                gamma: float, normalization: str = "weights", chunk: int | None = None) -> LossOutput:
-    """hidden [N, B, H] from the drafter; labels/valid [N, B-1] from `block_labels`."""
+                gamma: float, normalization: str = "weights", chunk: int | None = None, top_k: int = 0
+                ) -> LossOutput:
+    """hidden [N, B, H] from the drafter; labels/valid [N, B-1] from `block_labels`. top_k > 0 also returns
+    each valid slot's top-k token ids (DFlash2's selector candidates)."""
     if normalization not in ("weights", "mask"):
         raise ValueError(f"drafter.loss_normalization={normalization!r}: use 'weights' or 'mask'")
     N, B, H = hidden.shape
@@ -144,11 +157,12 @@ def dflash_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tenso
     denom = rows_w.sum() if normalization == "weights" else torch.tensor(float(sel.numel()), device=hidden.device)
     denom = denom.clamp_min(1e-12)
     slot_hidden = hidden[:, 1:, :].reshape(-1, H)[sel]
-    loss, ce, correct = fused_linear_cross_entropy(slot_hidden, lm_head, labels.reshape(-1)[sel], rows_w / denom,
-                                                   chunk)
+    loss, ce, correct, top = fused_linear_cross_entropy(slot_hidden, lm_head, labels.reshape(-1)[sel],
+                                                        rows_w / denom, chunk, top_k)
     pos = (sel % (B - 1))
     zeros = torch.zeros(B - 1, device=hidden.device, dtype=ce.dtype)
     return LossOutput(loss=loss, ce_sum=zeros.index_add(0, pos, ce.detach()),
                       correct=zeros.index_add(0, pos, correct.to(ce.dtype)),
-                      count=zeros.index_add(0, pos, torch.ones_like(ce)))
+                      count=zeros.index_add(0, pos, torch.ones_like(ce)), rows=sel, row_weight=rows_w / denom,
+                      top_ids=top if top_k else None)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from flashdraft.drafter.attention import BlockLayout, attend
+from flashdraft.drafter.dflash2 import BlockConv, CandidateSelector, candidate_scores, select_walk
 from flashdraft.target import text_config
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ CONFIG_FILE = "drafter_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FULL, SLIDING = "full_attention", "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @dataclass
@@ -69,8 +71,26 @@ class DrafterGeometry:
     # Reduced draft vocabulary (EAGLE-3 / SpecForge style): the drafter scores only these many target tokens; the
     # `d2t` buffer (draft index -> target id) is saved with the weights. None: the whole target vocabulary.
     draft_vocab_size: int | None = None
+    # "dflash" or "dflash2" (dflash2.py: block convolutions + candidate selector; the four fields below are its
+    # vLLM dflash_config keys and are None for dflash).
+    kind: str = "dflash"
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
 
     def __post_init__(self):
+        if self.kind not in ("dflash", "dflash2"):
+            raise ValueError(f"drafter kind {self.kind!r}: use 'dflash' or 'dflash2'")
+        if self.kind == "dflash2":
+            extra = {k: getattr(self, k) for k in DFLASH2_FIELDS}
+            if None in extra.values():
+                raise ValueError(f"dflash2 drafter: every one of {DFLASH2_FIELDS} is required, got {extra}")
+            if self.hidden_size % self.conv_group_size:
+                raise ValueError(f"drafter.conv_group_size={self.conv_group_size} does not divide hidden size "
+                                 f"{self.hidden_size}")
+            if self.draft_vocab_size is not None:
+                raise ValueError("dflash2 drafter: a reduced draft vocabulary is not supported")
         if self.layer_types is not None:
             bad = [t for t in self.layer_types if t not in LAYER_TYPES]
             if len(self.layer_types) != self.num_layers or bad:
@@ -79,6 +99,10 @@ class DrafterGeometry:
             if SLIDING in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
                 raise ValueError(f"drafter layer_types has {SLIDING!r} layers but sliding_window is "
                                  f"{self.sliding_window}; set drafter.sliding_window >= 1")
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.kind == "dflash2"
 
     @property
     def num_features(self) -> int:
@@ -317,6 +341,11 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.recompute = "none"  # training.activation_checkpointing (set by the trainer)
+        if g.is_dflash2:  # DFlash2: block convolutions around both sublayers (dflash2.py)
+            self.attention_conv = BlockConv(g.hidden_size, g.conv_kernel_size, g.conv_group_size)
+            self.mlp_conv = BlockConv(g.hidden_size, g.conv_kernel_size, g.conv_group_size)
+        else:
+            self.attention_conv = self.mlp_conv = None
 
     def forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str, ctx_kv=None):
         if self.recompute == "layer" and torch.is_grad_enabled():
@@ -324,11 +353,21 @@ class DFlashLayer(nn.Module):
         return self._forward(x, ctx, rope_q, rope_kv, layout, impl, ctx_kv)
 
     def _forward(self, x, ctx, rope_q, rope_kv, layout: BlockLayout, impl: str, ctx_kv=None):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, layout, impl, ctx_kv)
-        h = self.post_attention_layernorm(x)
+        """x [1, N*B, H]: whole blocks. DFlash2: the context keys/values come from `ctx` unconvolved (as vLLM's
+        precomputed context KV); the convolutions act on the block rows only."""
+        if self.attention_conv is None:
+            x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_kv, layout, impl, ctx_kv)
+            h = self.post_attention_layernorm(x)
+            if self.recompute == "mlp" and torch.is_grad_enabled():
+                return x + checkpoint(self.mlp, h, use_reentrant=False)
+            return x + self.mlp(h)
+        B = layout.block_size
+        h, delta = self.attention_conv.prepare(self.input_layernorm(x), B)
+        x = x + self.attention_conv.finish(self.self_attn(h, ctx, rope_q, rope_kv, layout, impl, ctx_kv), delta, B)
+        h, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x), B)
         if self.recompute == "mlp" and torch.is_grad_enabled():
-            return x + checkpoint(self.mlp, h, use_reentrant=False)
-        return x + self.mlp(h)
+            return x + self.mlp_conv.finish(checkpoint(self.mlp, h, use_reentrant=False), delta, B)
+        return x + self.mlp_conv.finish(self.mlp(h), delta, B)
 
 
 @dataclass
@@ -358,12 +397,16 @@ class DraftSession:
             self.features = features if self.features is None else torch.cat([self.features, features])
 
     def logits(self, last_token: int) -> torch.Tensor:
+        return self.drafter.logits(self.hidden(last_token))
+
+    def hidden(self, last_token: int) -> torch.Tensor:
         if self.cached:
-            return self.drafter.cached_draft_logits(self.cache, last_token)
-        return self.drafter.draft_logits(self.features, last_token)
+            return self.drafter.cached_draft_hidden(self.cache, last_token)
+        return self.drafter.draft_hidden(self.features, last_token)
 
     def propose(self, last_token: int) -> torch.Tensor:
-        return self.logits(last_token).argmax(-1)
+        """DFlash: the argmax of each slot. DFlash2: the selector's greedy walk over the top-k candidates."""
+        return self.drafter.propose_from_hidden(self.hidden(last_token), last_token)
 
 
 class DFlashDrafter(nn.Module):
@@ -377,6 +420,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(g.hidden_size)) if g.trainable_mask else None
+        self.candidate_selector = (CandidateSelector(g.hidden_size, g.vocab_size, g.selector_rank, g.selector_top_k)
+                                   if g.is_dflash2 else None)
         inv_freq = 1.0 / (g.rope_theta ** (torch.arange(0, g.head_dim, 2, dtype=torch.float64) / g.head_dim))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.register_buffer("embed_weight", embed if embed is not None else torch.empty(0), persistent=False)
@@ -395,12 +440,20 @@ class DFlashDrafter(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if name == "mask_embedding":
+                if name == "mask_embedding" or name.startswith("candidate_selector.") or "_conv." in name:
                     continue
                 if p.ndim == 2:
                     p.copy_(torch.randn(p.shape, generator=gen) * self.geometry.initializer_range)
                 else:
                     p.fill_(1.0)
+            # DFlash2 parts start neutral (dflash2.py): identity convolutions, a selector that walks the argmax.
+            # Drawn after the DFlash weights, so a dflash2 drafter's DFlash weights equal a dflash one's (same seed).
+            for layer in self.layers:
+                if layer.attention_conv is not None:
+                    layer.attention_conv.reset_identity()
+                    layer.mlp_conv.reset_identity()
+            if self.candidate_selector is not None:
+                self.candidate_selector.reset(gen, self.geometry.initializer_range)
             if self.mask_embedding is not None and self.embed_weight.numel():
                 if mask_init == "zero":
                     self.mask_embedding.zero_()
@@ -513,10 +566,15 @@ class DFlashDrafter(nn.Module):
         return full.index_copy_(-1, self.d2t, scores)
 
     # -- inference API ---------------------------------------------------------------------------------------
-    @torch.no_grad()
     def draft_logits(self, context_features: torch.Tensor, last_token: int,
                      block_size: int | None = None) -> torch.Tensor:
-        """[B-1, V] logits of the draft slots after the verified sequence x_0..x_S, recomputing the whole context.
+        """[B-1, V] logits of the draft slots after the verified sequence x_0..x_S (see `draft_hidden`)."""
+        return self.logits(self.draft_hidden(context_features, last_token, block_size))
+
+    @torch.no_grad()
+    def draft_hidden(self, context_features: torch.Tensor, last_token: int,
+                     block_size: int | None = None) -> torch.Tensor:
+        """[B-1, H] final-normed states of the draft slots after x_0..x_S, recomputing the whole context.
 
         context_features [S, n*H] are the target features of x_0..x_{S-1}; `last_token` is x_S (no feature yet).
         The block `[x_S, MASK x (B-1)]` sits at positions S..S+B-1, sees all S context positions and itself."""
@@ -527,12 +585,31 @@ class DFlashDrafter(nn.Module):
         layout = BlockLayout(S, B, torch.tensor([S], device=dev))
         hidden = self(feats, layout, torch.arange(S, device=dev), torch.tensor([int(last_token)], device=dev),
                       torch.tensor([S], device=dev))
-        return self.logits(hidden[0, 1:])
+        return hidden[0, 1:]
 
     def propose_block(self, context_features: torch.Tensor, last_token: int,
                       block_size: int | None = None) -> torch.Tensor:
-        """Greedy draft of B-1 tokens (argmax of `draft_logits`)."""
-        return self.draft_logits(context_features, last_token, block_size).argmax(-1)
+        """Greedy draft of B-1 tokens (DFlash: argmax; DFlash2: the selector walk)."""
+        return self.propose_from_hidden(self.draft_hidden(context_features, last_token, block_size), last_token)
+
+    @torch.no_grad()
+    def propose_from_hidden(self, hidden: torch.Tensor, last_token: int) -> torch.Tensor:
+        """Slot states [B-1, H] -> the B-1 greedy drafts."""
+        if self.candidate_selector is None:
+            return self.logits(hidden).argmax(-1)
+        return select_walk(*self.candidates(hidden, last_token))
+
+    @torch.no_grad()
+    def propose_batch(self, hidden: torch.Tensor, anchor_tokens: torch.Tensor) -> torch.Tensor:
+        """Drafts of many blocks at once: slot states [N, B-1, H], anchor tokens [N] -> [N, B-1]."""
+        if self.candidate_selector is None:
+            return self.logits(hidden).argmax(-1)
+        return select_walk(*candidate_scores(self.candidate_selector, hidden, self.head_weight, anchor_tokens))
+
+    @torch.no_grad()
+    def candidates(self, hidden: torch.Tensor, last_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """DFlash2: (top-k candidate ids [B-1, k], selector scores [B-1, k, k]) of one block (dflash2.py)."""
+        return candidate_scores(self.candidate_selector, hidden, self.head_weight, int(last_token))
 
     @torch.no_grad()
     def extend_context(self, cache: ContextCache | None, features: torch.Tensor) -> ContextCache:
@@ -550,10 +627,15 @@ class DFlashDrafter(nn.Module):
                             [torch.cat([old, v], dim=2) for old, (_, v) in zip(cache.values, new, strict=True)],
                             start + ctx.shape[1])
 
-    @torch.no_grad()
     def cached_draft_logits(self, cache: ContextCache, last_token: int, block_size: int | None = None
                             ) -> torch.Tensor:
-        """`draft_logits` over a ContextCache: only the B block slots run through the layers."""
+        """`draft_logits` over a ContextCache."""
+        return self.logits(self.cached_draft_hidden(cache, last_token, block_size))
+
+    @torch.no_grad()
+    def cached_draft_hidden(self, cache: ContextCache, last_token: int, block_size: int | None = None
+                            ) -> torch.Tensor:
+        """`draft_hidden` over a ContextCache: only the B block slots run through the layers."""
         B = block_size or self.geometry.block_size
         dev = self.fc.weight.device
         S = cache.length
@@ -562,7 +644,7 @@ class DFlashDrafter(nn.Module):
         rope = self._cos_sin(torch.arange(S, S + B, device=dev))
         for layer, k, v in zip(self.layers, cache.keys, cache.values, strict=True):
             x = layer(x, None, rope, rope, layout, self.attn_impl, (k, v))
-        return self.logits(self.norm(x)[0, 1:])
+        return self.norm(x)[0, 1:]
 
     def new_session(self, cached: bool = True) -> DraftSession:
         """Per-sequence drafting state for speculative decoding (spec.py's Proposer protocol)."""
@@ -643,6 +725,11 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
         target_layer_ids=cfg.layer_ids(int(text_cfg.num_hidden_layers)), mask_token_id=mask_id,
         trainable_mask=trainable, target=cfg.target.model_dump(mode="json"), **cfg.drafter.geometry_overrides())
     geometry.draft_vocab_size = cfg.drafter.draft_vocab_size
+    if cfg.drafter.kind == "dflash2":
+        d = cfg.drafter
+        geometry = replace(geometry, kind="dflash2", conv_kernel_size=d.conv_kernel_size,
+                           conv_group_size=d.conv_group_size, selector_rank=d.selector_rank,
+                           selector_top_k=d.selector_top_k)
     embed, head = load_target_embeddings(cfg.target)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
     model.set_frozen(embed.float(), head.float())
