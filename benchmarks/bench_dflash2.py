@@ -64,6 +64,8 @@ def drafting_cost(models: dict, sample: dict, rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="smollm2-local")
+    ap.add_argument("--set", action="append", default=[], help="config overrides for the data run and all variants "
+                    "(e.g. storage.root=... run_id=... to reuse a run's features)")
     ap.add_argument("--curve-steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--heldout", type=int, default=12)
@@ -76,7 +78,7 @@ def main() -> None:
     from flashdraft.config import load_config
     from flashdraft.target import cache_dir
 
-    base = [f"storage.root=file://{cache_dir() / 'bench' / 'runs'}"]
+    base = [f"storage.root=file://{cache_dir() / 'bench' / 'runs'}", *args.set]
     data_cfg = load_config(preset=args.preset, overrides=base)
     bt.ensure_features(data_cfg, None, args.preset, base)
     samples = bt.load_run_samples(data_cfg)

@@ -5,7 +5,10 @@ One cycle (DFlash, dflash.md section 3): the drafter proposes B-1 tokens in one 
 [last, d_1..d_{B-1}] in one forward with its KV cache; the longest prefix of drafts that equals the target's own
 choice at each position is accepted, plus the target's token after it (the bonus). The KV cache is then cropped
 back to the accepted length (recurrent layers of hybrid targets: rolled back, see target_cache.py), and the
-captured features of the accepted positions extend the drafter's context.
+captured features of the accepted positions extend the drafter's context. A DFlash2 drafter's session proposes by
+its candidate selector's greedy walk (flashdraft/drafter/dflash2.py: each slot picks among the LM head's top-k
+given the previous pick, as vLLM's DFlash2 speculator does at temperature 0); verification and acceptance are the
+same, so the lossless check holds for both kinds.
 
 Both decoders use the same target forwards (prefill, then cached steps), so their timings compare honestly and
 greedy outputs must agree token for token: that is the lossless check.

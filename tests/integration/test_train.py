@@ -110,11 +110,16 @@ def _params(cfg) -> dict[str, torch.Tensor]:
     return load_bytes(store.get_verified(f"{latest_checkpoint(store)['prefix']}/model.safetensors"))
 
 
-@pytest.mark.parametrize("vocab", [None, 64], ids=["full-vocab", "draft-vocab"])
-def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab):
+DFLASH2 = {"drafter.kind": "dflash2", "drafter.selector_rank": 16, "drafter.selector_warmup": 0.2,
+           "drafter.selector_ramp": 0.5}  # a warm-up and ramp: the resumed run must pick the weight up mid-ramp
+
+
+@pytest.mark.parametrize("vocab,kind", [(None, {}), (64, {}), (None, DFLASH2)],
+                         ids=["full-vocab", "draft-vocab", "dflash2"])
+def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab, kind):
     seqs = rule_sequences(96, seed=1)
     full = train_cfg(tiny_cfg, **{"run_id": "full", "training.epochs": 2, "training.grad_accum": 2,
-                                  "training.checkpoint_every": 2, "drafter.draft_vocab_size": vocab})
+                                  "training.checkpoint_every": 2, "drafter.draft_vocab_size": vocab, **kind})
     part = full.with_overrides({"run_id": "resumed"})
     write_shards(full, seqs)
     write_shards(part, seqs)
@@ -131,18 +136,24 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab)
         torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
     for ha, hb in zip(a.history, b.history, strict=True):
         assert abs(ha["loss"] - hb["loss"]) < 1e-5
+    if kind:  # DFlash2's parts trained and were checkpointed; the selector loss entered after its warm-up
+        assert "candidate_selector.predecessor_codebook" in pa and "layers.0.mlp_conv.base_kernel" in pa
+        assert pa["candidate_selector.hidden_projection.weight"].abs().sum() > 0
+        assert [h["selector_weight"] for h in b.history] == pytest.approx([0, 0, 0.6, 2.8 / 3, 1, 1])
+        assert all(h["selector_acc"] >= 0 and 0 < h["topk_coverage"] <= 1 for h in b.history)
     if vocab:  # the draft vocabulary: every response token (ids 1000..1047), then the most frequent others
         assert pa["d2t"].dtype == torch.int64 and set(range(1000, 1048)) <= set(pa["d2t"].tolist())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy):
+@pytest.mark.parametrize("strategy,kind", [("ddp", "dflash"), ("fsdp2", "dflash"), ("ddp", "dflash2"),
+                                           ("fsdp2", "dflash2")])
+def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy, kind):
     cfg = train_cfg(tiny_cfg, **{"training.nproc_per_node": 2, "training.epochs": 2})
     write_shards(cfg, rule_sequences(64, seed=2))
     sets = ["storage.root=" + cfg.storage.root, "training.nproc_per_node=2", "training.epochs=2",
             "training.tokens_per_step=768", "drafter.max_anchors=4", "drafter.block_size=4",
-            f"training.strategy={strategy}"]
+            f"training.strategy={strategy}", f"drafter.kind={kind}", "drafter.selector_rank=16"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "flashdraft.cli", "train", "--preset", "tiny"]
     cmd += [a for s in sets for a in ("--set", s)]
@@ -154,6 +165,10 @@ def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy):
     assert summary["world_size"] == 2 and summary["steps"] == 4 and summary["strategy"] == strategy
     assert summary["history"][-1]["anchors"] == 2 * 16 * 4  # both ranks' rows counted
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 4
+    if kind == "dflash2":  # both ranks' selector rows summed, and the checkpoint holds the selector unsharded
+        assert summary["history"][-1]["selector_acc"] >= 0 and summary["drafter_kind"] == "dflash2"
+        weights = _params(cfg)
+        assert weights["candidate_selector.successor_codebook"].shape[1] == 16
 
 
 def test_streaming_mode_follows_the_window_until_end_of_stream(tiny_cfg):

@@ -25,21 +25,22 @@ import os
 import socket
 import sys
 
+import torch
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-class AttentionCoreSdpa:
+class AttentionCoreSdpa(torch.nn.Module):
     """Stand-in for one layer's `Attention` module: block queries attend to the context's keys/values (given)
     and the block's own, bidirectionally (DFlash blocks are non-causal), with vLLM's GQA layout and scaling."""
 
     def __init__(self, context_k, context_v, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
         self.k, self.v = context_k, context_v
         self.nh, self.nkv, self.hd, self.scale = num_heads, num_kv_heads, head_dim, scale
 
-    def __call__(self, q, k, v):
-        import torch
-
+    def forward(self, q, k, v):
         T = q.shape[0]
         keys = torch.cat([self.k, k]).view(-1, self.nkv, self.hd).transpose(0, 1)
         values = torch.cat([self.v, v]).view(-1, self.nkv, self.hd).transpose(0, 1)
@@ -58,7 +59,6 @@ def _free_port() -> int:
 
 def main() -> None:
     target, export, inputs_path, out_path = sys.argv[1:5]
-    import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
     from vllm.config import set_current_vllm_config
