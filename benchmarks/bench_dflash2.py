@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=30, help="drafting-cost repetitions per variant")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--reuse", action="store_true", help="read the run's committed features as they are (skip the "
+                    "prep/generate/extract resume check)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
@@ -80,7 +82,8 @@ def main() -> None:
 
     base = [f"storage.root=file://{cache_dir() / 'bench' / 'runs'}", *args.set]
     data_cfg = load_config(preset=args.preset, overrides=base)
-    bt.ensure_features(data_cfg, None, args.preset, base)
+    if not args.reuse:
+        bt.ensure_features(data_cfg, None, args.preset, base)
     samples = bt.load_run_samples(data_cfg)
     train, held = samples[:-args.heldout], samples[-args.heldout:]
     print(f"data: run {data_cfg.run_id}, {len(train)} train / {len(held)} held-out samples; "
