@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from flashdraft.components.export.export import _files_zlab
 from safetensors.torch import load_file, save_file
 
+from flashdraft.components.export.export import _files_zlab
 from flashdraft.config import load_config
 from flashdraft.drafter.dflash2 import select_walk
 from flashdraft.drafter.model import build_drafter
