@@ -544,7 +544,8 @@ def _elapsed(a, b) -> float:
 
 
 def production_train(work: Path, device: str, scale: DryRun | None = None, steps: int = 5, warmup: int = 2,
-                     recompute: tuple[str, ...] = RECOMPUTE) -> tuple[list[StepParts], object]:
+                     recompute: tuple[str, ...] = RECOMPUTE, kind: str = "dflash",
+                     ) -> tuple[list[StepParts], object]:
     """The production drafter's step for each activation-checkpointing choice (one model and optimizer, so the
     optimizer state is allocated once and counted in every peak)."""
     import torch
@@ -554,9 +555,10 @@ def production_train(work: Path, device: str, scale: DryRun | None = None, steps
 
     folder = production_target(work / "qwen3.6-27b-head", device, *((scale.layers,) if scale else ()),
                                **(scale.target if scale else {}))
-    cfg = production_config(folder, work, **(scale.overrides if scale else {}))
+    cfg = production_config(folder, work, **(scale.overrides if scale else {}), **{"drafter.kind": kind})
     torch.manual_seed(0)
     model = build_model(cfg, DistEnv(0, 1, 0, torch.device(device)))
+    prefix = "" if kind == "dflash" else f"{kind} "
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.training.lr, weight_decay=cfg.training.weight_decay)
     H, n = model.geometry.hidden_size, model.geometry.num_features
@@ -565,8 +567,9 @@ def production_train(work: Path, device: str, scale: DryRun | None = None, steps
     results = []
     for mode in recompute:
         model.set_activation_checkpointing(mode)
-        results.append(timed_steps(model, params, opt, cfg, rows, device, steps, warmup, f"recompute={mode}"))
-    if recompute[0] == "none" and device.startswith("cuda"):  # the fused loss's gain, side by side
+        results.append(timed_steps(model, params, opt, cfg, rows, device, steps, warmup,
+                                   f"{prefix}recompute={mode}"))
+    if recompute[0] == "none" and device.startswith("cuda") and kind == "dflash":  # the fused loss's gain, side by side
         from flashdraft.drafter import loss
 
         model.set_activation_checkpointing("none")
@@ -712,6 +715,19 @@ def production(report: Report, work: Path, device: str, scale: DryRun | None = N
     fitted = [r for r in results if not r.oom]
     best = max(fitted, key=lambda r: r.tokens_per_s) if fitted else None
     out = Production(results, shape, flops_per_token=best.tflops * 1e12 / best.tokens_per_s if best else None)
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+    dflash2, model = production_train(work, device, scale, steps=3 if scale else 5, warmup=1 if scale else 2,
+                                      recompute=("none", "mlp"), kind="dflash2")
+    for r in dflash2:  # the same step with DFlash2's convolutions and candidate selector (drafter.kind=dflash2)
+        name = f"train/{PRODUCTION_PRESET} {r.label}"
+        if r.oom:
+            report.add(f"{name} tokens/s", None, None, f"out of memory at {r.peak_bytes / 2**30:.1f} GiB: {r.oom}")
+            continue
+        parts = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r.parts_s.items())
+        report.add(f"{name} tokens/s", r.tokens_per_s, None, f"step {r.step_s * 1e3:.0f} ms ({parts} ms)"
+                   + (f"; peak {r.peak_bytes / 2**30:.1f} GiB" if cuda else ""))
     del model
     if cuda:
         torch.cuda.empty_cache()
