@@ -1,0 +1,114 @@
+"""The qwen3.6-27b-rehearsal's production-shape paths at CI size: the real 248,320 x 5,120 frozen embedding and
+LM head of a random Qwen3.6-27B target (one layer deep), the real Qwen3.6 tokenizer's mask row, the production
+drafter's attention geometry (32 x 128 heads, 8 KV heads, window 2048, block 16, 512 anchors a sample), fp8-zstd
+shards, FSDP2 over 2 gloo ranks with a checkpoint, a preemption and a resume, then a full-width z-lab export that
+the vLLM reader's checks accept. Cut for CI: one feature layer, MLP 1024 wide, two samples whose few response
+tokens sit past position 2048 (so the sliding window drops context), random features (docs/rehearsal.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from flashdraft.components.export.export import run_export
+from safetensors.torch import load as load_bytes
+
+from flashdraft import layout
+from flashdraft.checkpoint import latest_checkpoint
+from flashdraft.config import load_config
+from flashdraft.features.manifest import codec_from_config, make_provenance
+from flashdraft.features.shard import build_shard, encode_sample
+from flashdraft.store import open_store
+from flashdraft.target import load_tokenizer, tokenizer_fingerprint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+SAMPLE_LEN, RESPONSE = 2100, 24  # responses at positions 2076..2099: every anchor's window cuts the context
+
+
+def rehearsal_cfg(tmp_path, **over):
+    return load_config(preset="qwen3.6-27b-rehearsal", overrides={
+        "storage.root": f"file://{tmp_path}/runs", "target.num_layers": 1, "features.num_features": 1,
+        "features.layer_ids": [0], "drafter.intermediate_size": 1024, "training.epochs": 2, **over})
+
+
+def write_random_shards(cfg, n: int = 2) -> None:
+    """`n` samples of SAMPLE_LEN real-vocabulary tokens with random bf16 features, one shard per sample."""
+    ids = cfg.layer_ids()
+    tok = load_tokenizer(cfg.target)
+    prov = make_provenance(cfg, tokenizer_fingerprint(tok), 5120, ids)
+    codec = codec_from_config(cfg)
+    store = open_store(cfg.storage, cfg.run_id)
+    g = torch.Generator().manual_seed(0)
+    for i in range(n):
+        tokens = torch.randint(0, 248044, (SAMPLE_LEN,), generator=g).tolist()
+        mask = [0] * (SAMPLE_LEN - RESPONSE) + [1] * RESPONSE
+        feats = torch.randn(SAMPLE_LEN, len(ids), 5120, generator=g).bfloat16()
+        row = (f"s{i}", SAMPLE_LEN, encode_sample(codec, tokens, mask, feats))
+        store.commit(layout.feature_part_key(0, i), build_shard(codec, ids, 5120, prov, [row]),
+                     {"samples": 1, "tokens": SAMPLE_LEN, "provenance": prov})
+
+
+def two_fsdp2_ranks(cfg, stop_after: int | None = None) -> list[int]:
+    """`run_train` as 2 gloo ranks; returns each rank's peak RSS in bytes (ru_maxrss of the child)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import json, resource, sys; from flashdraft.config import RunConfig; "
+            "from flashdraft.components.train.trainer import run_train; "
+            "run_train(RunConfig.model_validate(json.loads(sys.argv[1])), stop_after=json.loads(sys.argv[2])); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    args = [sys.executable, "-c", code, cfg.model_dump_json(), json.dumps(stop_after)]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+             for r in range(2)]
+    peaks = []
+    for p in procs:
+        out, err = p.communicate(timeout=1100)
+        assert p.returncode == 0, err[-4000:]
+        peaks.append(int(out.strip().splitlines()[-1]))
+    return peaks
+
+
+def test_full_width_fsdp2_checkpoint_resume_and_export(tmp_path):
+    from flashdraft.zlab import read_zlab
+
+    cfg = rehearsal_cfg(tmp_path)
+    write_random_shards(cfg)
+    # one sample a rank, one row a step, 2 epochs: 2 steps; checkpoint after each; preempted after step 1
+    assert two_fsdp2_ranks(cfg, stop_after=1)
+    store = open_store(cfg.storage, cfg.run_id)
+    assert latest_checkpoint(store) == {"step": 1, "prefix": layout.checkpoint_prefix(1), "final": False}
+    peaks = two_fsdp2_ranks(cfg)  # resumes from step 1
+    summary = store.get_json_verified(layout.metrics_key("train"))
+    assert summary["steps"] == 2 and summary["world_size"] == 2 and summary["strategy"] == "fsdp2"
+    assert [h["step"] for h in summary["history"]] == [1, 2]
+    for h in summary["history"]:  # 8 anchors a sample (24 response tokens, block 16), both ranks counted
+        assert h["anchors"] == 2 * (RESPONSE - cfg.drafter.block_size) and h["loss"] == h["loss"]
+    # the frozen 248k x 5120 head is mapped, not copied: a bf16 copy alone would be 2.5 GB a rank
+    assert max(peaks) < 2.4e9 + 2.5e9, peaks
+    weights = load_bytes(store.get_verified(f"{layout.checkpoint_prefix(2)}/model.safetensors"))
+    opt = load_bytes(store.get_verified(f"{layout.checkpoint_prefix(2)}/optimizer.safetensors"))
+    assert weights["layers.0.self_attn.q_proj.weight"].shape == (32 * 128, 5120)
+    assert weights["fc.weight"].shape == (5120, 5120) and "mask_embedding" not in weights
+    assert int(opt["fc.weight/step"]) == 2 and float(opt["fc.weight/exp_avg_sq"].abs().sum()) > 0
+
+    export = run_export(cfg, out_dir=tmp_path / "export")
+    folder = tmp_path / "export" / "zlab"
+    c = json.loads((folder / "config.json").read_text())
+    mask = load_tokenizer(cfg.target).convert_tokens_to_ids  # the real tokenizer has no mask token:
+    assert export.mask_token_id == 248077 and not export.trainable_mask  # the first row past its 248,077 ids
+    assert mask("<|endoftext|>") == 248044
+    assert c["dflash_config"] == {"mask_token_id": 248077, "target_layer_ids": [0], "block_size": 16}
+    assert (c["vocab_size"], c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
+            c["head_dim"]) == (248320, 5120, 32, 8, 128)
+    assert c["layer_types"] == ["sliding_attention"] and c["sliding_window"] == 2048 and c["is_causal"] is False
+    geometry, exported = read_zlab(folder)  # the vLLM reader's checks (zlab.py)
+    assert exported["layers.0.mlp.down_proj.weight"].shape == (5120, 1024)
+    assert geometry["mask_token_id"] == 248077
