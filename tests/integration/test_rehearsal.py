@@ -16,11 +16,11 @@ import time
 
 import pytest
 import torch
-from flashdraft.components.export.export import run_export
 from safetensors.torch import load as load_bytes
 
 from flashdraft import layout
 from flashdraft.checkpoint import latest_checkpoint
+from flashdraft.components.export.export import run_export
 from flashdraft.config import load_config
 from flashdraft.features.manifest import codec_from_config, make_provenance
 from flashdraft.features.shard import build_shard, encode_sample
