@@ -1,10 +1,10 @@
 """The qwen3.6-27b-rehearsal's production-shape paths at CI size: the real 248,320 x 5,120 frozen embedding and
 LM head of a random Qwen3.6-27B target (one layer deep), the real Qwen3.6 tokenizer's mask row, the production
 drafter's attention geometry (32 x 128 heads, 8 KV heads, window 2048, block 16, 512 anchors a sample), fp8-zstd
-shards, FSDP2 over 2 gloo ranks with a checkpoint a step, then a full-width z-lab export that the vLLM
-reader's checks accept; and a preemption and resume (an open bug: xfail, strict). Cut for CI: one feature layer, MLP 1024 wide, two short samples with 2 anchors
-each (every drafted slot costs ~5 GFLOP through the 248k head, forward and gradient), random features
-(docs/rehearsal.md)."""
+shards, FSDP2 over 2 gloo ranks with a checkpoint a step, then a full-width z-lab export that the vLLM reader's
+checks accept; and a preemption and resume (an open bug: xfail, strict). Cut for CI: one feature layer, MLP 1024
+wide, two short samples with 2 anchors each (every drafted slot costs ~5 GFLOP through the 248k head, forward and
+gradient), random features (docs/rehearsal.md)."""
 
 from __future__ import annotations
 
