@@ -83,18 +83,28 @@ def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch
     step = int(trainer_state["step"])
     prefix = layout.checkpoint_prefix(step)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    msd = get_model_state_dict(model, options=opts)
-    osd = get_optimizer_state_dict(model, optimizer, options=opts)
     rank = _rank()
+    # One full state dict at a time (weights, then optimizer state), each serialised, committed and dropped
+    # before the next is gathered: rank 0 holds the full fp32 copy of one of them, not of both (at 5120 wide a
+    # one-layer drafter's weights are 1.8 GB and its AdamW state 3.6 GB, each again as serialised bytes).
+    msd = get_model_state_dict(model, options=opts)
     if rank == 0:
         weights = {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
                    for k, v in msd.items()}  # integer buffers (the draft vocabulary's d2t) stay integers
-        opt_tensors, opt_meta = _flatten_optimizer(osd)
         store.commit(f"{prefix}/{WEIGHTS_FILE}", save_bytes(weights))
+        del weights
+    del msd
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    if rank == 0:
+        opt_tensors, opt_meta = _flatten_optimizer(osd)
+        del osd
         store.commit(f"{prefix}/optimizer.safetensors", save_bytes(opt_tensors))
+        del opt_tensors
         store.commit_json(f"{prefix}/optimizer.json", opt_meta)
         store.commit_json(f"{prefix}/{CONFIG_FILE}", drafter_config)
         store.commit_json(f"{prefix}/trainer_state.json", trainer_state)
+    else:
+        del osd
     store.commit(f"{prefix}/rng-rank-{rank:05d}.safetensors", save_bytes(_rng_state()))
     if rank_state is not None:
         store.commit_json(rank_state_key(prefix, rank), rank_state)
@@ -122,12 +132,12 @@ def latest_checkpoint(store: ObjectStore) -> dict | None:
 def load_checkpoint(store: ObjectStore, prefix: str, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, optimizer and this rank's RNG; returns trainer_state. Checksums are verified."""
-    weights = load_bytes(store.get_verified(f"{prefix}/{WEIGHTS_FILE}"))
+    opts = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, load_bytes(store.get_verified(f"{prefix}/{WEIGHTS_FILE}")), options=opts)
     osd = _unflatten_optimizer(load_bytes(store.get_verified(f"{prefix}/optimizer.safetensors")),
                                store.get_json_verified(f"{prefix}/optimizer.json"))
-    opts = StateDictOptions(full_state_dict=True, strict=True)
-    set_model_state_dict(model, weights, options=opts)
     set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    del osd  # one full copy at a time, as on save
     rng_key = f"{prefix}/rng-rank-{_rank():05d}.safetensors"
     if store.is_committed(rng_key):
         rng = load_bytes(store.get_verified(rng_key))

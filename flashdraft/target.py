@@ -8,6 +8,10 @@
   `target.architecture=qwen3_5`: the production target's own class, `Qwen3_5ForConditionalGeneration` (multimodal
   wrapper, text config nested under `text_config`, Gated DeltaNet + gated full-attention layers 3:1, partial
   rotary, vocab 248320) with the real Qwen3.5/3.6 tokenizer (flashdraft.qwen_tokenizer).
+* `random`: random weights of a published architecture at its full width, depth cut to `target.num_layers`
+  (`qwen3.6-27b-rehearsal`: production shapes on a CPU, where no 27B checkpoint can be downloaded). The config
+  is built in (`RANDOM_ARCHITECTURES`), the weights are written one shard per decoder layer / embedding / head,
+  each materialised alone from a meta-device model, so building a 9 GB bf16 checkpoint holds ~2.5 GB at a time.
 
 Target geometry (layer count, width, vocab, layer types) is read in one place, `text_config` / `target_geometry`:
 multimodal checkpoints keep it under `text_config`, plain decoders at the top level. The stages load every target
@@ -149,6 +153,91 @@ def _build_tiny_qwen35(target: TargetConfig, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def qwen36_27b_config(num_layers: int = 64):
+    """Qwen3.6-27B's text geometry (its published config.json: 64 layers, 5120 wide, MLP 17408, gated attention 24
+    x 256 with 4 KV heads, Gated DeltaNet 16 key / 48 value heads of 128, conv 4, partial rotary 0.25 with mrope
+    sections [11, 11, 10], rope theta 1e7, vocab 248320), layers cut to the first `num_layers` of its 3:1
+    linear/full pattern. The vision tower is a one-block stand-in (flashdraft never runs it)."""
+    from transformers import Qwen3_5Config
+
+    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
+    text = dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=num_layers,
+                layer_types=types, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
+                rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+                bos_token_id=None, eos_token_id=248046, pad_token_id=248044)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=5120, patch_size=16,
+                  num_position_embeddings=64)
+    cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
+    return cfg
+
+
+RANDOM_ARCHITECTURES = {"Qwen/Qwen3.6-27B": qwen36_27b_config}
+
+
+def _build_random(target: TargetConfig, out: Path) -> None:
+    """Random weights of `target.model`'s architecture, saved as a sharded safetensors checkpoint in
+    `target.dtype`. Every shard (embedding, each decoder layer, the rest, LM head) is materialised alone from a
+    meta-device model and initialised by the model's own `_init_weights`, so peak memory is one shard."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, Qwen3_5ForConditionalGeneration
+
+    from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
+
+    if target.model not in RANDOM_ARCHITECTURES:
+        raise ValueError(f"target.model={target.model!r} with target.source=random: known architectures are "
+                         f"{', '.join(RANDOM_ARCHITECTURES)}")
+    cfg = RANDOM_ARCHITECTURES[target.model](target.num_layers or 4)
+    dtype = torch.bfloat16 if target.dtype == "auto" else torch_dtype(target)
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration(cfg).to(dtype)
+    torch.manual_seed(target.seed)
+    text = model.model.language_model
+    big = [(name, m) for name, m in model.named_modules() if m is text.embed_tokens or m is model.lm_head
+           or any(m is layer for layer in text.layers)]
+    modules = dict(model.named_modules())
+
+    def inside(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    groups = [[n for n in modules if inside(n, prefix)] for prefix, _ in big]
+    grouped = {n for g in groups for n in g}
+    groups.append([n for n in modules if n not in grouped])  # final norm, vision stand-in, rotary buffers
+    weight_map, total = {}, 0
+    for k, group in enumerate(groups):
+        shard = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        for n in group:
+            modules[n].to_empty(device="cpu", recurse=False)
+        for n in group:
+            model._init_weights(modules[n])
+        tensors = {}
+        for n in group:
+            for t_name, t in modules[n].state_dict(keep_vars=False).items():
+                if "." not in t_name:  # this module's own tensors; children are their own entries
+                    tensors[f"{n}.{t_name}" if n else t_name] = t.detach().to(dtype).contiguous()
+        if tensors:
+            save_file(tensors, str(out / shard), metadata={"format": "pt"})
+        for n, t in tensors.items():
+            weight_map[n] = shard
+            total += t.numel() * t.element_size()
+        del tensors
+        for n in group:
+            modules[n].to_empty(device="meta", recurse=False)
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    tok = build_qwen35_tokenizer()
+    cfg.dtype = dtype
+    cfg.save_pretrained(out)
+    GenerationConfig(eos_token_id=[tok.eos_token_id, tok.pad_token_id], pad_token_id=tok.pad_token_id,
+                     do_sample=False).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
 def _build_tiny(target: TargetConfig, out: Path) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
@@ -178,6 +267,9 @@ def resolve_model_dir(target: TargetConfig) -> Path | str:
         arch = "" if target.architecture == "qwen3" else f"-{target.architecture}"
         name = f"{target.model}{arch}-L{target.num_layers or 8}-H{hidden}-s{target.seed}"
         return _atomic_save(lambda out: _build_tiny(target, out), cache_dir() / "models" / name)
+    if target.source == "random":
+        name = f"{target.model.replace('/', '--')}-random-L{target.num_layers or 4}-{target.dtype}-s{target.seed}"
+        return _atomic_save(lambda out: _build_random(target, out), cache_dir() / "models" / name)
     raise ValueError(f"target.source: unknown {target.source!r}")
 
 

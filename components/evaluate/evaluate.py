@@ -92,17 +92,19 @@ def trained_drafter_prefix(store: ObjectStore) -> str:
     return latest["prefix"]
 
 
-def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str) -> tuple[Proposer, str, Proposer]:
+def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
+                   baseline: bool = True) -> tuple[Proposer, str, Proposer | None]:
     """(trained drafter, its URI, the untrained baseline: same architecture and the trainer's own init seed, so
-    the difference is exactly what training bought)."""
+    the difference is exactly what training bought; None when no prompt uses it). Both keep the frozen
+    embedding/LM head in the target checkpoint's dtype, memory-mapped (a full-width fp32 copy is 10 GB)."""
     from flashdraft.drafter.model import DFlashDrafter, build_drafter
     from flashdraft.target import load_hf_config
 
     prefix = trained_drafter_prefix(store)
     trained = DFlashDrafter.from_pretrained(store, prefix=prefix, target=cfg.target, device=device).eval()
-    baseline = build_drafter(cfg, load_hf_config(cfg.target), init="random", seed=cfg.training.seed,
-                             tokenizer=tok, device=device).eval()
-    return trained, store.url(prefix), baseline
+    untrained = build_drafter(cfg, load_hf_config(cfg.target), init="random", seed=cfg.training.seed,
+                              tokenizer=tok, device=device, frozen_dtype=None).eval() if baseline else None
+    return trained, store.url(prefix), untrained
 
 
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
@@ -189,10 +191,10 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     model = load_causal_lm(cfg.target, device)
     layer_ids = cfg.layer_ids(target_num_layers(cfg))
     prompts = load_eval_prompts(cfg, store, tok)
-    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device)
+    n_base = len(prompts) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(prompts))
+    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base > 0)
     log.info("evaluate: %d prompts, drafter %s, device %s, %d threads", len(prompts), trained_uri, device,
              torch.get_num_threads())
-    n_base = len(prompts) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(prompts))
     drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
     metrics = evaluate_prompts(cfg, model, tok, prompts, drafters, layer_ids, prompt_limits={"baseline": n_base})
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.

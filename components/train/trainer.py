@@ -60,12 +60,13 @@ def build_model(cfg: RunConfig, env: DistEnv):
     from flashdraft.drafter.model import build_drafter
     from flashdraft.target import load_hf_config
 
-    model = build_drafter(cfg, load_hf_config(cfg.target), seed=cfg.training.seed, device=env.device)
-    model.set_activation_checkpointing(cfg.training.activation_checkpointing)
     head = cfg.drafter.head_dtype
-    if head == "bfloat16" or (head == "auto" and env.device.type == "cuda"):
-        # frozen vocab-sized tensors in bf16: half the memory, bf16 logits GEMMs (fp32 accumulate, fp32 softmax)
-        model.set_frozen(model.embed_weight.bfloat16(), model.lm_head_weight.bfloat16())
+    bf16 = head == "bfloat16" or (head == "auto" and env.device.type == "cuda")
+    # frozen vocab-sized tensors in bf16: half the memory, bf16 logits GEMMs on CUDA (fp32 accumulate, fp32
+    # softmax); from a bf16 target checkpoint they stay memory-mapped, one copy shared by every rank on the node
+    model = build_drafter(cfg, load_hf_config(cfg.target), seed=cfg.training.seed, device=env.device,
+                          frozen_dtype=torch.bfloat16 if bf16 else torch.float32)
+    model.set_activation_checkpointing(cfg.training.activation_checkpointing)
     return model
 
 

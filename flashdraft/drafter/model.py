@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from flashdraft.drafter.attention import BlockLayout, attend
 from flashdraft.drafter.dflash2 import BlockConv, CandidateSelector, candidate_scores, select_walk
+from flashdraft.drafter.loss import head_matmul
 from flashdraft.target import text_config
 
 log = logging.getLogger(__name__)
@@ -221,10 +222,33 @@ def _pick(names: list[str], suffix: str) -> str | None:
     return found[0] if found else None
 
 
-def load_target_embeddings(target_cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embed [V, H], lm_head [V, H]) from the target checkpoint via `safe_open`; tied heads share the embedding."""
-    from safetensors import safe_open
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
+
+def mmap_tensor(path: Path, name: str) -> torch.Tensor:
+    """Tensor `name` of a safetensors file as a copy-on-write view of the file's pages, in the file's dtype.
+
+    Why: the frozen embedding and LM head of a 248,320 x 5,120 target are 2.5 GB each in bf16 (5 GB in fp32);
+    read into each process (2 FSDP ranks, then evaluate) they were the largest resident tensors of a run. Mapped,
+    every process on the node shares one copy in the page cache (counted as file-backed RSS), and nothing is
+    read until a row is used."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    if name not in header:
+        raise KeyError(f"{path}: no tensor {name!r}")
+    info = header[name]
+    if info["dtype"] not in SAFETENSORS_DTYPES:
+        raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; frozen target tensors must be one of "
+                         f"{', '.join(SAFETENSORS_DTYPES)}")
+    start, end = info["data_offsets"]
+    raw = torch.from_file(str(path), shared=False, size=8 + n + end, dtype=torch.uint8)
+    return raw[8 + n + start:8 + n + end].view(SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
+
+
+def load_target_embeddings(target_cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed [V, H], lm_head [V, H]) from the target checkpoint, memory-mapped in the checkpoint's dtype
+    (`mmap_tensor`); tied heads share the embedding."""
     from flashdraft.target import resolve_model_dir
 
     files = _weight_files(resolve_model_dir(target_cfg), target_cfg.revision)
@@ -232,12 +256,8 @@ def load_target_embeddings(target_cfg) -> tuple[torch.Tensor, torch.Tensor]:
     if embed_name is None:
         raise KeyError(f"target {target_cfg.model}: no '*embed_tokens.weight' tensor in its safetensors")
 
-    def read(name: str) -> torch.Tensor:
-        with safe_open(str(files[name]), "pt") as f:
-            return f.get_tensor(name)
-
-    embed = read(embed_name)
-    head = read(head_name) if head_name is not None else embed
+    embed = mmap_tensor(files[embed_name], embed_name)
+    head = mmap_tensor(files[head_name], head_name) if head_name is not None else embed
     return embed, head
 
 
@@ -458,7 +478,7 @@ class DFlashDrafter(nn.Module):
                 if mask_init == "zero":
                     self.mask_embedding.zero_()
                 else:
-                    self.mask_embedding.copy_(self.embed_weight.float().mean(0))
+                    self.mask_embedding.copy_(self.embed_weight.mean(0, dtype=torch.float32))
 
     def init_from_target(self, layers: list[dict[str, torch.Tensor]], final_norm: torch.Tensor | None) -> list[str]:
         """Start draft layer i from target decoder layer `layers[i]` and the final norm from the target's: same
@@ -559,7 +579,7 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits; with a draft vocabulary, tokens outside it get -inf (never drafted)."""
-        scores = hidden.to(self.head_weight.dtype) @ self.head_weight.T
+        scores = head_matmul(hidden, self.head_weight)
         if self.d2t is None:
             return scores
         full = scores.new_full((*scores.shape[:-1], self.geometry.vocab_size), float("-inf"))
@@ -698,6 +718,8 @@ class DFlashDrafter(nn.Module):
     @classmethod
     def from_parts(cls, config: dict[str, Any], weights: dict[str, torch.Tensor], *, target=None,
                    device="cpu", attn_impl: str = "auto") -> DFlashDrafter:
+        """The frozen embedding and LM head stay in the target checkpoint's dtype, memory-mapped on CPU
+        (`mmap_tensor`); `logits` computes in the drafter's dtype all the same (`head_matmul`)."""
         from flashdraft.config import TargetConfig
 
         geometry = DrafterGeometry(**config)
@@ -705,14 +727,16 @@ class DFlashDrafter(nn.Module):
         embed, head = load_target_embeddings(target_cfg)
         model = cls(geometry, attn_impl=attn_impl)
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
-        model.set_frozen(embed.float(), head.float())
+        model.set_frozen(embed, head)
         return model.to(device).eval()
 
 
 def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None = None, tokenizer=None,
-                  device: str | torch.device = "cpu", attn_impl: str = "auto") -> DFlashDrafter:
+                  device: str | torch.device = "cpu", attn_impl: str = "auto",
+                  frozen_dtype: torch.dtype | None = torch.float32) -> DFlashDrafter:
     """A drafter for `cfg` (RunConfig) on the target described by `target_hf_config`, with the target's frozen
-    embedding/LM head loaded. init="random" gives the seeded untrained baseline (seed default training.seed)."""
+    embedding/LM head loaded. init="random" gives the seeded untrained baseline (seed default training.seed).
+    `frozen_dtype`: the embedding/LM head's dtype (None: the checkpoint's, memory-mapped, no copy)."""
     from flashdraft.target import load_tokenizer
 
     if init != "random":
@@ -732,7 +756,9 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
                            selector_top_k=d.selector_top_k)
     embed, head = load_target_embeddings(cfg.target)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
-    model.set_frozen(embed.float(), head.float())
+    if frozen_dtype is not None:
+        embed, head = embed.to(frozen_dtype), head.to(frozen_dtype)  # no copy when the checkpoint has that dtype
+    model.set_frozen(embed, head)
     model.init_weights(cfg.training.seed if seed is None else seed, cfg.drafter.mask_init)
     if cfg.drafter.init == "target":
         ids = cfg.drafter.resolved_init_layers(int(text_cfg.num_hidden_layers))

@@ -45,7 +45,8 @@ def codec_from_config(cfg: RunConfig) -> Codec:
 
 def make_provenance(cfg: RunConfig, fingerprint: dict[str, str], hidden_size: int, layer_ids: list[int]) -> dict:
     """The provenance record for data made under `cfg` (fingerprint: target.tokenizer_fingerprint(tok))."""
-    model = cfg.target.model if cfg.target.source != "tiny" else f"{cfg.target.model}@seed{cfg.target.seed}"
+    t = cfg.target
+    model = t.model if t.source not in ("tiny", "random") else f"{t.model}@seed{t.seed}"
     return {"target_model": model, "target_revision": cfg.target.revision, "target_source": cfg.target.source,
             "tokenizer_sha": fingerprint["tokenizer_sha"], "chat_template_sha": fingerprint["chat_template_sha"],
             "layer_ids": list(layer_ids), "hidden_size": int(hidden_size), "codec": codec_from_config(cfg).params(),

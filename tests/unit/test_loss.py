@@ -92,3 +92,26 @@ def test_fused_chunk_function_equals_the_eager_loop(monkeypatch, compiled):
     torch.testing.assert_close(fused.ce_sum, eager.ce_sum)
     assert torch.equal(fused.correct, eager.correct) and torch.equal(fused.count, eager.count)
     torch.testing.assert_close(hidden.grad, eager_grad)
+
+
+def test_a_bf16_head_on_cpu_is_upcast_in_slabs_exactly(monkeypatch):
+    """The memory-mapped bf16 LM head (production storage) on a CPU: loss, per-row CE and gradient equal those of
+    its exact fp32 copy, computed a few head rows at a time (slabs smaller than the vocabulary)."""
+    import flashdraft.drafter.loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "SLAB_ROWS", 7)
+    g = torch.Generator().manual_seed(3)
+    head16 = torch.randn(50, 12, generator=g).bfloat16()
+    hidden = torch.randn(4, 6, 12, generator=g, requires_grad=True)
+    labels, valid = torch.randint(0, 50, (4, 5), generator=g), torch.rand(4, 5, generator=g) > 0.3
+    out = dflash_loss(hidden, head16, labels, valid, 7.0)
+    out.loss.backward()
+    grad16, hidden.grad = hidden.grad.clone(), None
+    ref = dflash_loss(hidden, head16.float(), labels, valid, 7.0)
+    ref.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.ce_sum, ref.ce_sum, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad16, hidden.grad, rtol=1e-6, atol=1e-6)
+    x = torch.randn(3, 12, generator=g)
+    assert loss_mod.head_matmul(x, head16).dtype == torch.float32
+    torch.testing.assert_close(loss_mod.head_matmul(x, head16), x @ head16.float().T)
