@@ -154,21 +154,11 @@ def _build_tiny_qwen35(target: TargetConfig, out: Path) -> None:
 
 
 def qwen36_27b_config(num_layers: int = 64):
-    """Qwen3.6-27B's text geometry (its published config.json: 64 layers, 5120 wide, MLP 17408, gated attention 24
-    x 256 with 4 KV heads, Gated DeltaNet 16 key / 48 value heads of 128, conv 4, partial rotary 0.25 with mrope
-    sections [11, 11, 10], rope theta 1e7, vocab 248320), layers cut to the first `num_layers` of its 3:1
-    linear/full pattern. The vision tower is a one-block stand-in (flashdraft never runs it)."""
+    """The multimodal wrapper around `qwen36_27b_text_config(num_layers)`, as the published checkpoint is laid
+    out (`Qwen3_5ForConditionalGeneration`); the vision tower is a one-block stand-in (flashdraft never runs it)."""
     from transformers import Qwen3_5Config
 
-    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
-    text = dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=num_layers,
-                layer_types=types, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-                linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
-                linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
-                rms_norm_eps=1e-6, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                                 "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-                bos_token_id=None, eos_token_id=248046, pad_token_id=248044)
+    text = qwen36_27b_text_config(num_layers).to_dict()
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=5120, patch_size=16,
                   num_position_embeddings=64)
     cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
