@@ -108,7 +108,6 @@ def test_more_steps_train_on_from_the_final_checkpoint_and_fewer_are_refused(tin
     training.max_steps carries on from its final checkpoint (the history continues, the first steps unchanged);
     lowering it below the checkpoint's step is refused."""
     from flashdraft.components.train.schedule import TrainError
-
     from flashdraft.runner import run_task
 
     cfg = train_cfg(tiny_cfg, **{"training.epochs": 2, "training.max_steps": 3})

@@ -174,7 +174,6 @@ def test_streaming_draft_vocabulary_counts_the_replies_exactly_as_offline_counts
     (split over ranks) before any feature part streams in, and equals the count an offline run makes over the
     extracted features."""
     from flashdraft.components.train.schedule import TrainError, response_samples
-
     from flashdraft.drafter.vocab import count_response_tokens
     from flashdraft.features.reader import open_reader
 

@@ -8,11 +8,11 @@ import json
 
 import pytest
 import yaml
-from flashdraft.pipelines.pipeline import compile_pipeline
 from typer.testing import CliRunner
 
 from flashdraft.cli import build_app
 from flashdraft.config import load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.stages import StageSpec, declare, stage_names, undeclare
 from flashdraft.summaries import StageSummary, numbers
 
