@@ -169,8 +169,8 @@ def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
     return out
 
 
-def _continues(spec: StageSpec, change: str) -> bool:
-    for c in spec.continue_on:
+def _continues(spec: StageSpec, cfg: RunConfig, change: str) -> bool:
+    for c in spec.continue_on_for(cfg):
         if c == "*" or change == c or change.startswith(c + ".") or change == f"upstream {c}":
             return True
     return False
@@ -257,7 +257,7 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                     "log": status.task_log_location()}))
                 _log_metrics(metrics, spec.name, previous.figures, 0.0)
                 return result
-        refused = {k: v for k, v in changes.items() if not _continues(spec, k)}
+        refused = {k: v for k, v in changes.items() if not _continues(spec, cfg, k)}
         if refused:
             exc = refusal(status.task_name(spec.name, shard), spec, refused)
             now = status.now()
@@ -319,7 +319,7 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
         for record in records:
             if record is None or record.fingerprint is None:
                 continue
-            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(spec, k)}
+            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(spec, cfg, k)}
             if refused:
                 raise refusal(record.task, spec, refused)
 

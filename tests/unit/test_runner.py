@@ -164,3 +164,10 @@ def test_a_section_is_fingerprinted_whole_less_its_declared_exclusions(cfg):
         loaded = load_config(preset=preset)
         for spec in stages():
             assert config_inputs(spec, loaded) is not None
+
+
+def test_streaming_training_cannot_carry_on_from_a_finished_stream(cfg):
+    streaming = cfg.with_overrides({"mode.kind": "streaming", "training.max_steps": 5})
+    run_task(streaming, "train", body=TrainBody(streaming, steps=5))
+    with pytest.raises(StageInputsChanged, match=r"^train: .*training.max_steps 5 -> 9"):
+        run_task(streaming.with_overrides({"training.max_steps": 9}), "train", body=TrainBody(streaming, steps=9))
