@@ -98,14 +98,15 @@ def _digest(obj: Any) -> str:
 
 
 def _shards(store: ObjectStore, stage_name: str) -> list[int]:
-    prefix = layout.status_key(f"{stage_name}-shard-")[: -len(".json")]
+    """The shards of a per-shard stage that have a status record."""
+    prefix = f"{layout.STATUS}/{stage_name}-shard-"
     out = []
-    for key in store.list_committed(prefix):
-        name = key[len(layout.STATUS) + 1: -len(".json")]
-        try:
-            out.append(int(name.rsplit("-", 1)[1]))
-        except (IndexError, ValueError):
-            continue
+    for key in store.list_committed(layout.STATUS + "/"):
+        if key.startswith(prefix) and key.endswith(".json"):
+            try:
+                out.append(int(key[len(prefix): -len(".json")]))
+            except ValueError:
+                continue
     return sorted(out)
 
 
@@ -168,8 +169,8 @@ def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
     return out
 
 
-def _continues(spec: StageSpec, change: str) -> bool:
-    for c in spec.continue_on:
+def _continues(spec: StageSpec, cfg: RunConfig, change: str) -> bool:
+    for c in spec.continue_on_for(cfg):
         if c == "*" or change == c or change.startswith(c + ".") or change == f"upstream {c}":
             return True
     return False
@@ -256,7 +257,7 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                     "log": status.task_log_location()}))
                 _log_metrics(metrics, spec.name, previous.figures, 0.0)
                 return result
-        refused = {k: v for k, v in changes.items() if not _continues(spec, k)}
+        refused = {k: v for k, v in changes.items() if not _continues(spec, cfg, k)}
         if refused:
             exc = refusal(status.task_name(spec.name, shard), spec, refused)
             now = status.now()
@@ -318,7 +319,7 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
         for record in records:
             if record is None or record.fingerprint is None:
                 continue
-            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(spec, k)}
+            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(spec, cfg, k)}
             if refused:
                 raise refusal(record.task, spec, refused)
 
@@ -333,13 +334,13 @@ def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None
         names = downstream(stage(stage_name).name)
     except ValueError as exc:
         raise ConfigError(f"--from {stage_name}: {exc}") from None
+    records = store.list(layout.STATUS + "/") + store.list(layout.METRICS + "/")
     for name in names:
         spec = stage(name)
-        keys = set()
-        for prefix in (*spec.outputs, layout.status_key(name)[: -len(".json")],
-                       layout.metrics_key(name)[: -len(".json")]):
-            keys.update(store.list(prefix))
-        own = {k for k in keys if k.startswith(tuple(spec.outputs)) or _task_key_of(k, name)}
+        own = {k for k in records if _task_key_of(k, name)}
+        for out in spec.outputs:
+            own.update(store.list(out) if out.endswith("/") else
+                       [k for k in (out, out + COMMIT_SUFFIX) if store.exists(k)])
         for key in sorted(own, key=lambda k: not k.endswith(COMMIT_SUFFIX)):  # records first: readers stop seeing
             store.delete(key)
         log.info("--from %s: cleared %s (%d objects)", stage_name, name, len(own))

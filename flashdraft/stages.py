@@ -65,6 +65,7 @@ class StageSpec:
     # checkpoint to evaluate): config paths (prefix match), upstream stage names, or "*" for any change.
     # Every other change of a committed result is refused (flashdraft/runner.py).
     continue_on: tuple[str, ...] = ()
+    streaming_continue_on: tuple[str, ...] | None = None  # continue_on in mode.kind=streaming, when it differs
     outputs: tuple[str, ...] = ()  # store prefixes/keys it writes besides metrics/ and status/ (for --from)
     # The stage commits metrics/<task>.json itself (training: rank 0 of a torchrun or TrainJob whose launcher
     # holds the task); otherwise the runner commits the summary the run function returns.
@@ -78,6 +79,11 @@ class StageSpec:
         if cfg.mode.kind == "streaming" and self.streaming_upstream is not None:
             return self.streaming_upstream
         return self.upstream
+
+    def continue_on_for(self, cfg: RunConfig) -> tuple[str, ...]:
+        if cfg.mode.kind == "streaming" and self.streaming_continue_on is not None:
+            return self.streaming_continue_on
+        return self.continue_on
 
     def run_function(self) -> Callable[..., Any]:
         if self.run is None:
@@ -180,7 +186,8 @@ declare(StageSpec(
     reads=("target", "features.layer_ids", "features.num_features", "drafter", "training", "mode"),
     ignores=(*_TARGET_HINTS, "training.num_threads", "training.checkpoint_every", "mode.window_bytes",
              "mode.window_shards"),
-    continue_on=("training.max_steps", "training.epochs"), commits_result=True,
+    # streaming: the consumed parts are gone, so there is nothing to train on from a finished stream
+    continue_on=("training.max_steps", "training.epochs"), streaming_continue_on=(), commits_result=True,
     outputs=("checkpoints/", "metrics/stream.json"), cli=f"{_C}.train.cli:train",
     component="flashdraft.pipelines.stages:train"))
 declare(StageSpec(

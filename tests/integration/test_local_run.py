@@ -56,3 +56,24 @@ def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path)
     assert "| plan | done |" in summary
     for stage in ("generate", "extract", "train", "evaluate", "export"):
         assert f"| {stage} | not run |" in summary, stage
+
+
+def test_a_changed_setting_no_stage_can_carry_on_from_stops_run_local_before_any_task(tmp_path):
+    """After a run, `run-local` with a changed data.max_samples ends in one line naming the field and the choices,
+    exit 1, before kfp starts a task (prep's committed result is the stand-in's, untouched)."""
+    from flashdraft.runner import run_task
+    from flashdraft.status import read_record
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
+    run_task(cfg, "prep", body=lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 0})
+    store = open_store(cfg.storage, cfg.run_id)
+    before = read_record(store, "prep")
+    args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp"), "--set",
+            f"storage.root=file://{tmp_path}/store", "--set", "data.max_samples=30"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 1
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("prep: changed since its committed result: data.max_samples "
+                                                   "40 -> 30;") and "--from prep" in lines[0], out.output
+    assert not (tmp_path / "kfp").exists(), "nothing ran"
+    assert read_record(store, "prep") == before

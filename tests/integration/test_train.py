@@ -101,8 +101,25 @@ def test_training_learns_the_rule(tiny_cfg):
     hist = summary.history
     assert len(hist[0]["acc_by_pos"]) == cfg.drafter.block_size - 1 and hist[-1]["tokens_per_s"] > 0
     assert hist[0]["lr"] < hist[1]["lr"] and hist[-1]["lr"] < 0.1 * cfg.training.lr  # warmup, then cosine
-    # a rerun after completion is a no-op
-    assert run_train(cfg).skipped is True
+
+
+def test_more_steps_train_on_from_the_final_checkpoint_and_fewer_are_refused(tiny_cfg):
+    """Through the runner, as `flashdraft train` and every pipeline run it: a finished run is reused; raising
+    training.max_steps carries on from its final checkpoint (the history continues, the first steps unchanged);
+    lowering it below the checkpoint's step is refused."""
+    from flashdraft.components.train.schedule import TrainError
+    from flashdraft.runner import run_task
+
+    cfg = train_cfg(tiny_cfg, **{"training.epochs": 2, "training.max_steps": 3})
+    write_shards(cfg, rule_sequences(96, seed=1))  # 6 steps in 2 epochs
+    first = run_task(cfg, "train")
+    assert first.steps == 3 and run_task(cfg, "train").skipped is True
+    more = run_task(cfg.with_overrides({"training.max_steps": 5}), "train")
+    assert not more.skipped and more.steps == 5 and [h["step"] for h in more.history] == [1, 2, 3, 4, 5]
+    assert more.history[:3] == first.history
+    assert latest_checkpoint(open_store(cfg.storage, cfg.run_id))["step"] == 5
+    with pytest.raises(TrainError, match="checkpoint is at step 5, past the 3 steps"):
+        run_task(cfg, "train")
 
 
 def _params(cfg) -> dict[str, torch.Tensor]:

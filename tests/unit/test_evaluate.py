@@ -11,6 +11,7 @@ from evaluate_fixtures import commit_drafter
 from flashdraft import layout
 from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.prep.prep import run_prep
+from flashdraft.runner import run_task
 from flashdraft.store import open_store
 
 
@@ -26,7 +27,7 @@ def evaluated(tmp_path_factory):
                                                 "eval.max_new_tokens": 12, "eval.extra_prompts": str(extra)})
     run_prep(cfg)
     uri = commit_drafter(cfg, seed=123)
-    return cfg, uri, run_evaluate(cfg)
+    return cfg, uri, run_task(cfg, "evaluate")  # through the runner, which commits the result
 
 
 def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
@@ -47,12 +48,16 @@ def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
     assert metrics.target.tokens == sum(p["new_tokens"] for p in metrics.prompts)
 
 
-def test_evaluate_rerun_is_a_noop(evaluated):
+def test_evaluate_rerun_is_reused_and_changed_eval_settings_evaluate_again(evaluated):
     cfg, _, metrics = evaluated
     store = open_store(cfg.storage, cfg.run_id)
     before = store.read_commit(layout.metrics_key("evaluate"))
-    assert run_evaluate(cfg) == metrics
+    again = run_task(cfg, "evaluate")
+    assert again.skipped and again.drafter == metrics.drafter
     assert store.read_commit(layout.metrics_key("evaluate")) == before
+    shorter = run_task(cfg.with_overrides({"eval.max_new_tokens": 4}), "evaluate")
+    assert not shorter.skipped and shorter.target.tokens < metrics.target.tokens
+    assert store.get_json_verified(layout.metrics_key("evaluate"))["target"]["tokens"] == shorter.target.tokens
 
 
 def test_evaluate_without_a_trained_drafter_names_what_is_missing(tiny_cfg):

@@ -167,3 +167,24 @@ def test_parts_respect_shard_bytes_with_a_large_batch_and_resume_mid_batch(cfg):
     assert proc.returncode == 137, proc.stderr[-2000:]
     assert run_extract(big, 0).resumed_from_sample > 0
     assert _parts(big) == expected
+
+
+def test_streaming_draft_vocabulary_counts_the_replies_exactly_as_offline_counts_the_features(cfg):
+    """mode.kind=streaming with drafter.draft_vocab_size: the vocabulary is counted from the generated replies
+    (split over ranks) before any feature part streams in, and equals the count an offline run makes over the
+    extracted features."""
+    from flashdraft.components.train.schedule import TrainError, response_samples
+    from flashdraft.drafter.vocab import count_response_tokens
+    from flashdraft.features.reader import open_reader
+
+    write_responses(cfg, n=9)
+    store = open_store(cfg.storage, cfg.run_id)
+    with pytest.raises(TrainError, match=r"generation shard\(s\) \[0\] are not done"):
+        next(response_samples(store, 1, 0, 1))
+    store.commit_json(layout.responses_done_key(0), {"samples": 9})
+    run_extract(cfg, 0)
+    vocab = 49152
+    offline = count_response_tokens((vars(s) for s in open_reader(cfg)), vocab)
+    per_rank = [count_response_tokens((vars(s) for s in response_samples(store, 1, r, 2)), vocab) for r in (0, 1)]
+    assert int(offline.sum()) > 0 and torch.equal(per_rank[0] + per_rank[1], offline)
+    assert 0 < int(per_rank[0].sum()) < int(offline.sum()), "each rank counts its own share"

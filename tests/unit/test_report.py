@@ -14,9 +14,7 @@ from typer.testing import CliRunner
 
 from flashdraft import layout
 from flashdraft.cli import app
-from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.plan.planner import run_plan
-from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.report.report import build_report, fmt_bytes, run_report, stored_features
 from flashdraft.config import load_config
 from flashdraft.runner import run_task
@@ -51,9 +49,9 @@ def evaluated_run(tmp_path_factory):
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1,
                                                 "eval.max_new_tokens": 8})
     run_plan(cfg)
-    run_prep(cfg)
+    run_task(cfg, "prep")  # through the runner, which commits each stage's metrics
     drafter_uri = commit_drafter(cfg, seed=7)
-    return cfg, run_evaluate(cfg), drafter_uri
+    return cfg, run_task(cfg, "evaluate"), drafter_uri
 
 
 def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):

@@ -1,0 +1,173 @@
+"""The stage runner's rules (flashdraft/runner.py) on a local store, with stand-in stage bodies (`body=`) that
+count their calls: a matching fingerprint reuses, a declared change carries on, any other change is refused in
+one line before anything is overwritten, and `--from` clears exactly the stages it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashdraft import layout, status
+from flashdraft.config import EvalConfig, load_config, preset_names
+from flashdraft.runner import StageInputsChanged, check_run, clear_from, config_inputs, run_task
+from flashdraft.stages import stage, stages
+from flashdraft.store import open_store
+
+
+@pytest.fixture()
+def cfg(tmp_path):
+    return load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
+
+
+class Body:
+    """A stage body that records its calls and returns `result`."""
+
+    def __init__(self, **result):
+        self.calls, self.result = 0, result
+
+    def __call__(self):
+        self.calls += 1
+        return dict(self.result)
+
+
+class TrainBody(Body):
+    """Training commits its own metrics (rank 0 of its ranks: StageSpec.commits_result)."""
+
+    def __init__(self, cfg, **result):
+        super().__init__(**result)
+        self.store = open_store(cfg.storage, cfg.run_id)
+
+    def __call__(self):
+        out = super().__call__()
+        self.store.commit_json(layout.metrics_key("train"), out)
+        return out
+
+
+def test_a_matching_fingerprint_is_reused_and_says_so(cfg):
+    body = Body(kept=30, num_train=26, num_eval=4, quarantined=0)
+    first = run_task(cfg, "prep", body=body)
+    assert not first.skipped and body.calls == 1
+    store = open_store(cfg.storage, cfg.run_id)
+    assert store.get_json_verified(layout.metrics_key("prep"))["kept"] == 30, "the runner commits the result"
+    again = run_task(cfg, "prep", body=body)
+    assert again.skipped and again.kept == 30 and body.calls == 1
+    record = status.read_record(store, "prep")
+    assert record.reused and record.state == "done" and record.attempt == 2
+    prep = next(s for s in status.stage_statuses(status.read_records(store)) if s.stage == "prep")
+    assert status.describe(prep) == "reused: fingerprint matches"
+    # a field declared as unable to change the prompts is not part of the fingerprint
+    assert run_task(cfg.with_overrides({"data.expected_samples": 5000}), "prep", body=body).skipped
+    assert run_task(cfg, "prep", body=body, force=True) and body.calls == 2, "--force runs anyway"
+
+
+def test_a_changed_field_is_refused_in_one_line_naming_it_and_nothing_is_overwritten(cfg):
+    body = Body(kept=30, num_train=26, num_eval=4, quarantined=0)
+    run_task(cfg, "prep", body=body)
+    store = open_store(cfg.storage, cfg.run_id)
+    before = status.read_record(store, "prep")
+    with pytest.raises(StageInputsChanged) as info:
+        run_task(cfg.with_overrides({"data.max_samples": 30}), "prep", body=body)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("prep: ")
+    assert "data.max_samples 40 -> 30" in message and "run_id" in message and "--from prep" in message
+    assert body.calls == 1 and status.read_record(store, "prep") == before
+
+
+def test_more_training_carries_on_other_training_changes_are_refused_and_evaluation_follows(cfg):
+    train, evaluate = TrainBody(cfg, steps=10), Body(drafter={"tau": 1.5})
+    run_task(cfg, "train", body=train)
+    run_task(cfg, "evaluate", body=evaluate)
+    assert run_task(cfg, "evaluate", body=evaluate).skipped and evaluate.calls == 1
+    more = cfg.with_overrides({"training.max_steps": 50})
+    run_task(more, "train", body=train)
+    assert train.calls == 2, "more max_steps: the stage runs again (the trainer carries on from its checkpoint)"
+    assert run_task(more, "train", body=train).skipped and train.calls == 2
+    run_task(more, "evaluate", body=evaluate)
+    assert evaluate.calls == 2, "a new checkpoint is evaluated again"
+    run_task(more.with_overrides({"eval.max_new_tokens": 8}), "evaluate", body=evaluate)
+    assert evaluate.calls == 3, "changed eval.* settings evaluate again"
+    with pytest.raises(StageInputsChanged, match=r"^train: .*training.lr .* -> 0.1;.*--from train"):
+        run_task(more.with_overrides({"training.lr": 0.1}), "train", body=train)
+    # thread counts cannot change the result
+    assert run_task(more.with_overrides({"training.num_threads": 1}), "train", body=train).skipped
+
+
+def test_a_changed_upstream_result_is_refused_downstream(cfg):
+    prep, generate = Body(num_shards=1), Body(samples=3)
+    run_task(cfg, "prep", body=prep)
+    run_task(cfg, "generate", 0, body=generate)
+    run_task(cfg, "prep", body=prep, force=True)  # prep recomputed by hand: same settings, a new record...
+    assert run_task(cfg, "generate", 0, body=generate).skipped, "...but the same fingerprint: still reused"
+    store = open_store(cfg.storage, cfg.run_id)
+    record = status.read_record(store, "prep")
+    store.commit_json(status.status_key("prep"), record.model_copy(update={"fingerprint": "0" * 16}).model_dump())
+    with pytest.raises(StageInputsChanged, match=r"^generate-shard-00000: .*the result of prep.*--from prep"):
+        run_task(cfg, "generate", 0, body=generate)
+
+
+def test_a_failed_or_killed_task_with_the_same_settings_runs_again(cfg):
+    def boom():
+        raise RuntimeError("preempted")
+
+    with pytest.raises(RuntimeError):
+        run_task(cfg, "prep", body=boom)
+    body = Body(kept=1)
+    assert not run_task(cfg, "prep", body=body).skipped and body.calls == 1
+
+
+def test_check_run_refuses_before_any_stage_and_allows_what_can_carry_on(cfg):
+    run_task(cfg, "prep", body=Body(kept=1))
+    run_task(cfg, "generate", 0, body=Body(samples=1))
+    run_task(cfg, "train", body=TrainBody(cfg, steps=10))
+    check_run(cfg.with_overrides({"training.epochs": 9, "eval.max_new_tokens": 9}))
+    with pytest.raises(StageInputsChanged, match=r"^prep: .*data.max_samples 40 -> 12"):
+        check_run(cfg.with_overrides({"data.max_samples": 12, "training.epochs": 9}))
+    with pytest.raises(StageInputsChanged, match=r"^generate-shard-00000: .*generation.temperature"):
+        check_run(cfg.with_overrides({"generation.temperature": 0.5}))
+
+
+def test_a_field_added_to_a_section_later_is_unchanged_while_it_keeps_its_default(cfg):
+    run_task(cfg, "evaluate", body=Body(drafter={"tau": 1.0}))
+    store = open_store(cfg.storage, cfg.run_id)
+    record = status.read_record(store, "evaluate")
+    older = {k: v for k, v in record.inputs.items() if k != "eval.lossless_tie_margin"}  # as if it did not exist
+    store.commit_json(status.status_key("evaluate"), record.model_copy(update={"inputs": older}).model_dump())
+    check_run(cfg)
+    run_task(cfg.with_overrides({"training.num_threads": 1}), "prep", body=Body(kept=1))
+    prep_record = status.read_record(store, "prep")
+    store.commit_json(status.status_key("prep"), prep_record.model_copy(update={
+        "inputs": {k: v for k, v in prep_record.inputs.items() if k != "data.seed"}}).model_dump())
+    with pytest.raises(StageInputsChanged, match=r"data.seed 0 -> 3"):
+        check_run(cfg.with_overrides({"data.seed": 3}))
+
+
+def test_from_clears_the_stage_and_everything_after_it_only(cfg):
+    for name, shard in (("prep", None), ("generate", 0), ("extract", 0), ("train", None), ("evaluate", None)):
+        run_task(cfg, name, shard, body=Body(samples=1))
+    store = open_store(cfg.storage, cfg.run_id)
+    store.commit_json(f"{layout.CHECKPOINTS}/latest.json", {"step": 1})
+    store.commit_json(layout.EVAL_PROMPTS + ".keep", {})  # a prep output
+    cleared = clear_from(cfg, "train")
+    assert cleared == ["train", "evaluate", "export"]
+    assert not store.list(layout.CHECKPOINTS + "/") and not store.exists(layout.metrics_key("evaluate"))
+    assert status.read_record(store, "train") is None and status.read_record(store, "evaluate") is None
+    assert status.read_record(store, "extract", 0) is not None and store.is_committed(layout.EVAL_PROMPTS + ".keep")
+    with pytest.raises(Exception, match="--from nope: unknown stage"):
+        clear_from(cfg, "nope")
+
+
+def test_a_section_is_fingerprinted_whole_less_its_declared_exclusions(cfg):
+    inputs = config_inputs(stage("evaluate"), cfg)
+    assert {k for k in inputs if k.startswith("eval.")} == {f"eval.{name}" for name in EvalConfig.model_fields}
+    train = config_inputs(stage("train"), cfg)
+    assert "training.lr" in train and "training.num_threads" not in train and "training.checkpoint_every" not in train
+    for preset in preset_names():  # every declared path resolves on every preset
+        loaded = load_config(preset=preset)
+        for spec in stages():
+            assert config_inputs(spec, loaded) is not None
+
+
+def test_streaming_training_cannot_carry_on_from_a_finished_stream(cfg):
+    streaming = cfg.with_overrides({"mode.kind": "streaming", "training.max_steps": 5})
+    run_task(streaming, "train", body=TrainBody(streaming, steps=5))
+    with pytest.raises(StageInputsChanged, match=r"^train: .*training.max_steps 5 -> 9"):
+        run_task(streaming.with_overrides({"training.max_steps": 9}), "train", body=TrainBody(streaming, steps=9))

@@ -1,0 +1,76 @@
+"""A stage is declared once: a toy stage declared here, and nowhere else, gets a `flashdraft` command that runs it
+through the runner, a task in the compiled pipeline (after its upstream, on its pool, with its timeout) and a row
+in `flashdraft status`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flashdraft.cli import build_app
+from flashdraft.config import load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
+from flashdraft.stages import StageSpec, declare, stage_names, undeclare
+from flashdraft.summaries import StageSummary, numbers
+
+TOY_TIMEOUT_S = 1234
+
+
+class ToySummary(StageSummary):
+    checked: int = 0
+
+    def figures(self) -> dict[str, float]:
+        return numbers({"checked": self.checked})
+
+
+def run_toy(cfg) -> ToySummary:
+    """The toy stage's logic: count the run's eval prompts setting."""
+    return ToySummary(checked=cfg.eval.num_prompts)
+
+
+@pytest.fixture()
+def toy():
+    spec = declare(StageSpec("toy", ToySummary, "cpu", TOY_TIMEOUT_S, run=f"{__name__}:run_toy",
+                             doc="A toy stage declared by a test.", upstream=("train",), reads=("eval",)))
+    yield spec
+    undeclare("toy")
+    assert "toy" not in stage_names()
+
+
+def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
+    assert stage_names().index("toy") == stage_names().index("export") + 1, "after the last stage, before report"
+    app, runner = build_app(), CliRunner()
+    assert "A toy stage declared by a test." in runner.invoke(app, ["--help"]).output
+    args = ["--preset", "tiny", "--set", f"storage.root=file://{tmp_path}/store"]
+    out = runner.invoke(app, ["toy", *args])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output.splitlines()[-1])["checked"] == 4
+    again = runner.invoke(app, ["toy", *args])
+    assert json.loads(again.output.splitlines()[-1])["skipped"] is True, "the runner reuses its result"
+
+    status = runner.invoke(app, ["status", *args, "--json"])
+    row = next(s for s in json.loads(status.output) if s["stage"] == "toy")
+    assert row["detail"] == "reused: fingerprint matches" and row["figures"] == {"checked": 4.0}
+
+    path = tmp_path / "p.yaml"
+    compile_pipeline(load_config(preset="tiny"), str(path))
+    spec, platform = yaml.safe_load_all(path.read_text())
+    tasks = {}
+    for comp in [spec["root"], *spec["components"].values()]:
+        tasks.update(comp.get("dag", {}).get("tasks", {}))
+    task = next(t for t in tasks.values() if t["inputs"]["parameters"].get("stage", {}).get(
+        "runtimeValue", {}).get("constant") == "toy")
+    assert "train" in task["dependentTasks"]
+    executor = spec["deploymentSpec"]["executors"][task["componentRef"]["name"].replace("comp-", "exec-")]
+    assert executor["container"]["image"].endswith("/flashdraft-base:latest"), "the cpu pool's image"
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert k8s[task["componentRef"]["name"].replace("comp-", "exec-")]["activeDeadlineSeconds"] == str(TOY_TIMEOUT_S)
+
+
+def test_a_declaration_must_name_declared_upstream_stages():
+    with pytest.raises(ValueError, match="upstream stage 'nope' is not declared"):
+        declare(StageSpec("bad", StageSummary, "cpu", 60, upstream=("nope",)))
+    assert "bad" not in stage_names()
