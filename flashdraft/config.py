@@ -365,6 +365,11 @@ class TrainingConfig(_Section):
                     "only each draft layer's input (one extra forward of the layers; the LM head and loss are not "
                     "recomputed). Measured by `make gpu-check` at the production shape")
     checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
+    heldout_samples: int = Field(
+        default=0, ge=0, description="extracted samples held out of training for the held-out curve "
+                                     "(components/train/heldout.py; offline mode); 0 = no curve")
+    heldout_every: int = Field(default=100, ge=1, description="optimizer steps between held-out evaluations "
+                                                              "(also before the first step and after the last)")
     seed: int = Field(default=0, description="seed of the drafter's init, anchor draws and the feature reader's "
                       "shuffle (evaluate's untrained baseline uses it too)")
     num_threads: int | None = Field(
@@ -397,6 +402,9 @@ class EvalSuite(_Section):
     format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = Field(
         default="auto", description="URI sources: the row format (prep's)")
     split: str = Field(default="test", description="hf: sources: the dataset split")
+    prompt_field: str | None = Field(
+        default=None, description="URI sources whose request is a plain column outside prep's formats (GSM8K "
+                                  "`question`, MATH-500 `problem`, MBPP `text`): that column is the user prompt")
     num_prompts: int | None = Field(default=None, ge=1, description="prompts decoded; default: eval.num_prompts")
     max_new_tokens: int | None = Field(default=None, ge=1, description="default: eval.max_new_tokens")
     thinking: bool | None = Field(

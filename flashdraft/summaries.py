@@ -235,20 +235,25 @@ class StreamStats(BaseModel):
 class TrainSummary(StageSummary):
     """components/train/trainer.py: the trainer's summary (metrics/train.json)."""
 
-    HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history"})  # one entry per step: metrics/train.json
+    HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history", "heldout", "heldout_samples"})  # bulky
 
     steps: int | None = Field(None, description="optimizer steps done")
     tokens: int = Field(0, description="tokens trained on")
     tokens_per_s: float | None = Field(None, description="training tokens per second")
     final: FinalTrainStats | None = Field(None, description="last-10%-of-steps loss and accuracy")
     history: list[dict[str, Any]] = Field(default_factory=list, description="one entry per optimizer step")
+    heldout: list[dict[str, Any]] = Field(
+        default_factory=list, description="the held-out curve: {step, acc_by_pos, tau, blocks} every "
+                                          "training.heldout_every steps (components/train/heldout.py)")
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
 
     def figures(self) -> dict[str, float]:
         final = self.final
+        last = self.heldout[-1] if self.heldout else {}
         return numbers({"steps": self.steps, "final_loss": final.loss if final else None,
                         "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
-                        "tokens_per_s": self.tokens_per_s})
+                        "tokens_per_s": self.tokens_per_s, "heldout_tau": last.get("tau"),
+                        "heldout_slot1_accuracy": (last.get("acc_by_pos") or [None])[0]})
 
 
 # -- evaluate -----------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
   stub is asked for as a chat request (`HUMANEVAL_REQUEST`), the way chat drafters are benchmarked.
 * `file://`, `s3://`, `hf:` URIs: read by prep's own readers and normalised by prep's row formats (messages,
   sharegpt, alpaca, prompt), so GSM8K, MATH-500, MT-Bench, Alpaca... exported in any of them run unchanged. A
-  multi-turn row is cut before its first assistant turn (the target answers the opening request).
+  multi-turn row is cut before its first assistant turn (the target answers the opening request). A dataset whose
+  request sits in a plain column (GSM8K `question`) names it with the suite's `prompt_field`.
 
 Every suite is read, validated and tokenized by `load_suites` before the target model is even loaded, so a
 missing source or a malformed row fails fast with the suite's name, its source and the row number. Only the rows
@@ -79,7 +80,12 @@ def _uri_rows(spec: EvalSuite, cfg: RunConfig, count: int, kwargs: dict[str, Any
             try:
                 if isinstance(row, BadRow):
                     raise row
-                messages, regenerate = normalize_row(row, spec.format)
+                if spec.prompt_field and isinstance(row, dict):
+                    if not isinstance(row.get(spec.prompt_field), str):
+                        raise SuiteError(f"{where} row {number}: no string field {spec.prompt_field!r} "
+                                         f"(suite prompt_field; keys: {sorted(row)[:8]})")
+                    row = {**row, "prompt": row[spec.prompt_field]}
+                messages, regenerate = normalize_row(row, "prompt" if spec.prompt_field else spec.format)
             except BadRow as bad:
                 raise SuiteError(f"{where} row {number}: {bad}") from None
             row_id = next((str(row[k]) for k in _ID_FIELDS if row.get(k) is not None), f"{spec.label}-{number}")

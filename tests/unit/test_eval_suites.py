@@ -93,6 +93,20 @@ def test_a_malformed_row_fails_naming_the_suite_and_row_before_any_model_loads(t
     assert not open_store(cfg.storage, cfg.run_id).is_committed(layout.metrics_key("evaluate"))
 
 
+def test_prompt_field_reads_a_plain_column(tmp_path):
+    gsm = tmp_path / "gsm8k.jsonl"
+    gsm.write_text(json.dumps({"question": "What is 6 x 7?", "answer": "42"}) + "\n" + json.dumps({"q": "x"}) + "\n")
+    cfg = _cfg(tmp_path, **{"eval.suites": [{"source": f"file://{gsm}", "prompt_field": "question",
+                                             "num_prompts": 1}]})
+    tok = _tok(cfg)
+    (suite,) = load_suites(cfg, open_store(cfg.storage, cfg.run_id), tok)
+    assert "What is 6 x 7?" in tok.decode(suite.prompts[0].input_ids) and "42" not in tok.decode(
+        suite.prompts[0].input_ids)
+    cfg = cfg.with_overrides({"eval.suites": [{"source": f"file://{gsm}", "prompt_field": "question"}]})
+    with pytest.raises(SuiteError, match=r"eval suite gsm8k \(file://.*\) row 2: no string field 'question'"):
+        load_suites(cfg, open_store(cfg.storage, cfg.run_id), tok)
+
+
 def test_invalid_json_and_missing_files_name_the_suite(tmp_path):
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"prompt": "ok"}) + "\n{not json\n")
@@ -196,3 +210,13 @@ def test_the_suite_table_reaches_the_figures_and_text(two_suites):
     assert second[:4] == ["humaneval", "1", "off", f"{he.tau:.2f}"] and first[2] == "default"
     assert second[-1] == "5.90 (3.10x) paper" and first[-1] == "-"
     assert summary.suite_table_text().splitlines()[2].startswith("humaneval")
+
+
+def test_presets_list_their_suites():
+    local = load_config(preset="smollm2-local")
+    assert [(s.label, s.thinking) for s in local.eval.suites] == [("heldout", None), ("humaneval", False)]
+    assert local.training.heldout_samples > 0 and local.eval.reference == "builtin:published"
+    prod = load_config(preset="qwen3.6-27b")
+    modes = {(s.label.removesuffix("-think"), s.thinking) for s in prod.eval.suites}
+    for bench in ("humaneval", "gsm8k", "math500"):
+        assert {(bench, False), (bench, True)} <= modes
