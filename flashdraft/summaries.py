@@ -311,6 +311,7 @@ class SuiteResult(BaseModel):
     target_tokens_per_s: float | None = Field(None, description="the target alone")
     drafter_tokens_per_s: float | None = Field(None, description="speculative decoding")
     lossless_passed: bool | None = Field(None, description="greedy outputs equal (None: sampling, not checked)")
+    wall_seconds: float | None = Field(None, description="the suite's decoding wall time (all decoders, warm-up)")
     published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
 
 

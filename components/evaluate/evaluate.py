@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -188,15 +189,16 @@ def suite_row(suite: Suite, metrics: dict[str, Any], reference: list[dict[str, A
             "max_new_tokens": suite.max_new_tokens, "tau": drafter.get("tau"),
             "acceptance_per_position": drafter.get("acceptance_per_position"), "speedup": drafter.get("speedup"),
             "target_tokens_per_s": target["tokens_per_s"], "drafter_tokens_per_s": drafter["tokens_per_s"],
-            "new_tokens": target["tokens"], "lossless_passed": metrics["lossless"]["passed"]
-            if metrics["lossless"]["checked"] else None, "published": published_for(reference, suite.name)}
+            "new_tokens": target["tokens"], "wall_seconds": metrics.get("wall_seconds"),
+            "lossless_passed": metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else None,
+            "published": published_for(reference, suite.name)}
 
 
 def combine_suites(suites: Sequence[Suite], results: Sequence[dict[str, Any]],
                    reference: list[dict[str, Any]]) -> dict[str, Any]:
     """The first suite's metrics as the top level (the headline), every suite's row under `suites`, every
     suite's prompts (tagged with their suite) and one lossless verdict over all of them."""
-    metrics = dict(results[0])
+    metrics = {k: v for k, v in results[0].items() if k != "wall_seconds"}
     metrics["suites"] = [suite_row(s, r, reference) for s, r in zip(suites, results, strict=True)]
     metrics["prompts"] = [{"suite": s.name, **p} for s, r in zip(suites, results, strict=True) for p in r["prompts"]]
     lossless = [r["lossless"] for r in results]
@@ -238,8 +240,10 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         n_base = 0 if i else len(suite.prompts) if cfg.eval.baseline_prompts is None else min(
             cfg.eval.baseline_prompts, len(suite.prompts))
         drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
+        t0 = time.perf_counter()
         results.append(evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
                                         prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens))
+        results[-1]["wall_seconds"] = round(time.perf_counter() - t0, 2)  # what this suite added to the stage
         row = results[-1]["drafter"]
         log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, row.get("tau", 0), row.get("speedup"))
     metrics = combine_suites(suites, results, reference)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,7 @@ class HeldOutProbe:
     def evaluate(self, model, raw, step: int) -> dict:
         """{step, acc_by_pos, tau, blocks} of `model` (the wrapped drafter; `raw` the unwrapped one, for its head).
         Collective under FSDP2: every rank calls it with the same samples."""
+        t0 = time.perf_counter()
         d, device = self.cfg.drafter, raw.head_weight.device
         was_training = model.training
         model.eval()
@@ -87,11 +89,11 @@ class HeldOutProbe:
             valid.append(ok)
         model.train(was_training)
         if not hits:
-            return {"step": step, "acc_by_pos": [], "tau": None, "blocks": 0}
+            return {"step": step, "acc_by_pos": [], "tau": None, "blocks": 0, "seconds": 0.0}
         hit, ok = torch.cat(hits).float(), torch.cat(valid).float()
         acc = hit.sum(0) / ok.sum(0).clamp_min(1)
         blocks = ok[:, 0] > 0  # blocks with at least one response slot to judge
         accepted = hit[blocks].cumprod(1).sum(1)
         return {"step": step, "acc_by_pos": [round(float(a), 5) for a in acc],
                 "tau": round(1.0 + float(accepted.mean()), 4) if int(blocks.sum()) else None,
-                "blocks": int(blocks.sum())}
+                "blocks": int(blocks.sum()), "seconds": round(time.perf_counter() - t0, 3)}
