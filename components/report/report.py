@@ -372,7 +372,7 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
         if train.get("final_accuracy"):
             rows.append(["final accuracy by position", " ".join(f"{a:.2f}" for a in train["final_accuracy"])])
         out.append(("Training", rows))
-        if train.get("final_accuracy"):
+        if train.get("final_accuracy") and train.get("heldout"):
             out.append(("Training vs held-out accuracy per position", train_vs_heldout(train)))
     out.append(("Drafter", [[u] for u in data["drafters"]] if data["drafters"] else _absent(data, "export")))
     return out
@@ -381,8 +381,8 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
 def train_vs_heldout(train: dict[str, Any]) -> list[list[str]]:
     """Per block position: training accuracy (last 10% of steps) beside the held-out accuracy at the last
     held-out point; the held-out offline tau under them. A large gap is overfitting the training mix."""
-    last = (train.get("heldout") or [{}])[-1]
-    held = last.get("acc_by_pos") or []
+    last = train["heldout"][-1]
+    held = last["acc_by_pos"]
     rows = [["position k", "training (last 10% of steps)", f"held-out (step {last.get('step', '-')})"]]
     rows += [[str(k + 1), f"{a:.3f}", f"{held[k]:.3f}" if k < len(held) else "-"]
              for k, a in enumerate(train["final_accuracy"])]
