@@ -53,7 +53,9 @@ def evaluated_run(tmp_path_factory):
     run_plan(cfg)
     run_prep(cfg)
     drafter_uri = commit_drafter(cfg, seed=7)
-    return cfg, run_evaluate(cfg), drafter_uri
+    evaluated = run_evaluate(cfg)
+    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("evaluate"), evaluated.dump())  # the runner's
+    return cfg, evaluated, drafter_uri
 
 
 def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):
@@ -187,12 +189,14 @@ def suites_run(tmp_path_factory):
     run_prep(cfg)
     commit_drafter(cfg, seed=7)
     evaluated = run_evaluate(cfg)
+    store = open_store(cfg.storage, cfg.run_id)
+    store.commit_json(layout.metrics_key("evaluate"), evaluated.dump())  # as the runner commits it
     B1 = cfg.drafter.block_size - 1
     history = [{"step": i, "loss": 5.0 - i / 100, "acc_by_pos": [min(1.0, i / 400 / (k + 1)) for k in range(B1)]}
                for i in range(1, 301)]
     heldout = [{"step": s, "acc_by_pos": [s / 600 / (k + 1) for k in range(B1)], "tau": 1.0 + s / 300, "blocks": 9}
                for s in (0, 100, 200, 300)]
-    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("train"), {
+    store.commit_json(layout.metrics_key("train"), {
         "steps": 300, "tokens": 9000, "history": history, "heldout": heldout,
         "final": {"loss": 2.0, "acc_by_pos": [0.7 / (k + 1) for k in range(B1)]}})
     return cfg, evaluated
