@@ -5,10 +5,10 @@ accuracy equals an independent evaluation of the same checkpoint, and a resumed 
 from __future__ import annotations
 
 import pytest
-from flashdraft.components.train.heldout import select_heldout
-from flashdraft.components.train.trainer import evaluate_samples, run_train
 from test_train import rule_sequences, train_cfg, write_shards
 
+from flashdraft.components.train.heldout import select_heldout
+from flashdraft.components.train.trainer import evaluate_samples, run_train
 from flashdraft.drafter.model import DFlashDrafter
 from flashdraft.features.reader import open_reader
 from flashdraft.store import open_store

