@@ -103,6 +103,17 @@ def config_reference(
         typer.echo(f"wrote {output}")
 
 
+def evaluate_suite_table(store) -> str:
+    """The per-suite table of a committed metrics/evaluate.json, as text; "" when there is none."""
+    from flashdraft import layout
+    from flashdraft.summaries import EvaluateSummary
+
+    key = layout.metrics_key("evaluate")
+    if not store.is_committed(key):
+        return ""
+    return EvaluateSummary.model_validate(store.get_json_verified(key)).suite_table_text()
+
+
 def status(
     run: RunOpt = None, endpoint_url: EndpointOpt = None,
     config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
@@ -135,6 +146,10 @@ def status(
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     console.print(f"run {store.root}", highlight=False, markup=False, soft_wrap=True)
     console.print(summary_table(statuses))
+    suites = evaluate_suite_table(store)
+    if suites:
+        console.print("evaluation suites (metrics/evaluate.json):\n" + suites, highlight=False, markup=False,
+                      soft_wrap=True)
     for s in statuses:  # the detail a table cell cannot hold: errors and where to read more
         for t in s.tasks:
             if t.state == "failed":

@@ -193,7 +193,7 @@ declare(StageSpec(
 declare(StageSpec(
     "evaluate", EvaluateSummary, "inference", 6 * HOUR, run=f"{_C}.evaluate.evaluate:run_evaluate",
     upstream=("train",), continue_on=("*",),
-    doc="Speculative decoding on held-out prompts: tau, per-position acceptance, tokens/s, lossless check.",
+    doc="Speculative decoding on every eval suite: tau, per-position acceptance, tokens/s, lossless check.",
     reads=("target", "eval", "features.layer_ids", "features.num_features", "data.chat_template_kwargs"),
     ignores=_TARGET_HINTS, cli=f"{_C}.evaluate.cli:evaluate", component="flashdraft.pipelines.stages:evaluate"))
 declare(StageSpec(

@@ -235,20 +235,25 @@ class StreamStats(BaseModel):
 class TrainSummary(StageSummary):
     """components/train/trainer.py: the trainer's summary (metrics/train.json)."""
 
-    HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history"})  # one entry per step: metrics/train.json
+    HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history", "heldout", "heldout_samples"})  # bulky
 
     steps: int | None = Field(None, description="optimizer steps done")
     tokens: int = Field(0, description="tokens trained on")
     tokens_per_s: float | None = Field(None, description="training tokens per second")
     final: FinalTrainStats | None = Field(None, description="last-10%-of-steps loss and accuracy")
     history: list[dict[str, Any]] = Field(default_factory=list, description="one entry per optimizer step")
+    heldout: list[dict[str, Any]] = Field(
+        default_factory=list, description="the held-out curve: {step, acc_by_pos, tau, blocks} every "
+                                          "training.heldout_every steps (components/train/heldout.py)")
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
 
     def figures(self) -> dict[str, float]:
         final = self.final
+        last = self.heldout[-1] if self.heldout else {}
         return numbers({"steps": self.steps, "final_loss": final.loss if final else None,
                         "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
-                        "tokens_per_s": self.tokens_per_s})
+                        "tokens_per_s": self.tokens_per_s, "heldout_tau": last.get("tau"),
+                        "heldout_slot1_accuracy": (last.get("acc_by_pos") or [None])[0]})
 
 
 # -- evaluate -----------------------------------------------------------------------------------------------
@@ -278,6 +283,42 @@ class LosslessCheck(BaseModel):
     tie_margin: float | None = Field(None, description="eval.lossless_tie_margin")
 
 
+class PublishedFigure(BaseModel):
+    """A published figure for the same suite (eval.reference; components/evaluate/reference.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    label: str = Field(description="whose drafter, on which target")
+    tau: float = Field(description="published acceptance length")
+    speedup: float | None = Field(None, description="published speedup over the target alone")
+    source: str | None = Field(None, description="where the figure comes from")
+    thinking: bool | None = Field(None, description="thinking mode of the published run, when stated")
+
+
+class SuiteResult(BaseModel):
+    """One row of the paper-layout table: one eval suite (components/evaluate/evaluate.py suite_row)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="suite name (eval.suites)")
+    source: str | None = Field(None, description="heldout, humaneval or the URI")
+    prompts: int | None = Field(None, description="prompts decoded")
+    thinking: bool | None = Field(None, description="enable_thinking as rendered (None: the template's default)")
+    max_new_tokens: int | None = Field(None, description="tokens decoded per prompt at most")
+    tau: float | None = Field(None, description="the trained drafter's acceptance length")
+    acceptance_per_position: list[float] | None = Field(None, description="fraction accepted per draft position")
+    speedup: float | None = Field(None, description="speculative tokens/s over the target alone's, same prompts")
+    target_tokens_per_s: float | None = Field(None, description="the target alone")
+    drafter_tokens_per_s: float | None = Field(None, description="speculative decoding")
+    lossless_passed: bool | None = Field(None, description="greedy outputs equal (None: sampling, not checked)")
+    wall_seconds: float | None = Field(None, description="the suite's decoding wall time (all decoders, warm-up)")
+    published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
+
+
+SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
+                      "published tau"]
+
+
 class EvaluateSummary(StageSummary):
     """components/evaluate/evaluate.py: metrics/evaluate.json."""
 
@@ -297,12 +338,44 @@ class EvaluateSummary(StageSummary):
     host_cpus: int | None = Field(None, description="CPUs of the host (load makes CPU timings noisy)")
     host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
 
+    suites: list[SuiteResult] = Field(default_factory=list, description="one row per eval suite (paper layout)")
+
     def figures(self) -> dict[str, float]:
+        """The headline (first suite) figures, and per suite `tau_<suite>`, `speedup_<suite>`,
+        `acceptance_<k>_<suite>` (the KFP Metrics of the evaluate step and the status record)."""
         ll, drafter, target = self.lossless, self.drafter or DecodeStats(), self.target or DecodeStats()
         passed = (1.0 if ll.passed else 0.0) if ll and ll.checked else None
-        return numbers({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
-                        "target_tokens_per_s": target.tokens_per_s,
-                        "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
+        out = numbers({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
+                       "target_tokens_per_s": target.tokens_per_s,
+                       "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
+        for s in self.suites:
+            key = s.name.replace("-", "_").replace(".", "_")
+            out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
+            out.update({f"acceptance_{k + 1}_{key}": float(a) for k, a in enumerate(s.acceptance_per_position or [])})
+        return out
+
+    def suite_table(self) -> list[list[str]]:
+        """The paper-layout table (header first), one row per suite, as the report, `flashdraft status` and the
+        evaluate log show it."""
+        def num(v: float | None, spec: str = ".2f") -> str:
+            return "-" if v is None else format(v, spec)
+
+        rows = [list(SUITE_TABLE_HEADER)]
+        for s in self.suites:
+            published = "; ".join(f"{p.tau:.2f}" + (f" ({p.speedup:.2f}x)" if p.speedup else "") + f" {p.label}"
+                                  for p in s.published)
+            rows.append([s.name, num(s.prompts, "d"), {True: "on", False: "off"}.get(s.thinking, "default"),
+                         num(s.tau), " ".join(f"{a:.2f}" for a in s.acceptance_per_position or []) or "-",
+                         "-" if s.speedup is None else f"{s.speedup:.2f}x", published or "-"])
+        return rows
+
+    def suite_table_text(self) -> str:
+        """`suite_table` as aligned plain text (logs and terminals)."""
+        rows = self.suite_table()
+        if len(rows) == 1:
+            return ""
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 # -- export -------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel
 
 from flashdraft.config import RunConfig
-from flashdraft.summaries import EvaluateSummary, PlanSummary, StreamStats
+from flashdraft.summaries import EvaluateSummary, PlanSummary, StreamStats, TrainSummary
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -157,6 +157,9 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
     plan, evaluation = metrics(PlanSummary, "plan"), metrics(EvaluateSummary, "evaluate")
     stream = metrics(StreamStats, "stream")
     out["tau"] = evaluation.drafter.tau if evaluation and evaluation.drafter else None
+    out["suites"] = evaluation.suite_table_text() if evaluation else ""
+    train = metrics(TrainSummary, "train")
+    out["heldout"] = [(p["step"], p["tau"]) for p in train.heldout if p.get("tau") is not None] if train else []
     out["baseline_tau"] = evaluation.baseline.tau if evaluation and evaluation.baseline else None
     if plan is None:
         out["planned_bytes"] = None
@@ -193,6 +196,11 @@ def print_outcome(console: Any, result: dict[str, Any]) -> None:
         say(f"streaming: produced {fmt_bytes(stream['produced_bytes'])} in {stream['produced_parts']} parts, peak "
             f"stored {fmt_bytes(stream['peak_stored_bytes'])} in {stream['peak_stored_parts']} parts (window "
             f"{fmt_bytes(stream['window_bytes'])}, {stream['window_shards']} parts)")
+    if result.get("suites"):
+        say("evaluation suites:\n" + result["suites"])
+    if result.get("heldout"):
+        say("held-out offline tau during training (step:tau): "
+            + " ".join(f"{step}:{tau:.2f}" for step, tau in result["heldout"]))
     say(f"report: {result.get('report') or 'not written'}")
     say(f"logs: {result['log_dir']} (kfp-local.log: kfp's own output; <task>.log: each task's)")
     if result["state"] == "SUCCEEDED":

@@ -1,17 +1,25 @@
-"""`flashdraft evaluate`: how much the trained drafter buys, measured by really decoding on held-out prompts.
+"""`flashdraft evaluate`: how much the trained drafter buys, measured by really decoding prompts of every suite.
 
-For every prompt the target first decodes alone (the reference output and the plain tokens/s), then
+Suites (`eval.suites`, suites.py) are named prompt sets, by default just `heldout` (prep's held-out split); each
+has its own chat rendering (thinking on/off) and max new tokens, and all are loaded and checked before the model
+is. For every prompt the target first decodes alone (the reference output and the plain tokens/s), then
 speculatively with the trained drafter, then with an untrained (randomly initialised) drafter as the baseline.
 Metrics: tau (mean tokens accepted per cycle, bonus included), per-position acceptance (fraction of cycles whose
 k-th draft token was accepted, vLLM's convention), tokens/s of each decoder as measured on this machine.
 With greedy decoding, every speculative output must equal the reference token for token (lossless check);
 a mismatch fails the stage naming the prompt, after the metrics (with the mismatch) are committed for the report.
+
+metrics/evaluate.json keeps its single-suite layout for the FIRST suite (target, drafter, baseline, num_prompts:
+the headline figures), adds `suites` (one row per suite, the paper's layout: tau, per-position acceptance,
+speedup vs the target, prompts, thinking, published figures from eval.reference) and checks losslessness over
+every suite. The untrained baseline decodes only the first suite (its tau is ~1 anywhere).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,8 +28,10 @@ from flashdraft.config import RunConfig
 from flashdraft.store import ObjectStore, io_counters, open_store
 from flashdraft.summaries import EvaluateSummary
 
-from .prompts import EvalPrompt, load_eval_prompts
+from .prompts import EvalPrompt
+from .reference import load_reference, published_for
 from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
+from .suites import Suite, load_suites
 
 log = logging.getLogger(__name__)
 METRICS_KEY = layout.metrics_key("evaluate")
@@ -109,14 +119,15 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
 
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
                      layer_ids: Sequence[int], accept: Callable = greedy_accept,
-                     prompt_limits: dict[str, int] | None = None) -> dict[str, Any]:
+                     prompt_limits: dict[str, int] | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
     """Decode every prompt with the target alone and with each drafter; returns the metrics dict (no I/O).
 
     `prompt_limits[name] = n`: that drafter decodes only the first n prompts (the untrained baseline); its
-    speedup and lossless check compare it with the target on those same prompts."""
+    speedup and lossless check compare it with the target on those same prompts. `max_new_tokens`: the suite's
+    (default eval.max_new_tokens)."""
     import torch
 
-    max_new, temp = cfg.eval.max_new_tokens, cfg.eval.temperature
+    max_new, temp = max_new_tokens or cfg.eval.max_new_tokens, cfg.eval.temperature
     eos = _eos_ids(tok, model)
     warmup_tokens = min(max_new, 2 * cfg.drafter.block_size)
 
@@ -173,11 +184,41 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     return metrics
 
 
+def suite_row(suite: Suite, metrics: dict[str, Any], reference: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the paper-layout table (summaries.SuiteResult) from one suite's `evaluate_prompts` metrics."""
+    drafter, target = metrics["drafter"], metrics["target"]
+    return {"name": suite.name, "source": suite.source, "prompts": len(suite.prompts), "thinking": suite.thinking,
+            "max_new_tokens": suite.max_new_tokens, "tau": drafter.get("tau"),
+            "acceptance_per_position": drafter.get("acceptance_per_position"), "speedup": drafter.get("speedup"),
+            "target_tokens_per_s": target["tokens_per_s"], "drafter_tokens_per_s": drafter["tokens_per_s"],
+            "new_tokens": target["tokens"], "wall_seconds": metrics.get("wall_seconds"),
+            "lossless_passed": metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else None,
+            "published": published_for(reference, suite.name)}
+
+
+def combine_suites(suites: Sequence[Suite], results: Sequence[dict[str, Any]],
+                   reference: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first suite's metrics as the top level (the headline), every suite's row under `suites`, every
+    suite's prompts (tagged with their suite) and one lossless verdict over all of them."""
+    metrics = {k: v for k, v in results[0].items() if k != "wall_seconds"}
+    metrics["suites"] = [suite_row(s, r, reference) for s, r in zip(suites, results, strict=True)]
+    metrics["prompts"] = [{"suite": s.name, **p} for s, r in zip(suites, results, strict=True) for p in r["prompts"]]
+    lossless = [r["lossless"] for r in results]
+    mismatches = [{"suite": s.name, **m} for s, ll in zip(suites, lossless, strict=True) for m in ll["mismatches"]]
+    metrics["lossless"] = {**lossless[0], "passed": all(ll["passed"] for ll in lossless),
+                           "prompts": sum(ll["prompts"] for ll in lossless), "mismatches": mismatches,
+                           "ties": [{"suite": s.name, **t} for s, ll in zip(suites, lossless, strict=True)
+                                    for t in ll["ties"]]}
+    return metrics
+
+
 def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
-    """Evaluate the trained drafter against the target and an untrained baseline (the latest checkpoint).
+    """Evaluate the trained drafter (the latest checkpoint) on every suite against the target, and an untrained
+    baseline on the first suite.
 
     The runner commits the result and decides about reuse (flashdraft/runner.py): a new checkpoint or changed
-    `eval.*` settings evaluate again. Raises LosslessError on a mismatch, after committing metrics/evaluate.json
+    `eval.*` settings evaluate again. Raises SuiteError / ReferenceError before loading the model on a missing or
+    malformed suite or reference file, and LosslessError on a mismatch, after committing metrics/evaluate.json
     so the report shows where the outputs diverged."""
     import torch
 
@@ -188,27 +229,41 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     device = _device()
     set_cpu_threads(cfg, device)
     tok = load_tokenizer(cfg.target)
+    suites = load_suites(cfg, store, tok)  # every suite read and checked before any model is loaded
+    reference = load_reference(cfg.eval.reference, cfg.storage)
     model = load_causal_lm(cfg.target, device)
     layer_ids = cfg.layer_ids(target_num_layers(cfg))
-    prompts = load_eval_prompts(cfg, store, tok)
-    n_base = len(prompts) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(prompts))
-    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base > 0)
-    log.info("evaluate: %d prompts, drafter %s, device %s, %d threads", len(prompts), trained_uri, device,
+    first = suites[0].prompts
+    n_base0 = len(first) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(first))
+    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)
+    log.info("evaluate: suites %s, drafter %s, device %s, %d threads",
+             ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri, device,
              torch.get_num_threads())
-    drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
-    metrics = evaluate_prompts(cfg, model, tok, prompts, drafters, layer_ids, prompt_limits={"baseline": n_base})
+    results = []
+    for i, suite in enumerate(suites):
+        n_base = 0 if i else n_base0  # the untrained baseline decodes the first suite only
+        drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
+        t0 = time.perf_counter()
+        results.append(evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
+                                        prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens))
+        results[-1]["wall_seconds"] = round(time.perf_counter() - t0, 2)  # what this suite added to the stage
+        row = results[-1]["drafter"]
+        log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, row.get("tau", 0), row.get("speedup"))
+    metrics = combine_suites(suites, results, reference)
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
                    host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0))
-    log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s",
+    summary = EvaluateSummary.model_validate(metrics)
+    log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s\n%s",
              metrics["drafter"].get("tau", 0), metrics.get("baseline", {}).get("tau", 0),
              metrics["target"]["tokens_per_s"] or 0, metrics["drafter"]["tokens_per_s"] or 0,
-             metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else "not checked (sampling)")
+             metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else "not checked (sampling)",
+             summary.suite_table_text())
     if metrics["lossless"]["mismatches"]:
         store.commit_json(METRICS_KEY, metrics)
         first = metrics["lossless"]["mismatches"][0]
         ids = sorted({m["prompt_id"] for m in metrics["lossless"]["mismatches"]})
         raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {first['drafter']} "
                             f"speculative output diverges from the target's greedy output at token "
-                            f"{first['first_mismatch']} of prompt {first['prompt_id']}")
-    return EvaluateSummary.model_validate(metrics)
+                            f"{first['first_mismatch']} of prompt {first['prompt_id']} (suite {first['suite']})")
+    return summary

@@ -36,13 +36,15 @@ def opening_messages(messages: list[dict[str, Any]], regenerate_turns: list[int]
     return head
 
 
-def encode_chat(tok, messages: list[dict[str, Any]], where: str) -> list[int]:
-    """Generation-prompt token ids, rendered exactly as the generate stage renders training prompts."""
+def encode_chat(tok, messages: list[dict[str, Any]], where: str,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Generation-prompt token ids, rendered exactly as the generate stage renders training prompts
+    (`template_kwargs`: the suite's chat template arguments, e.g. enable_thinking)."""
     from flashdraft.chat import build_turn
 
     if not messages:
         raise ValueError(f"{where}: no user/system message before the first assistant turn")
-    return build_turn(tok, messages, len(messages), {})[0]
+    return build_turn(tok, messages, len(messages), {}, template_kwargs)[0]
 
 
 def _read_text(uri: str, cfg: RunConfig) -> str:
@@ -55,7 +57,7 @@ def _read_text(uri: str, cfg: RunConfig) -> str:
     return path.read_text()
 
 
-def extra_prompts(cfg: RunConfig, tok) -> list[EvalPrompt]:
+def extra_prompts(cfg: RunConfig, tok, template_kwargs: dict[str, Any] | None = None) -> list[EvalPrompt]:
     """User JSONL, one object per line: {"prompt": str} or {"messages": [...]}, optional "id"."""
     uri = cfg.eval.extra_prompts
     if not uri:
@@ -75,11 +77,12 @@ def extra_prompts(cfg: RunConfig, tok) -> list[EvalPrompt]:
             messages = [{"role": "user", "content": row["prompt"]}]
         else:
             raise ValueError(f"{where}: expected an object with a 'prompt' string or a 'messages' list")
-        out.append(EvalPrompt(str(row.get("id", f"extra-{n}")), encode_chat(tok, messages, where), uri))
+        ids = encode_chat(tok, messages, where, template_kwargs)
+        out.append(EvalPrompt(str(row.get("id", f"extra-{n}")), ids, uri))
     return out
 
 
-def split_prompts(store: ObjectStore, tok) -> list[EvalPrompt]:
+def split_prompts(store: ObjectStore, tok, template_kwargs: dict[str, Any] | None = None) -> list[EvalPrompt]:
     """prep's committed eval split (`prompts/eval.parquet`); empty if prep wrote none."""
     if not store.is_committed(EVAL_PROMPTS_KEY):
         return []
@@ -91,17 +94,28 @@ def split_prompts(store: ObjectStore, tok) -> list[EvalPrompt]:
             messages = json.loads(row["messages"])
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: messages is not JSON ({exc})") from None
-        ids = encode_chat(tok, opening_messages(messages, row["regenerate_turns"]), where)
+        ids = encode_chat(tok, opening_messages(messages, row["regenerate_turns"]), where, template_kwargs)
         out.append(EvalPrompt(row["sample_id"], ids, EVAL_PROMPTS_KEY))
     return out
 
 
-def load_eval_prompts(cfg: RunConfig, store: ObjectStore, tok) -> list[EvalPrompt]:
-    """Up to eval.num_prompts from the eval split, then every extra prompt; prompts longer than
-    data.max_prompt_tokens keep their last tokens (the generation prompt must survive)."""
-    prompts = split_prompts(store, tok)[: cfg.eval.num_prompts] + extra_prompts(cfg, tok)
+def heldout_prompts(cfg: RunConfig, store: ObjectStore, tok, count: int,
+                    template_kwargs: dict[str, Any] | None = None) -> list[EvalPrompt]:
+    """The built-in `heldout` suite: up to `count` prompts of the eval split, then every extra prompt."""
+    prompts = split_prompts(store, tok, template_kwargs)[:count] + extra_prompts(cfg, tok, template_kwargs)
     if not prompts:
         raise FileNotFoundError(f"no evaluation prompts: {store.url(EVAL_PROMPTS_KEY)} is not committed (run "
                                 "`flashdraft prep`) and eval.extra_prompts is not set")
-    limit = cfg.data.max_prompt_tokens
+    return prompts
+
+
+def keep_tail(prompts: list[EvalPrompt], limit: int) -> list[EvalPrompt]:
+    """Prompts longer than `limit` (data.max_prompt_tokens) keep their last tokens: the generation prompt must
+    survive."""
     return [EvalPrompt(p.prompt_id, p.input_ids[-limit:], p.source) for p in prompts]
+
+
+def load_eval_prompts(cfg: RunConfig, store: ObjectStore, tok) -> list[EvalPrompt]:
+    """The `heldout` suite as the default config renders it (eval.num_prompts, data.chat_template_kwargs)."""
+    return keep_tail(heldout_prompts(cfg, store, tok, cfg.eval.num_prompts, cfg.data.chat_template_kwargs),
+                     cfg.data.max_prompt_tokens)

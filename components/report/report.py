@@ -94,7 +94,26 @@ def training_curves(train: TrainSummary | None) -> dict[str, Any]:
     if train.final is not None:
         out["final_accuracy"] = [float(x) for x in train.final.acc_by_pos]
         out["final_loss"] = float(train.final.loss)
+    points = [p for p in train.heldout if p.get("acc_by_pos")]
+    if points:
+        out["heldout"] = points  # {step, acc_by_pos, tau, blocks} every training.heldout_every steps
     return out
+
+
+def ema(values: list[float], span: int) -> list[float]:
+    """Exponential moving average with the pandas `span` convention (alpha = 2 / (span + 1)), bias-corrected so
+    the first points are not pulled toward zero."""
+    alpha, out, avg, weight = 2.0 / (span + 1), [], 0.0, 0.0
+    for v in values:
+        avg = (1 - alpha) * avg + alpha * v
+        weight = (1 - alpha) * weight + alpha
+        out.append(avg / weight)
+    return out
+
+
+def smoothing_span(points: int) -> int:
+    """~1/25 of the curve, at least 5 steps: a 1200-step run averages ~50 steps, a 40-step one 5."""
+    return max(5, points // 25)
 
 
 def _summary(metrics: dict[str, dict[str, Any]], model: type[Any], stage: str) -> Any:
@@ -133,6 +152,7 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
                 out[key] = float(value)
         if ev.lossless is not None and ev.lossless.checked:
             out["lossless_passed"] = 1.0 if ev.lossless.passed else 0.0
+        out.update({k: v for k, v in ev.figures().items() if k.startswith(("tau_", "speedup_", "acceptance_"))})
     plan: PlanSummary | None = data["plan"]
     if plan is not None and plan.selected is not None:
         out["planned_bytes_per_token"] = float(plan.selected.bytes_per_token)
@@ -144,6 +164,11 @@ def scalar_metrics(data: dict[str, Any]) -> dict[str, float]:
             out["stored_bytes_per_token"] = float(data["stored"]["bytes_per_token"])
     if "final_loss" in data["train"]:
         out["final_train_loss"] = data["train"]["final_loss"]
+    if data["train"].get("heldout"):
+        last = data["train"]["heldout"][-1]
+        if last.get("tau") is not None:
+            out["heldout_offline_tau"] = float(last["tau"])
+        out.update({f"heldout_accuracy_{k + 1}": float(a) for k, a in enumerate(last["acc_by_pos"])})
     for s in data["statuses"]:  # every stage's state (1 done, 0.5 running, 0 not run, -1 failed) and figures
         name = s.stage.replace("-", "_")
         out[f"{name}_state"] = STATE_CODES[s.state]
@@ -177,21 +202,55 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
     if train.get("loss"):
         fig, ax = plt.subplots(figsize=(6, 3.2))
         steps, losses = zip(*train["loss"], strict=True)
-        ax.plot(steps, losses, color="#1f77b4")
-        ax.set(xlabel="optimizer step", ylabel="loss", title="Training loss")
+        span = smoothing_span(len(losses))
+        ax.plot(steps, losses, color="#1f77b4", alpha=0.2, linewidth=0.8)  # raw, faint
+        ax.plot(steps, ema(list(losses), span), color="#1f77b4", label=f"EMA (span {span})")
+        ax.set(xlabel="optimizer step", ylabel="loss", title="Training loss (raw faint, EMA solid)")
+        ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         out["train_loss"] = _png(fig)
     if train.get("accuracy_curves"):
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        curves = train["accuracy_curves"]
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        curves, heldout = train["accuracy_curves"], train.get("heldout") or []
         colors = plt.get_cmap("viridis")
         for k, points in curves.items():
+            color = colors((k - 1) / max(1, len(curves) - 1))
             steps, acc = zip(*points, strict=True)
-            ax.plot(steps, acc, color=colors((k - 1) / max(1, len(curves) - 1)), label=f"k={k}")
-        ax.set(xlabel="optimizer step", ylabel="accuracy", title="Training accuracy per block position", ylim=(0, 1))
-        ax.legend(fontsize=7, ncol=2)
+            ax.plot(steps, acc, color=color, alpha=0.12, linewidth=0.6)
+            ax.plot(steps, ema(list(acc), smoothing_span(len(acc))), color=color, label=f"k={k} train (EMA)")
+            if heldout:
+                ax.plot([p["step"] for p in heldout], [p["acc_by_pos"][k - 1] for p in heldout], color=color,
+                        linestyle="--", marker="o", markersize=3, label=f"k={k} held-out")
+        title = "Accuracy per block position: training (EMA over raw) vs held-out" if heldout else \
+            "Training accuracy per block position (raw faint, EMA solid)"
+        ax.set(xlabel="optimizer step", ylabel="accuracy", title=title, ylim=(0, 1))
+        ax.legend(fontsize=6, ncol=4 if heldout else 2, loc="upper left")
         ax.grid(alpha=0.3)
         out["train_accuracy"] = _png(fig)
+    taus = [p for p in train.get("heldout") or [] if p.get("tau") is not None]
+    if taus:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.plot([p["step"] for p in taus], [p["tau"] for p in taus], marker="o", color="#d62728",
+                label="held-out offline tau")
+        served = {s.name: s.tau for s in (ev.suites if ev is not None else []) if s.tau is not None}
+        for i, (name, tau) in enumerate(served.items()):
+            ax.axhline(tau, color=plt.get_cmap("tab10")(i), linestyle=":", label=f"served tau, {name}")
+        ax.set(xlabel="optimizer step", ylabel="tau (tokens per cycle)",
+               title="Held-out offline tau during training vs served tau")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        out["heldout_tau"] = _png(fig)
+    rows = [s for s in (ev.suites if ev is not None else []) if s.tau is not None]
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar([s.name for s in rows], [s.tau for s in rows], color="#1f77b4", label="this drafter")
+        for i, s in enumerate(rows):
+            ax.text(i, s.tau, f"{s.tau:.2f}", ha="center", va="bottom")
+            for p in s.published:
+                ax.plot([i - 0.4, i + 0.4], [p.tau, p.tau], color="#d62728", linewidth=1.5)
+                ax.text(i + 0.42, p.tau, f"{p.tau:.2f} {p.label}", fontsize=6, va="center", color="#d62728")
+        ax.set(ylabel="tau (tokens per cycle)", title="tau per suite (red: published figures, eval.reference)")
+        out["suite_tau"] = _png(fig)
     decoders = {"drafter": ev.drafter, "baseline": ev.baseline} if ev is not None else {}
     rows = [(n, d) for n, d in decoders.items() if d is not None and d.acceptance_per_position]
     if rows:
@@ -263,6 +322,8 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
             if decoder is not None:
                 rows.append([label, _fmt(decoder.tau), _fmt(decoder.tokens_per_s), _fmt(decoder.speedup)])
         out.append(("Speculative decoding", rows))
+        if ev.suites:
+            out.append(("Per-suite results (paper layout)", ev.suite_table()))
         lossless = ev.lossless or LosslessCheck(checked=False, passed=False)
         if not lossless.checked:
             note = "not checked (sampling, temperature > 0)"
@@ -311,8 +372,22 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
         if train.get("final_accuracy"):
             rows.append(["final accuracy by position", " ".join(f"{a:.2f}" for a in train["final_accuracy"])])
         out.append(("Training", rows))
+        if train.get("final_accuracy") and train.get("heldout"):
+            out.append(("Training vs held-out accuracy per position", train_vs_heldout(train)))
     out.append(("Drafter", [[u] for u in data["drafters"]] if data["drafters"] else _absent(data, "export")))
     return out
+
+
+def train_vs_heldout(train: dict[str, Any]) -> list[list[str]]:
+    """Per block position: training accuracy (last 10% of steps) beside the held-out accuracy at the last
+    held-out point; the held-out offline tau under them. A large gap is overfitting the training mix."""
+    last = train["heldout"][-1]
+    held = last["acc_by_pos"]
+    rows = [["position k", "training (last 10% of steps)", f"held-out (step {last.get('step', '-')})"]]
+    rows += [[str(k + 1), f"{a:.3f}", f"{held[k]:.3f}" if k < len(held) else "-"]
+             for k, a in enumerate(train["final_accuracy"])]
+    rows.append(["offline tau", "-", _fmt(last.get("tau"))])
+    return rows
 
 
 def _absent(data: dict[str, Any], stage: str) -> str:
@@ -346,7 +421,8 @@ def _row_class(row: list[str]) -> str:
 
 def render_html(data: dict[str, Any], images: dict[str, str]) -> str:
     chart_titles = {"tau": "tau vs untrained baseline", "acceptance": "acceptance per position",
-                    "train_loss": "training loss", "train_accuracy": "training accuracy per position"}
+                    "train_loss": "training loss", "train_accuracy": "training and held-out accuracy per position",
+                    "heldout_tau": "held-out offline tau during training", "suite_tau": "tau per suite"}
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>flashdraft report</title>"
              f"<style>{_CSS}</style></head><body><h1>flashdraft run report</h1>"]
     for title, body in sections(data):

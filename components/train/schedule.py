@@ -28,6 +28,7 @@ import torch.distributed as dist
 from flashdraft import layout
 from flashdraft.checkpoint import load_rank_state
 from flashdraft.components.train.distributed import DistEnv, all_reduce
+from flashdraft.components.train.heldout import select_heldout
 from flashdraft.config import RunConfig, TrainingConfig
 from flashdraft.drafter.batch import group_sizes, token_budget_groups
 from flashdraft.features.reader import OfflineReader, StreamReader, open_reader
@@ -55,6 +56,7 @@ class DataSchedule(ABC):
     in checkpoints (what to save, what a checkpoint lets go, how to resume)."""
 
     total_steps: int
+    heldout: list[tuple[str, int, str]] = []  # (part, index, sample id) held out of training (heldout.py)
 
     @abstractmethod
     def micro_batches(self, start_step: int) -> Iterator[MicroBatch]:
@@ -222,4 +224,12 @@ def build_schedule(cfg: RunConfig, env: DistEnv) -> DataSchedule:
         store = open_store(cfg.storage, cfg.run_id)
         replies = lambda: response_samples(store, cfg.data.num_shards, env.rank, env.world_size)  # noqa: E731
         return StreamSchedule(reader, cfg.training, stream_total_steps(cfg), replies)
-    return OfflineSchedule(open_reader(cfg, rank=env.rank, world_size=env.world_size), cfg.training)
+    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size)
+    try:
+        heldout = select_heldout(reader, cfg.training.heldout_samples)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    reader.exclude = frozenset(sample_id for _, _, sample_id in heldout)  # before any epoch is sized
+    schedule = OfflineSchedule(reader, cfg.training)
+    schedule.heldout = heldout
+    return schedule

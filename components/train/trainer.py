@@ -12,8 +12,9 @@
   data position is (epoch, micro-batches done in it), or in streaming mode each rank's stream position (the
   reader releases a part from the window only once a checkpoint covers it); anchors are a pure function of
   (seed, epoch, sample), so an interrupted + resumed run reproduces an uninterrupted one in both modes.
-* Metrics: per step loss, lr, grad norm, tokens/s, and loss/accuracy per block position (stats.py), committed as
-  `metrics/train.json` for the report.
+* Metrics: per step loss, lr, grad norm, tokens/s, and loss/accuracy per block position (stats.py), and every
+  `training.heldout_every` steps the held-out curve (heldout.py: per-position accuracy and offline tau on samples
+  never trained on), committed as `metrics/train.json` for the report.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tqdm import tqdm
 from flashdraft import layout
 from flashdraft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_distributed, wrap_model
+from flashdraft.components.train.heldout import HeldOutProbe
 from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
 from flashdraft.components.train.stats import StepStats
 from flashdraft.config import DrafterConfig, RunConfig
@@ -168,6 +170,19 @@ class Trainer:
             log.info("training on from step %d to %d (training.max_steps / epochs raised)", self.steps_done,
                      self.schedule.total_steps)
         self.drafter_config = self.raw.config_dict()
+        self.state.setdefault("heldout", [])
+        self.probe = HeldOutProbe.load(self.schedule.reader, self.schedule.heldout, cfg) \
+            if self.schedule.heldout else None
+        if cfg.training.heldout_samples and cfg.mode.kind == "streaming":
+            log.warning("training.heldout_samples: no held-out curve in streaming mode (no data up front)")
+
+    def heldout_point(self) -> None:
+        """Evaluate the held-out probe now (every rank: collective under FSDP2) and record it."""
+        entry = self.probe.evaluate(self.model, self.raw, self.steps_done)
+        self.state["heldout"].append(entry)
+        if self.env.rank == 0:
+            log.info("held-out at step %d: offline tau %s, accuracy by position %s", entry["step"], entry["tau"],
+                     " ".join(f"{a:.2f}" for a in entry["acc_by_pos"]))
 
     def step(self, micro_batches: Iterator[MicroBatch]) -> dict | None:
         """One optimizer step: `grad_accum` micro-batches from `micro_batches` (gradients synchronised on the
@@ -225,12 +240,16 @@ class Trainer:
                      sum(p.numel() for p in self.params), total, self.env.world_size, self.cfg.training.strategy,
                      self.env.device)
         self.model.train()
+        if self.probe is not None and self.steps_done == 0:
+            self.heldout_point()  # the curve's start: the initialised drafter
         micro_batches = self.schedule.micro_batches(self.steps_done)
         while (entry := self.step(micro_batches)) is not None:
             step = self.steps_done
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.3f}", acc1=f"{entry['acc_by_pos'][0]:.3f}",
                             lr=f"{entry['lr']:.2e}", tok_s=f"{entry['tokens_per_s']:.0f}")
+            if self.probe is not None and (step % self.cfg.training.heldout_every == 0 or step == total):
+                self.heldout_point()
             if step % self.cfg.training.checkpoint_every == 0 and step < total:
                 self.checkpoint()
             if stop_after is not None and step >= stop_after and step < total:
@@ -239,6 +258,8 @@ class Trainer:
         bar.close()
         if self.steps_done == 0:
             raise TrainError("no training data arrived (streaming reader ended before one optimizer step)")
+        if self.probe is not None and self.state["heldout"][-1]["step"] != self.steps_done:
+            self.heldout_point()  # the data ended before `total`: the curve still ends at the last step
         self.state.update(step=self.steps_done, total_steps=self.steps_done)
         prefix = self.checkpoint(final=True)
         metrics = self.metrics(prefix)
@@ -268,6 +289,7 @@ class Trainer:
                 "block_size": cfg.drafter.block_size, "gamma": cfg.drafter.resolved_gamma,
                 "loss_normalization": cfg.drafter.loss_normalization, "mask_token_id": raw.geometry.mask_token_id,
                 "trainable_mask": raw.geometry.trainable_mask, "final": final, "history": hist,
+                "heldout": state["heldout"], "heldout_samples": [sid for _, _, sid in self.schedule.heldout],
                 "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
 
 

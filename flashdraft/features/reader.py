@@ -118,6 +118,7 @@ class OfflineReader(_Reader):
         self.buffer = shuffle_buffer
         self.epoch = 0
         self._resume_from = 0
+        self.exclude: frozenset[str] = frozenset()  # sample ids never yielded (the trainer's held-out samples)
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -141,7 +142,7 @@ class OfflineReader(_Reader):
             rng.shuffle(keys)
         order = []
         for key in keys:
-            idx = list(range(len(self.header(key).samples)))
+            idx = [i for i, info in enumerate(self.header(key).samples) if info.sample_id not in self.exclude]
             if self.shuffle:
                 rng.shuffle(idx)
             order.extend((key, i) for i in idx)

@@ -60,7 +60,7 @@ def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):
     dom = chromium_dom(Path(result.html_path), tmp_path)
     images = re.findall(r"<img [^>]*>", dom)
     ids = {re.search(r"id=\"chart-(\w+)\"", i).group(1) for i in images}
-    assert ids == {"acceptance", "tau"}  # no training metrics in this run, so no training charts
+    assert ids == {"acceptance", "tau", "suite_tau"}  # no training metrics in this run, so no training charts
     assert all('src="data:image/png;base64,' in i and 'data-decoded="yes"' in i for i in images)
     text = re.sub(r"<[^>]+>", " ", dom)
     assert f"{metrics.drafter.tau:g}" in text and f"{metrics.baseline.tau:g}" in text
@@ -161,3 +161,70 @@ def test_a_task_that_died_without_a_record_reads_failed_once_the_run_is_over(fai
     assert build_report(store).stages["extract"].startswith("running")  # `flashdraft report` mid-run
     over = build_report(store, run_over=True).stages["extract"]
     assert over.startswith("failed:") and "without recording an outcome" in over
+
+
+def test_ema_is_bias_corrected_and_smooths():
+    from flashdraft.components.report.report import ema, smoothing_span
+
+    assert ema([4.0, 4.0, 4.0], span=9) == [4.0, 4.0, 4.0]  # no pull toward 0 at the start
+    noisy = [1.0 if i % 2 else 0.0 for i in range(200)]
+    smooth = ema(noisy, span=smoothing_span(len(noisy)))
+    assert max(smooth[50:]) - min(smooth[50:]) < 0.3 and abs(sum(smooth[50:]) / 150 - 0.5) < 0.05
+    assert smoothing_span(40) == 5 and smoothing_span(1200) == 48
+
+
+@pytest.fixture(scope="module")
+def suites_run(tmp_path_factory):
+    """prep + a committed drafter + evaluate on two suites (heldout, humaneval with thinking off, published
+    figures from the shipped reference) + a metrics/train.json with a held-out curve, as the trainer writes it."""
+    tmp = tmp_path_factory.mktemp("suites-report")
+    cfg = load_config(preset="tiny", overrides={
+        "storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1, "eval.max_new_tokens": 8,
+        "eval.baseline_prompts": 0, "eval.reference": "builtin:published",
+        "eval.suites": ["heldout", {"source": "humaneval", "num_prompts": 1, "thinking": False}]})
+    run_prep(cfg)
+    commit_drafter(cfg, seed=7)
+    evaluated = run_evaluate(cfg)
+    store = open_store(cfg.storage, cfg.run_id)
+    store.commit_json(layout.metrics_key("evaluate"), evaluated.dump())  # as the runner commits it
+    B1 = cfg.drafter.block_size - 1
+    history = [{"step": i, "loss": 5.0 - i / 100, "acc_by_pos": [min(1.0, i / 400 / (k + 1)) for k in range(B1)]}
+               for i in range(1, 301)]
+    heldout = [{"step": s, "acc_by_pos": [s / 600 / (k + 1) for k in range(B1)], "tau": 1.0 + s / 300, "blocks": 9}
+               for s in (0, 100, 200, 300)]
+    store.commit_json(layout.metrics_key("train"), {
+        "steps": 300, "tokens": 9000, "history": history, "heldout": heldout,
+        "final": {"loss": 2.0, "acc_by_pos": [0.7 / (k + 1) for k in range(B1)]}})
+    return cfg, evaluated
+
+
+def test_report_shows_the_paper_table_and_the_heldout_curve_in_chromium(suites_run, tmp_path):
+    cfg, evaluated = suites_run
+    result = run_report(cfg, out_dir=tmp_path / "out")
+    dom = chromium_dom(Path(result.html_path), tmp_path)
+    images = re.findall(r"<img [^>]*>", dom)
+    ids = {re.search(r"id=\"chart-(\w+)\"", i).group(1) for i in images}
+    assert {"suite_tau", "heldout_tau", "train_accuracy", "train_loss"} <= ids
+    assert all('data-decoded="yes"' in i for i in images)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+    he = evaluated.suites[1]
+    assert "Per-suite results (paper layout)" in text
+    row = (f"humaneval 1 off {he.tau:.2f} " + " ".join(f"{a:.2f}" for a in he.acceptance_per_position)
+           + f" {he.speedup:.2f}x 5.94 DFlash (z-lab), Qwen3.6-27B")
+    assert row in text
+    assert "Training vs held-out accuracy per position" in text
+    assert "1 0.700 0.500" in text and "offline tau - 2" in text  # position 1: train 0.7, held-out 300/600
+    assert result.metrics["tau_humaneval"] == he.tau and result.metrics["tau_heldout"] == evaluated.drafter.tau
+    assert result.metrics["heldout_offline_tau"] == 2.0 and result.metrics["heldout_accuracy_1"] == 0.5
+    summary = Path(result.markdown_path).read_text()
+    assert "| suite | prompts | thinking | tau |" in summary and "| humaneval | 1 | off |" in summary
+
+
+def test_status_prints_the_suite_table(suites_run):
+    cfg, evaluated = suites_run
+    res = CliRunner().invoke(app, ["status", "--run", open_store(cfg.storage, cfg.run_id).root])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    start = lines.index("evaluation suites (metrics/evaluate.json):")
+    assert lines[start + 1].split()[:4] == ["suite", "prompts", "thinking", "tau"]
+    assert lines[start + 3].split()[:4] == ["humaneval", "1", "off", f"{evaluated.suites[1].tau:.2f}"]
