@@ -182,11 +182,10 @@ def suites_run(tmp_path_factory):
         "storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1, "eval.max_new_tokens": 8,
         "eval.baseline_prompts": 0, "eval.reference": "builtin:published",
         "eval.suites": ["heldout", {"source": "humaneval", "num_prompts": 1, "thinking": False}]})
-    run_prep(cfg)
+    run_task(cfg, "prep")
     commit_drafter(cfg, seed=7)
-    evaluated = run_evaluate(cfg)
+    evaluated = run_task(cfg, "evaluate")  # the runner commits metrics/evaluate.json
     store = open_store(cfg.storage, cfg.run_id)
-    store.commit_json(layout.metrics_key("evaluate"), evaluated.dump())  # as the runner commits it
     B1 = cfg.drafter.block_size - 1
     history = [{"step": i, "loss": 5.0 - i / 100, "acc_by_pos": [min(1.0, i / 400 / (k + 1)) for k in range(B1)]}
                for i in range(1, 301)]
