@@ -114,7 +114,7 @@ def test_calibrate_replaces_rates_and_names_the_source():
 def test_gpu_check_calibration_of_the_production_step_loads_with_its_recompute_modes():
     cal = json.loads((ROOT / "benchmarks" / "calibration" / "h200-2026-12-04-production.json").read_text())
     modes = [m["shape"]["activation_checkpointing"] for m in cal["train_memory"]]
-    assert modes == ["none", "mlp", "layer"]
+    assert set(modes) == {"none", "mlp", "layer"}  # and the eager-loss A/B, again "none"
     plan = make_plan(load_config(preset="qwen3.6-27b", overrides={
         "pools.trainer.gpu_type": "h200", "training.activation_checkpointing": "mlp",
         "plan.calibration": str(ROOT / "benchmarks" / "calibration" / "h200-2026-12-04-production.json")}))
