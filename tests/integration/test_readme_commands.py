@@ -53,6 +53,10 @@ NOT_HERE = {
     ".venv/bin/python benchmarks/bench_train.py": "minutes of training per recipe, and the speculators side needs the "
                                                   "bench venv (`make bench-venv`)",
     "vllm serve": "vLLM on a GPU with the real target",
+    "flashdraft run-local --preset tiny --set drafter.kind=dflash2": "a second whole tiny run; DFlash2's train, "
+                                                                    "evaluate and export paths are tested in "
+                                                                    "tests/unit/test_dflash2.py and tests/vllm",
+    "flashdraft run-local --preset qwen3.6-27b ...": "the 27B target on a cluster",
     "python3 benchmarks/gpu_check.py": "a CUDA GPU (its CPU half and a toy-width dry run of the production section "
                                        "are tests/unit/test_gpu_check.py)",
     "python -m sglang.launch_server": "SGLang on a GPU with the real target",
