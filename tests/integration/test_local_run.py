@@ -34,8 +34,8 @@ def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):
 
 @pytest.mark.integration
 def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path):
-    """A target path that does not exist: prep (the first stage that loads the tokenizer) fails. The console ends
-    with the stage, the exception and its log file; the report says prep failed with that error and every later
+    """A target path that does not exist: prep (the first stage that loads the tokenizer) fails naming
+    target.model. The console ends with the stage, the exception and its log file; the report says prep failed with that error and every later
     stage not run; the console stays short and holds no kfp executor dump."""
     missing = tmp_path / "no-such-target"
     args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp"), "--set",
@@ -43,7 +43,7 @@ def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path)
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 1, out.output[-3000:]
     lines = out.output.splitlines()
-    assert lines[-2].startswith("FAILED: prep: OSError: ") and str(missing) in lines[-2], lines[-4:]
+    assert lines[-2].startswith(f"FAILED: prep: TargetNotFoundError: target.model={missing}"), lines[-4:]
     log_file = Path(lines[-1].removeprefix("log: "))
     assert log_file.name == "prep.log" and "Traceback" in log_file.read_text()
     assert CONSOLE_MAX_LINES >= len(lines) and CONSOLE_MAX_BYTES >= len(out.output.encode())
@@ -51,8 +51,8 @@ def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path)
     assert "executor_input" in (log_file.parent / "kfp-local.log").read_text(), "the dump went to the log file"
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
     summary = open_store(cfg.storage, cfg.run_id).get(f"{layout.REPORTS}/summary.md").decode()
-    assert f"| prep | failed: OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{missing}'" \
-        in summary and f"log: {log_file})" in summary
+    assert f"| prep | failed: TargetNotFoundError: target.model={missing}" in summary  # names the setting
+    assert f"log: {log_file})" in summary
     assert "| plan | done |" in summary
     for stage in ("generate", "extract", "train", "evaluate", "export"):
         assert f"| {stage} | not run |" in summary, stage
