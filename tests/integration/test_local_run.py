@@ -35,8 +35,8 @@ def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):
 @pytest.mark.integration
 def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path):
     """A target path that does not exist: prep (the first stage that loads the tokenizer) fails naming
-    target.model. The console ends with the stage, the exception and its log file; the report says prep failed with that error and every later
-    stage not run; the console stays short and holds no kfp executor dump."""
+    target.model. The console ends with the stage, the exception and its log file; the report says prep failed with
+    that error and every later stage not run; the console stays short and holds no kfp executor dump."""
     missing = tmp_path / "no-such-target"
     args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp"), "--set",
             f"storage.root=file://{tmp_path}/store", "--set", "target.source=hf", "--set", f"target.model={missing}"]
