@@ -157,7 +157,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab,
         assert "candidate_selector.predecessor_codebook" in pa and "layers.0.mlp_conv.base_kernel" in pa
         assert pa["candidate_selector.hidden_projection.weight"].abs().sum() > 0
         assert [h["selector_weight"] for h in b.history] == pytest.approx([0, 0, 0.6, 2.8 / 3, 1, 1])
-        assert all(h["selector_acc"] >= 0 and 0 < h["topk_coverage"] <= 1 for h in b.history)
+        # fractions, recorded every step (a 6-step random drafter's top-k may still miss every gold token: >= 0)
+        assert all(0 <= h["selector_acc"] <= 1 and 0 <= h["topk_coverage"] <= 1 for h in b.history)
     if vocab:  # the draft vocabulary: every response token (ids 1000..1047), then the most frequent others
         assert pa["d2t"].dtype == torch.int64 and set(range(1000, 1048)) <= set(pa["d2t"].tolist())
 
