@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from flashdraft.cli import build_app
 from flashdraft.config import load_config
-from flashdraft.pipelines.pipeline import compile_pipeline
+from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
 from flashdraft.stages import StageSpec, declare, stage_names, undeclare
 from flashdraft.summaries import StageSummary, numbers
 
@@ -65,7 +65,7 @@ def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
         "runtimeValue", {}).get("constant") == "toy")
     assert "train" in task["dependentTasks"]
     executor = spec["deploymentSpec"]["executors"][task["componentRef"]["name"].replace("comp-", "exec-")]
-    assert executor["container"]["image"].endswith("/flashdraft-base:latest"), "the cpu pool's image"
+    assert executor["container"]["image"] == stage_images()["cpu"], "the cpu pool's image (make exports the tag)"
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert k8s[task["componentRef"]["name"].replace("comp-", "exec-")]["activeDeadlineSeconds"] == str(TOY_TIMEOUT_S)
 
