@@ -681,6 +681,36 @@ class Production:
     flops_per_token: float | None = None
 
 
+def report_steps(report: Report, results: list[StepParts], cuda: bool, flops: bool,
+                 row: tuple[int, int] | None = None) -> None:
+    """One report row per measured configuration (out of memory, or tokens/s with the step's parts); with `flops`,
+    its TFLOP/s against the bf16 peak and, on CUDA, its peak memory as rows of their own, else the peak in the
+    detail. `row`: (block size, tokens a row) for the anchors note."""
+    import torch
+
+    peak = peak_tflops(torch.cuda.get_device_name()) if cuda else None
+    total = torch.cuda.get_device_properties(0).total_memory if cuda else 0
+    for r in results:
+        name = f"train/{PRODUCTION_PRESET} {r.label}"
+        if r.oom:
+            report.add(f"{name} tokens/s", None, None, f"out of memory at {r.peak_bytes / 2**30:.1f} GiB: {r.oom}")
+            continue
+        parts = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r.parts_s.items())
+        detail = f"step {r.step_s * 1e3:.0f} ms ({parts} ms)"
+        if row:
+            detail += f"; ~{r.anchors_per_row:.0f} anchors x {row[0]} a {row[1]}-token row"
+        if not flops:
+            report.add(f"{name} tokens/s", r.tokens_per_s, None,
+                       detail + (f"; peak {r.peak_bytes / 2**30:.1f} GiB" if cuda else ""))
+            continue
+        report.add(f"{name} tokens/s", r.tokens_per_s, None, detail)
+        report.add(f"{name} TFLOP/s", r.tflops, None,
+                   f"{r.tflops / peak[1]:.1%} of {peak[0]} bf16 peak" if peak else "")
+        if cuda:
+            report.add(f"{name} peak GiB", r.peak_bytes / 2**30, total / 2**30,
+                       "allocator peak, unsharded fp32 weights, grads and AdamW state included (one GPU, no FSDP)")
+
+
 def production(report: Report, work: Path, device: str, scale: DryRun | None = None) -> Production:
     """The production rows of the report (section 5 of the module docstring)."""
     import torch
@@ -696,22 +726,7 @@ def production(report: Report, work: Path, device: str, scale: DryRun | None = N
              "tokens_per_step": cfg.training.tokens_per_step, "sliding_window": g.sliding_window,
              "strategy": "none", "world_size": 1, "autocast": "bfloat16" if cuda else "none",
              "head_dtype": "bfloat16" if cuda else "float32"}
-    peak = peak_tflops(torch.cuda.get_device_name()) if cuda else None
-    total = torch.cuda.get_device_properties(0).total_memory if cuda else 0
-    for r in results:
-        name = f"train/{PRODUCTION_PRESET} {r.label}"
-        if r.oom:
-            report.add(f"{name} tokens/s", None, None, f"out of memory at {r.peak_bytes / 2**30:.1f} GiB: {r.oom}")
-            continue
-        parts = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r.parts_s.items())
-        report.add(f"{name} tokens/s", r.tokens_per_s, None,
-                   f"step {r.step_s * 1e3:.0f} ms ({parts} ms); ~{r.anchors_per_row:.0f} anchors x "
-                   f"{g.block_size} a {cfg.training.tokens_per_step}-token row")
-        report.add(f"{name} TFLOP/s", r.tflops, None,
-                   f"{r.tflops / peak[1]:.1%} of {peak[0]} bf16 peak" if peak else "")
-        if cuda:
-            report.add(f"{name} peak GiB", r.peak_bytes / 2**30, total / 2**30,
-                       "allocator peak, unsharded fp32 weights, grads and AdamW state included (one GPU, no FSDP)")
+    report_steps(report, results, cuda, flops=True, row=(g.block_size, cfg.training.tokens_per_step))
     fitted = [r for r in results if not r.oom]
     best = max(fitted, key=lambda r: r.tokens_per_s) if fitted else None
     out = Production(results, shape, flops_per_token=best.tflops * 1e12 / best.tokens_per_s if best else None)
@@ -720,14 +735,7 @@ def production(report: Report, work: Path, device: str, scale: DryRun | None = N
         torch.cuda.empty_cache()
     dflash2, model = production_train(work, device, scale, steps=3 if scale else 5, warmup=1 if scale else 2,
                                       recompute=("none", "mlp"), kind="dflash2")
-    for r in dflash2:  # the same step with DFlash2's convolutions and candidate selector (drafter.kind=dflash2)
-        name = f"train/{PRODUCTION_PRESET} {r.label}"
-        if r.oom:
-            report.add(f"{name} tokens/s", None, None, f"out of memory at {r.peak_bytes / 2**30:.1f} GiB: {r.oom}")
-            continue
-        parts = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r.parts_s.items())
-        report.add(f"{name} tokens/s", r.tokens_per_s, None, f"step {r.step_s * 1e3:.0f} ms ({parts} ms)"
-                   + (f"; peak {r.peak_bytes / 2**30:.1f} GiB" if cuda else ""))
+    report_steps(report, dflash2, cuda, flops=False)  # its selector's FLOPs are not in step_flops
     del model
     if cuda:
         torch.cuda.empty_cache()
