@@ -59,6 +59,15 @@ def _flatten_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict[str, An
     return tensors, {"param_groups": groups}
 
 
+def _load_in_order(data: bytes) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors in sorted key order. `safetensors.torch.load` returns them in an order that
+    differs between processes, and under FSDP2 `set_model_state_dict` / `set_optimizer_state_dict` scatter each
+    full tensor to its shards in the dict's order: every rank must walk the keys in the same order, or the
+    scatters pair up different tensors (gloo: "Received data size doesn't match expected size")."""
+    tensors = load_bytes(data)
+    return {k: tensors[k] for k in sorted(tensors)}
+
+
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
     state: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
@@ -133,8 +142,8 @@ def load_checkpoint(store: ObjectStore, prefix: str, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, optimizer and this rank's RNG; returns trainer_state. Checksums are verified."""
     opts = StateDictOptions(full_state_dict=True, strict=True)
-    set_model_state_dict(model, load_bytes(store.get_verified(f"{prefix}/{WEIGHTS_FILE}")), options=opts)
-    osd = _unflatten_optimizer(load_bytes(store.get_verified(f"{prefix}/optimizer.safetensors")),
+    set_model_state_dict(model, _load_in_order(store.get_verified(f"{prefix}/{WEIGHTS_FILE}")), options=opts)
+    osd = _unflatten_optimizer(_load_in_order(store.get_verified(f"{prefix}/optimizer.safetensors")),
                                store.get_json_verified(f"{prefix}/optimizer.json"))
     set_optimizer_state_dict(model, optimizer, osd, options=opts)
     del osd  # one full copy at a time, as on save
