@@ -39,9 +39,14 @@ SHAPES: dict[str, dict] = {
                   anchors=16, sample_len=512, window=None),
     "anchors": dict(hidden=128, layers=1, heads=2, kv_heads=1, head_dim=32, inter=384, vocab=4096, tokens=1024,
                     anchors=512, sample_len=1024, window=256),
+    # DFlash2 (drafter.kind=dflash2): base's geometry plus block convolutions (groups of 64) and the candidate
+    # selector at its defaults (rank 256, top-16)
+    "dflash2": dict(hidden=256, layers=2, heads=2, kv_heads=1, head_dim=32, inter=512, vocab=8192, tokens=2048,
+                    anchors=64, sample_len=512, window=None, kind="dflash2", conv_group=64),
 }
 SMALL = dict(hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, inter=128, vocab=1024, tokens=256,
              anchors=8, sample_len=128, window=None)
+SMALL_DFLASH2 = {**SMALL, "kind": "dflash2", "conv_group": 16}
 
 
 def run_config(spec: dict):
@@ -51,7 +56,8 @@ def run_config(spec: dict):
         "target": {"model": "bench-memory", "source": "tiny", "num_layers": 8, "hidden_size": spec["hidden"]},
         "drafter": {"num_layers": spec["layers"], "block_size": 16, "max_anchors": spec["anchors"],
                     "num_heads": spec["heads"], "num_kv_heads": spec["kv_heads"], "head_dim": spec["head_dim"],
-                    "intermediate_size": spec["inter"], "sliding_window": spec["window"]},
+                    "intermediate_size": spec["inter"], "sliding_window": spec["window"],
+                    "kind": spec.get("kind", "dflash"), "conv_group_size": spec.get("conv_group", 64)},
         "training": {"tokens_per_step": spec["tokens"], "strategy": "ddp"}}, source="bench_memory")
 
 
@@ -62,7 +68,8 @@ def shape_of(spec: dict, anchors_per_row: float):
                       num_kv_heads=spec["kv_heads"], head_dim=spec["head_dim"], intermediate_size=spec["inter"],
                       vocab_size=spec["vocab"], block_size=16, max_anchors=spec["anchors"],
                       tokens_per_step=spec["tokens"], anchors_per_row=anchors_per_row,
-                      sliding_window=spec["window"], strategy="none", autocast="none", head_dtype="float32")
+                      sliding_window=spec["window"], strategy="none", autocast="none", head_dtype="float32",
+                      kind=spec.get("kind", "dflash"), conv_group_size=spec.get("conv_group", 64))
 
 
 def samples(spec: dict, seed: int = 0):
@@ -101,6 +108,8 @@ def child(name: str, spec: dict) -> dict:
 
 def steps(spec: dict) -> dict:
     """Build the drafter and its optimizer for `spec`, run STEPS trainer steps; the anchors the row drew."""
+    from dataclasses import replace
+
     import torch
 
     from flashdraft.components.train.trainer import micro_step
@@ -115,6 +124,10 @@ def steps(spec: dict) -> dict:
                         num_target_layers=8, mask_token_id=0,
                         layer_types=["sliding_attention" if spec["window"] else "full_attention"] * L,
                         sliding_window=spec["window"])
+    if spec.get("kind") == "dflash2":  # the config's defaults, as build_drafter sets them
+        d = cfg.drafter
+        g = replace(g, kind="dflash2", conv_kernel_size=d.conv_kernel_size, conv_group_size=d.conv_group_size,
+                    selector_rank=d.selector_rank, selector_top_k=d.selector_top_k)
     model = DFlashDrafter(g, attn_impl="auto")
     model.set_frozen(torch.randn(V, H) * 0.02, torch.randn(V, H) * 0.02)
     model.init_weights(0)
@@ -155,7 +168,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| shape | width x layers | vocab | tokens | anchors/row | predicted | measured (RSS) | pred/meas | "
              "peak set by |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        s = SHAPES.get(r["shape"], SMALL)
+        s = SHAPES.get(r["shape"], SMALL_DFLASH2 if r["shape"] == "small-dflash2" else SMALL)
         lines.append(f"| {r['shape']} | {s['hidden']} x {s['layers']} | {s['vocab']:,} | {s['tokens']:,} | "
                      f"{r['anchors_per_row']:,} | {r['predicted_bytes'] / 2**20:,.0f} MiB | "
                      f"{r['measured_bytes'] / 2**20:,.0f} MiB | {r['ratio']:.2f} | {r['phase']} |")

@@ -679,6 +679,7 @@ class Production:
     extract_forward_tokens: int = 0
     extract_hidden: int = 0
     flops_per_token: float | None = None
+    dflash2: list[StepParts] = field(default_factory=list)  # the same step with drafter.kind=dflash2 (peaks only)
 
 
 def report_steps(report: Report, results: list[StepParts], cuda: bool, flops: bool,
@@ -725,7 +726,10 @@ def production(report: Report, work: Path, device: str, scale: DryRun | None = N
              "num_features": g.num_features, "block_size": g.block_size, "max_anchors": d.max_anchors,
              "tokens_per_step": cfg.training.tokens_per_step, "sliding_window": g.sliding_window,
              "strategy": "none", "world_size": 1, "autocast": "bfloat16" if cuda else "none",
-             "head_dtype": "bfloat16" if cuda else "float32"}
+             "head_dtype": "bfloat16" if cuda else "float32", "kind": "dflash",
+             "conv_kernel_size": d.conv_kernel_size, "conv_group_size": d.conv_group_size,
+             "selector_rank": d.selector_rank, "selector_top_k": d.selector_top_k,
+             "selector_detach": d.selector_detach}
     report_steps(report, results, cuda, flops=True, row=(g.block_size, cfg.training.tokens_per_step))
     fitted = [r for r in results if not r.oom]
     best = max(fitted, key=lambda r: r.tokens_per_s) if fitted else None
@@ -736,6 +740,7 @@ def production(report: Report, work: Path, device: str, scale: DryRun | None = N
     dflash2, model = production_train(work, device, scale, steps=3 if scale else 5, warmup=1 if scale else 2,
                                       recompute=("none", "mlp"), kind="dflash2")
     report_steps(report, dflash2, cuda, flops=False)  # its selector's FLOPs are not in step_flops
+    out.dflash2 = dflash2
     del model
     if cuda:
         torch.cuda.empty_cache()
@@ -786,6 +791,11 @@ def calibration(prod: Production, device: str, commit: str | None):
                "shape": {**prod.shape, "anchors_per_row": r.anchors_per_row or None,
                          "activation_checkpointing": r.label.split("recompute=")[1].split(",")[0]}}
               for r in prod.train if cuda]
+    memory += [{"peak_bytes": r.peak_bytes, "measure": "cuda_max_allocated", "out_of_memory": bool(r.oom),
+                "note": r.label + (f": {r.oom}" if r.oom else ""),
+                "shape": {**prod.shape, "kind": "dflash2", "anchors_per_row": r.anchors_per_row or None,
+                          "activation_checkpointing": r.label.split("recompute=")[1].split(",")[0]}}
+               for r in prod.dflash2 if cuda]
     return Calibration.model_validate({
         "source": {"device": f"one {name}" + ("" if cuda else ""), "date": datetime.date.today().isoformat(),
                    "commit": commit, "command": "make gpu-check",

@@ -78,6 +78,15 @@ class TrainShape(_Strict):
     head_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     activation_checkpointing: Literal["none", "mlp", "layer"] = Field(
         "none", description="training.activation_checkpointing: what the layers recompute in the backward")
+    kind: Literal["dflash", "dflash2"] = Field(
+        "dflash", description="drafter.kind; dflash2 adds block convolutions and the candidate selector "
+                              "(the four fields below; ignored for dflash)")
+    conv_kernel_size: int = Field(2, ge=1, description="dflash2: drafter.conv_kernel_size (taps along the block)")
+    conv_group_size: int = Field(64, ge=1, description="dflash2: drafter.conv_group_size (channels sharing a delta)")
+    selector_rank: int = Field(256, ge=1, description="dflash2: drafter.selector_rank (codebook width)")
+    selector_top_k: int = Field(16, ge=1, description="dflash2: drafter.selector_top_k (LM-head candidates a slot)")
+    selector_detach: bool = Field(False, description="dflash2: drafter.selector_detach (the selector loss keeps no "
+                                                     "gathered LM-head rows for the backward)")
 
 
 class ExtractShape(_Strict):

@@ -24,11 +24,35 @@ counts were read off autograd's saved tensors (torch.autograd.graph.saved_tensor
 `DFlashDrafter`, in fp32 and under CPU bf16 autocast (which reproduced the CUDA formula exactly, the mask and the
 flex output copy aside); `benchmarks/bench_memory.py` checks the CPU peak against a real trainer step.
 
-The peak is the largest of three moments: the last layer's forward while its dense mask is built (CPU), the loss
-(its vocabulary chunk) or the first MLP gradients of the backward with every layer's activations held, and the
-optimizer step (gradients + AdamW's temporaries, activations gone). FLOPs (`trainer_flops`) follow
-benchmarks/gpu_check.py's `step_flops` (the matmul part equals torch's FlopCounterMode there), with the attention
-pairs estimated from the layout.
+DFlash2 (`kind` dflash2, flashdraft/drafter/dflash2.py) adds, derived the same way (saved-tensor hooks on the real
+`DFlashLayer` and on the trainer's `drafter_loss` -> `selector_loss`, fp32 and CPU bf16 autocast, exact at three
+shapes each; tests/unit/test_plan_memory.py repeats the measurement):
+
+* state: `dflash2_extra_params` (codebooks 2 x vocab x rank, the convolutions inside each layer, the hidden
+  projection), all trained: 16 B a parameter, sharded under FSDP2, the convolutions in their layer's unit and the
+  selector in its own (gathered whole, fp32, while the selector loss runs). Autocast copies only the convolutions'
+  weights: the selector runs after the autocast region;
+* per layer, per drafted position, with t = min(conv_kernel_size, block) taps: attention_conv and mlp_conv each keep
+  2t fp32 [position, width] tensors in `prepare` ((base + delta) of every tap, the input shifted by each later tap)
+  and 2t in `finish` in the sublayer output's dtype, plus on CUDA the delta projection's bf16 input cast (CUDA
+  4H + 24tH bytes a position, CPU 32tH). Both convolutions sit outside the checkpointed MLP: `mlp` recompute keeps
+  them, `layer` recomputes them with the layer;
+* the selector loss, after the fused loss (which also keeps its top-k ids, [rows, k] int64): the LM head's rows of
+  every row's k candidates [rows, k, width] in the head's dtype (the unary term's saved operand; none with
+  `selector_detach`), the selected slot states (fp32) and their indices, the pairwise term's [rows, rank] tensors and
+  successor rows [rows, k, rank], the [rows, k] log-softmax; beside the slot states it was handed and the fused
+  loss's saved gradient; every slot counted (strict_topk trains only the covered ones: an upper bound there). It is
+  one more moment; after its backward its weight gradients are held through the layers'.
+
+Checked against the H200 production step unsharded (benchmarks/calibration/h200-2026-12-04-production.json's
+dflash2 rows): layer recompute predicted 70.3 GiB vs 70.1 measured; none and mlp predicted 190.7 and 157.7 GiB,
+both measured out of memory.
+
+The peak is the largest of these moments: the last layer's forward while its dense mask is built (CPU), the loss
+(its vocabulary chunk), DFlash2's selector loss, or the first MLP gradients of the backward with every layer's
+activations held, and the optimizer step (gradients + AdamW's temporaries, activations gone). FLOPs
+(`trainer_flops`) follow benchmarks/gpu_check.py's `step_flops` (the matmul part equals torch's FlopCounterMode
+there), with the attention pairs estimated from the layout; DFlash2's convolutions and selector are not in them.
 
 Inference (`inference_memory`): target weights (bf16, split over tensor parallel), vLLM's KV cache (full-attention
 layers) and recurrent state (Gated DeltaNet layers) for `plan.decode_batch` sequences of `max_model_len`, and
@@ -68,46 +92,52 @@ class MemoryEstimate:
 class Counts:
     """Parameter and position counts of a TrainShape."""
 
-    params_layer: int   # one draft layer
+    params_layer: int   # one draft layer (DFlash2: with its attention_conv and mlp_conv)
     params_root: int    # fc and the norms: FSDP2's root module
     params: int         # all trainable parameters
     positions: int      # drafted positions a row: anchors x block
     keys: int           # context tokens + positions
     loss_rows: int      # slots 1..B-1 of every block
+    params_selector: int = 0  # DFlash2's candidate_selector (codebooks + hidden projection): its own FSDP2 unit
+
+
+def dflash2_params(s: TrainShape) -> dict[str, int]:
+    """DFlash2's extra trainable parameters by part (flashdraft/drafter/dflash2.py `dflash2_extra_params`); {} for
+    DFlash. Imported here, not at the top: the planner stays torch-free for DFlash configs."""
+    if s.kind != "dflash2":
+        return {}
+    from flashdraft.drafter.dflash2 import dflash2_extra_params
+
+    return dflash2_extra_params(hidden_size=s.hidden_size, num_layers=s.num_layers, vocab_size=s.vocab_size,
+                                conv_kernel_size=s.conv_kernel_size, conv_group_size=s.conv_group_size,
+                                selector_rank=s.selector_rank)
 
 
 def counts(s: TrainShape) -> Counts:
     H, q, kv, inter = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
-    layer = H * q + 2 * H * kv + q * H + 3 * H * inter + 2 * H + 2 * s.head_dim
+    extra = dflash2_params(s)
+    layer = H * q + 2 * H * kv + q * H + 3 * H * inter + 2 * H + 2 * s.head_dim + extra.get("conv", 0) // s.num_layers
+    selector = extra.get("codebooks", 0) + extra.get("hidden_projection", 0)
     root = s.num_features * H * H + 2 * H
     n = s.anchors_per_row or 0.0
     positions = int(round(n * s.block_size))
-    return Counts(layer, root, layer * s.num_layers + root, positions, s.tokens_per_step + positions,
-                  int(round(n * (s.block_size - 1))))
+    return Counts(layer, root, layer * s.num_layers + root + selector, positions, s.tokens_per_step + positions,
+                  int(round(n * (s.block_size - 1))), selector)
 
 
 def _shard(s: TrainShape) -> int:
     return s.world_size if s.strategy == "fsdp2" else 1
 
 
-def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
-    """Peak bytes on one rank of the trainer for `s` (anchors_per_row must be set) on `device`."""
-    if s.anchors_per_row is None:
-        raise ValueError("trainer_memory needs shape.anchors_per_row")
+def layer_saved_bytes(s: TrainShape, device: Device = "cuda") -> tuple[int, int, int]:
+    """One draft layer's saved activations (module docstring): (all of them, what the layer keeps under
+    `activation_checkpointing`, what a checkpointed MLP drops). Bytes as autograd's saved-tensor hooks count them
+    (tests/unit/test_plan_memory.py measures the real layer)."""
     g = counts(s)
     cuda = device == "cuda"
     a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
-    hb = 2 if s.head_dtype == "bfloat16" else 4                  # frozen head/embedding dtype
-    H, L, M, K, C = s.hidden_size, s.num_layers, g.positions, g.keys, s.tokens_per_step
+    H, M, K = s.hidden_size, g.positions, g.keys
     q, kvd, inter, nh = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size, s.num_heads
-    P, shard = g.params, _shard(s)
-    V_rows = s.target_vocab_size or s.vocab_size
-    parts: dict[str, int] = {}
-    parts["weights (fp32)"] = 4 * P // shard
-    parts["AdamW moments (fp32)"] = 8 * P // shard
-    parts["frozen embedding + LM head"] = V_rows * H * hb * 2 + (s.vocab_size * H * hb if s.vocab_size < V_rows else 0)
-    if cuda and s.autocast == "bfloat16":
-        parts["autocast bf16 weight copies"] = 2 * P  # cast per use of the gathered weight, kept for the backward
     # The per-layer saved tensors (module docstring). Position part: x, the q_proj input, x after attention, a norm
     # product and the MLP input (fp32 on CPU; on CUDA the projection inputs are bf16 casts, one per consumer),
     # q before/after its norm, q with RoPE, the attention output (4 tensors of heads x head_dim), 4 MLP tensors.
@@ -123,15 +153,68 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
         per_pos = 24 * H + 16 * q + 16 * inter + 8 * nh + 8
         per_key = 4 * H + 16 * kvd + 4 * s.num_kv_heads
         mask = 4 * M * K  # SDPA's float copy of the dense boolean mask, saved per layer
+    if s.kind == "dflash2":
+        # attention_conv and mlp_conv (dflash2.py BlockConv), drafted positions only, t taps reaching inside the
+        # block: per conv, `prepare` keeps (base + delta) of every tap and the shifted input of every tap but the
+        # first (fp32, beside the norm output the delta projection saves); `finish` the same over the sublayer's
+        # output, in its dtype (bf16 under autocast); on CPU the conv output is one more fp32 tensor (the
+        # sublayer's input; on CUDA its bf16 casts replace DFlash's casts of the norm output), on CUDA the delta
+        # projection's bf16 cast of the norm output is one more. Both convs sit outside the checkpointed MLP.
+        t = min(s.conv_kernel_size, s.block_size)
+        per_pos += (2 * (2 * H + 8 * t * H + 4 * t * H)) if cuda else 2 * 4 * (4 * t * H)
     mlp_saved = (4 * H if cuda else 0) + 4 * a * inter  # gate/up input casts (CUDA) and the four MLP tensors
     full_layer = M * per_pos + K * per_key + mask
-    recompute = s.activation_checkpointing
-    if recompute == "mlp":  # checkpoint(mlp, h): the MLP's fp32 input h is kept instead of its insides
+    if s.activation_checkpointing == "mlp":  # checkpoint(mlp, h): the MLP's fp32 input h is kept instead of its insides
         layer = full_layer - M * mlp_saved + (4 * M * H if cuda else 0)
-    elif recompute == "layer":  # checkpoint(layer): only the layer's fp32 input is kept
+    elif s.activation_checkpointing == "layer":  # checkpoint(layer): only the layer's fp32 input is kept
         layer = 4 * M * H
     else:
         layer = full_layer
+    return full_layer, layer, mlp_saved
+
+
+def selector_saved_bytes(s: TrainShape) -> tuple[int, int]:
+    """DFlash2's selector loss (dflash2.py `selector_loss`, called by the trainer's `drafter_loss` outside autocast:
+    fp32 slot states, the head in its own dtype) over every loss row: (bytes it saves for the backward, bytes of
+    its temporaries beyond those at its peak). Saved-tensor hook counts: tests/unit/test_plan_memory.py."""
+    g = counts(s)
+    R, k, r, H = g.loss_rows, s.selector_top_k, s.selector_rank, s.hidden_size
+    hb = 2 if s.head_dtype == "bfloat16" else 4
+    # before the unary term: the row indices of the two slot-state gathers, the selected rows h (hidden_projection's
+    # input, fp32) and the candidates (the successor gather's indices)
+    pre = 8 * R + 8 * R + 4 * R * H + 8 * R * k
+    gather = R * k * H * hb  # lm_head[cand] [rows, k, H]: the unary einsum's saved operand (unless detached)
+    # after it: the predecessor gather's indices, the pairwise term's three [rows, rank] tensors and the successor
+    # rows [rows, k, rank], the log-softmax [rows, k], the target ids, the row weights, two scalars
+    post = 8 * R + 12 * R * r + 4 * R * k * r + 4 * R * k + 8 * R + 4 * R + 8
+    saved = pre + (0 if s.selector_detach else gather) + post
+    # temporaries: gold_topk's copy of the candidates and its hit mask; during the einsum the bf16 cast of h (a
+    # bf16 head) and, detached, the gathered rows themselves, which die before the pairwise term's tensors exist
+    during = (2 * R * H if hb == 2 else 0) + (gather if s.selector_detach else 0)
+    return saved, 9 * R * k + max(during, post) - post
+
+
+def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
+    """Peak bytes on one rank of the trainer for `s` (anchors_per_row must be set) on `device`."""
+    if s.anchors_per_row is None:
+        raise ValueError("trainer_memory needs shape.anchors_per_row")
+    g = counts(s)
+    cuda = device == "cuda"
+    a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
+    hb = 2 if s.head_dtype == "bfloat16" else 4                  # frozen head/embedding dtype
+    H, L, M, K, C = s.hidden_size, s.num_layers, g.positions, g.keys, s.tokens_per_step
+    q, inter = s.num_heads * s.head_dim, s.intermediate_size
+    P, shard = g.params, _shard(s)
+    dflash2 = s.kind == "dflash2"
+    V_rows = s.target_vocab_size or s.vocab_size
+    parts: dict[str, int] = {}
+    parts["weights (fp32)"] = 4 * P // shard
+    parts["AdamW moments (fp32)"] = 8 * P // shard
+    parts["frozen embedding + LM head"] = V_rows * H * hb * 2 + (s.vocab_size * H * hb if s.vocab_size < V_rows else 0)
+    if cuda and s.autocast == "bfloat16":  # not the selector's: it runs after the autocast region
+        parts["autocast bf16 weight copies"] = 2 * (P - g.params_selector)
+    full_layer, layer, mlp_saved = layer_saved_bytes(s, device)
+    recompute = s.activation_checkpointing
     feat = s.num_features * H
     once = (2 * C * feat                 # the packed row's bf16 features
             + (2 if cuda else 4) * C * feat  # fc's saved input (bf16 autocast cast / fp32 copy)
@@ -165,8 +248,8 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
     chunk_rows = min(max(16, LOSS_CHUNK_ELEMENTS // s.vocab_size), g.loss_rows)
     loss_chunk = chunk_rows * s.vocab_size * 4
     held = {**common, "activations: draft layers": L * layer}
-    if cuda and s.autocast == "bfloat16":
-        held["autocast bf16 weight copies"] = 2 * P  # cast per use of the gathered weight, kept for the backward
+    if dflash2:  # the fused loss's top-k ids [rows, k] (int64), kept by the loss output through the backward
+        held["loss: top-k candidate ids"] = 8 * g.loss_rows * s.selector_top_k
     at_loss = {**held, "loss: slot hidden + its gradient": 2 * 4 * g.loss_rows * H,
                "loss chunk (drafter/loss.py)": loss_chunk}
     # 3. The last layer's backward: the loss and the final norm are done with; a checkpointed part is recomputed
@@ -178,16 +261,30 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
                    "backward: first gradients": first_grads}
     if recomputed:
         at_backward[f"backward: recomputed {recompute}"] = recomputed
+    moments = [(at_mask, "forward: last layer's dense mask"), (at_loss, "loss"), (at_backward, "backward")]
+    if dflash2:
+        # 2b. The selector loss (after the fused loss, before the backward): its saved tensors and temporaries
+        #     beside the slot states (the copy it was handed) and the fused loss's saved gradient; under FSDP2 the
+        #     selector unit gathered whole.
+        saved, temporaries = selector_saved_bytes(s)
+        at_selector = {**held, "loss: slot hidden + its gradient": 2 * 4 * g.loss_rows * H,
+                       "selector loss: saved for the backward": saved, "selector loss: temporaries": temporaries}
+        if s.strategy == "fsdp2" and s.world_size > 1:
+            at_selector["communication buffers"] = comm + 4 * g.params_selector
+        moments.insert(2, (at_selector, "selector loss"))
+        # the selector's backward ran first: its weight gradients are held (sharded once reduce-scattered), and the
+        # last layer's backward starts in mlp_conv.finish (one more [positions, width] gradient, the MLP's dtype)
+        at_backward["selector gradients (fp32)"] = 4 * g.params_selector // shard
+        at_backward["backward: first gradients"] += a * M * H
     # 3. The optimizer step: gradients (sharded) + AdamW temporaries (CUDA foreach: a state-sized list; CPU: per
     #    tensor), activations gone.
-    biggest = max(H * inter, H * q, s.num_features * H * H)
+    biggest = max(H * inter, H * q, s.num_features * H * H, s.vocab_size * s.selector_rank if dflash2 else 0)
     at_step = {k: v for k, v in common.items() if k != "activations: context, RoPE, final norm"}
     at_step.update({"gradients (fp32)": 4 * P // shard,
                     "AdamW step temporaries": 4 * P // shard if cuda else 2 * 4 * biggest})
-    best = max((sum(at_mask.values()), "forward: last layer's dense mask", at_mask),
-               (sum(at_loss.values()), "loss", at_loss), (sum(at_backward.values()), "backward", at_backward),
-               (sum(at_step.values()), "optimizer step", at_step), key=lambda x: x[0])
-    return MemoryEstimate(best[2], int(best[0]), best[1], loss_chunk)
+    moments.append((at_step, "optimizer step"))
+    parts, phase = max(moments, key=lambda m: sum(m[0].values()))
+    return MemoryEstimate(parts, int(sum(parts.values())), phase, loss_chunk)
 
 
 def trainer_flops(s: TrainShape, window_keys: float) -> dict[str, float]:

@@ -38,7 +38,7 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the GPU; the genera
 def train_shape(cfg: RunConfig, **changes: Any) -> tuple[TrainShape, list[str]]:
     """The per-rank trainer step the config implies, and the names of the fields that were assumed.
     `changes` override config values (the gate's lever search): tokens_per_step, max_anchors, vocab_size,
-    strategy, world_size, activation_checkpointing."""
+    strategy, world_size, activation_checkpointing, selector_top_k, selector_detach."""
     d, t = cfg.drafter, cfg.training
     H = d.hidden_size or cfg.target.hidden_size
     assumed = []
@@ -70,7 +70,10 @@ def train_shape(cfg: RunConfig, **changes: Any) -> tuple[TrainShape, list[str]]:
         num_features=cfg.features.num_features, block_size=d.block_size, max_anchors=max_anchors,
         tokens_per_step=tokens, anchors_per_row=per_row * per_sample, sliding_window=min(windows) if windows else None,
         strategy=strategy if world > 1 else "none", world_size=world,
-        activation_checkpointing=changes.get("activation_checkpointing", t.activation_checkpointing))
+        activation_checkpointing=changes.get("activation_checkpointing", t.activation_checkpointing),
+        kind=d.kind, conv_kernel_size=d.conv_kernel_size, conv_group_size=d.conv_group_size,
+        selector_rank=d.selector_rank, selector_top_k=changes.get("selector_top_k", d.selector_top_k),
+        selector_detach=changes.get("selector_detach", d.selector_detach))
     return shape, assumed
 
 
@@ -107,13 +110,14 @@ def memory_factor(cal: Calibration | None, shape: TrainShape) -> tuple[float, st
         return None
 
     def distance(m) -> tuple[bool, float]:
-        same = ((m.shape.hidden_size, m.shape.num_layers, m.shape.activation_checkpointing)
-                == (shape.hidden_size, shape.num_layers, shape.activation_checkpointing))
+        same = ((m.shape.kind, m.shape.hidden_size, m.shape.num_layers, m.shape.activation_checkpointing)
+                == (shape.kind, shape.hidden_size, shape.num_layers, shape.activation_checkpointing))
         return not same, abs(math.log(trainer_memory(m.shape, "cuda").peak_bytes / plan_peak))
 
     m = min(usable, key=distance)
     factor = m.peak_bytes / trainer_memory(m.shape, "cuda").peak_bytes
-    return factor, (f"{fmt_gib(m.peak_bytes)} measured at {m.shape.num_layers} x {m.shape.hidden_size}, "
+    kind = "dflash2 " if m.shape.kind == "dflash2" else ""
+    return factor, (f"{fmt_gib(m.peak_bytes)} measured at {kind}{m.shape.num_layers} x {m.shape.hidden_size}, "
                     f"{m.shape.max_anchors} anchors a sample, {m.shape.tokens_per_step:,} tokens a step")
 
 
@@ -195,8 +199,9 @@ def _train_levers(cfg: RunConfig, gpu: GpuSpec, entry: dict[str, Any]) -> list[s
                   + (f"<= {anchors} fits)" if anchors else "no value fits alone)"))
     # A draft vocabulary cuts the LM head's FLOPs, not memory: the trainer keeps the full head (and embedding)
     # resident and gathers the draft rows beside it, and the loss's chunk is a fixed number of logits.
-    levers.append(f"drafter.draft_vocab_size (now {d.draft_vocab_size or 'the full vocabulary'}): cuts the LM "
-                  "head's share of the step's FLOPs, not memory (the full head stays resident)")
+    if d.kind != "dflash2":  # dflash2 needs the full vocabulary (config.py)
+        levers.append(f"drafter.draft_vocab_size (now {d.draft_vocab_size or 'the full vocabulary'}): cuts the LM "
+                      "head's share of the step's FLOPs, not memory (the full head stays resident)")
     for mode in ("mlp", "layer")[("none", "mlp", "layer").index(t.activation_checkpointing):]:
         ok = _fits(cfg, gpu, factor, activation_checkpointing=mode)
         levers.append(f"training.activation_checkpointing={mode} (recomputes in the backward; "
@@ -205,6 +210,16 @@ def _train_levers(cfg: RunConfig, gpu: GpuSpec, entry: dict[str, Any]) -> list[s
         sharded = _fits(cfg, gpu, factor, strategy="fsdp2", world_size=max(t.world_size, 2))
         levers.append(f"training.strategy=fsdp2 over training.nproc_per_node x num_nodes (shards weights, "
                       f"gradients and AdamW state; {'fits' if sharded else 'not enough alone'})")
+    if d.kind == "dflash2":
+        # the selector loss keeps the LM head's rows of every slot's top-k candidates, [slots, k, width], for its
+        # backward (memory.py `selector_saved_bytes`); detached it keeps none (and stops training the drafter)
+        top_k = _largest(cfg, gpu, factor, "selector_top_k", d.selector_top_k, lo=2)
+        levers.append(f"drafter.selector_top_k (now {d.selector_top_k}; "
+                      + (f"<= {top_k} fits)" if top_k else "no value fits alone)"))
+        if not d.selector_detach:
+            ok = _fits(cfg, gpu, factor, selector_detach=True)
+            levers.append("drafter.selector_detach=true (the selector loss keeps no LM-head rows and no longer "
+                          f"trains the drafter's layers; {'fits' if ok else 'not enough alone'})")
     levers.append(f"the loss chunk (drafter/loss.py CHUNK_ELEMENTS: {fmt_gib(entry['loss_chunk_bytes'])} of "
                   "logits at a time)")
     return levers

@@ -30,7 +30,7 @@ def dflash2_extra_params(*, hidden_size: int, num_layers: int, vocab_size: int, 
                          conv_group_size: int, selector_rank: int) -> dict[str, int]:
     """Parameters DFlash2 adds to a DFlash drafter of this geometry, by part (for the planner: all of them are
     trained, so each costs weights + grads + AdamW state). Qwen3.6-27B (hidden 5120, vocab 248320, 5 layers,
-    rank 256, kernel 2, groups of 64): codebooks 127.1M, convs 0.9M, hidden projection 1.3M."""
+    rank 256, kernel 2, groups of 64): codebooks 127.1M, convs 16.6M, hidden projection 1.3M."""
     if hidden_size % conv_group_size:
         raise ValueError(f"drafter.conv_group_size={conv_group_size} does not divide hidden size {hidden_size}")
     groups = hidden_size // conv_group_size
