@@ -248,8 +248,12 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
             ax.text(i, s.tau, f"{s.tau:.2f}", ha="center", va="bottom")
             for p in s.published:
                 ax.plot([i - 0.4, i + 0.4], [p.tau, p.tau], color="#d62728", linewidth=1.5)
-                ax.text(i + 0.42, p.tau, f"{p.tau:.2f} {p.label}", fontsize=6, va="center", color="#d62728")
-        ax.set(ylabel="tau (tokens per cycle)", title="tau per suite (red: published figures, eval.reference)")
+                # above its line, inside the suite's column (beside it, the label ran past the chart's edge)
+                ax.text(i, p.tau, f"{p.tau:.2f} {p.label}", fontsize=7, ha="center", va="bottom", color="#d62728",
+                        wrap=True)
+        top = max([s.tau for s in rows] + [p.tau for s in rows for p in s.published])
+        ax.set(ylabel="tau (tokens per cycle)", title="tau per suite (red: published figures, eval.reference)",
+               ylim=(0, top * 1.2))
         out["suite_tau"] = _png(fig)
     decoders = {"drafter": ev.drafter, "baseline": ev.baseline} if ev is not None else {}
     rows = [(n, d) for n, d in decoders.items() if d is not None and d.acceptance_per_position]
