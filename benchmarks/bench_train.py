@@ -265,7 +265,7 @@ def build_plan(cfg, train: list[dict], held: list[dict], max_steps: int, every: 
     d, t = cfg.drafter, cfg.training
     steps: list[dict] = []
     epoch = 0
-    while len(steps) < max_steps:
+    while len(steps) < max_steps and epoch < t.epochs:  # as the trainer: max_steps caps, the epochs bound
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(t.seed * 1000 + epoch)).tolist()
         start = 0
         for n in group_sizes([min(int(train[i]["input_ids"].numel()), t.tokens_per_step) for i in order],
@@ -478,7 +478,7 @@ def curve_plan(cfg, train: list[dict], held: list[dict], curve_steps: int | None
     """The steps, anchors and lr schedule of a curve run under `cfg` (its seed decides shuffle and anchors)."""
     from flashdraft.components.train.trainer import lr_at
 
-    plan = build_plan(cfg, train, held, curve_steps or 10**9, 1)
+    plan = build_plan(cfg, train, held, curve_steps or cfg.training.max_steps or 10**9, 1)
     n_steps = len(plan["steps"])
     plan["points"] = curve_points(n_steps, every)
     plan.update(lrs=[lr_at(k, n_steps, cfg) for k in range(n_steps)], grad_clip=cfg.training.grad_clip,
