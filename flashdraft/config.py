@@ -409,6 +409,11 @@ class TrainingConfig(_Section):
                     "only each draft layer's input (one extra forward of the layers; the LM head and loss are not "
                     "recomputed). Measured by `make gpu-check` at the production shape")
     checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
+    preempt_after: int | None = Field(
+        default=None, ge=1, description="rehearsal of a preemption: the train task's first launch of its ranks "
+        "ends after this many optimizer steps without a final checkpoint, as a preempted pod would, and a second "
+        "launch resumes from the last checkpoint (components/train/cli.py `launch_training`). A multiple of "
+        "checkpoint_every; single-node only; None (production) = one launch")
     heldout_samples: int = Field(
         default=0, ge=0, description="extracted samples held out of training for the held-out curve "
                                      "(components/train/heldout.py; offline mode); 0 = no curve")
@@ -417,11 +422,23 @@ class TrainingConfig(_Section):
     seed: int = Field(default=0, description="seed of the drafter's init, anchor draws and the feature reader's "
                       "shuffle (evaluate's untrained baseline uses it too)")
     num_threads: int | None = Field(
-        default=None, ge=1, description="torch CPU threads of every CPU stage, not only train: generate, extract, "
-        "train and evaluate all pin their pool to it (streaming run-local splits it between the producers and the "
-        "trainer). One machine-wide budget on purpose: the CPU stages of a local run share one machine, and an "
-        "oversubscribed OpenMP pool runs several times slower. None = torch's default (all cores). GPU tasks "
-        "ignore it")
+        default=None, ge=1, description="torch CPU threads of each trainer rank, and the budget of every CPU stage, not "
+        "only train: generate, extract and evaluate (one process) pin their pool to num_threads x nproc_per_node, "
+        "the whole node's (streaming run-local splits it between the producers and the trainer). One machine-wide "
+        "budget on purpose: the CPU stages of a local run share one machine, and an oversubscribed OpenMP pool "
+        "runs several times slower. None = torch's default (all cores). GPU tasks ignore it")
+
+    @model_validator(mode="after")
+    def _preempt_after_a_checkpoint(self) -> TrainingConfig:
+        if self.preempt_after is not None:
+            if self.preempt_after % self.checkpoint_every:
+                raise ValueError(f"training.preempt_after={self.preempt_after} must be a multiple of "
+                                 f"training.checkpoint_every={self.checkpoint_every} (the resume starts from a "
+                                 "checkpoint)")
+            if self.num_nodes > 1:
+                raise ValueError("training.preempt_after is single-node only (num_nodes > 1 launches a TrainJob, "
+                                 "whose pods Kubernetes restarts)")
+        return self
 
     @property
     def world_size(self) -> int:

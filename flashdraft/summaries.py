@@ -246,6 +246,8 @@ class TrainSummary(StageSummary):
         default_factory=list, description="the held-out curve: {step, acc_by_pos, tau, blocks} every "
                                           "training.heldout_every steps (components/train/heldout.py)")
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
+    resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
+                                     "or retried task, or training.preempt_after); None = trained from step 0")
 
     def figures(self) -> dict[str, float]:
         final = self.final

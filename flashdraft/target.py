@@ -367,8 +367,12 @@ def torch_dtype(target: TargetConfig):
 
 def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | None = None):
     """The target as an HF CausalLM in eval mode. `num_layers` keeps only the first N decoder layers (extraction
-    stops after the deepest layer it needs, so deeper layers are never even loaded)."""
+    stops after the deepest layer it needs, so deeper layers are never even loaded). On a CPU without native bf16
+    GEMMs a bf16/fp16 target's linear layers multiply many-row inputs in fp32 slabs and its convolutions run in
+    fp32 (flashdraft/cpu_gemm.py)."""
     from transformers import AutoModelForCausalLM
+
+    from flashdraft.cpu_gemm import upcast_for_cpu
 
     kwargs = _hub_kwargs(target)
     if num_layers is not None:
@@ -381,16 +385,21 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
     with _named_target(target):
         model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(target), dtype=torch_dtype(target), **kwargs,
                                                      **NO_HUB_KERNELS)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    upcast_for_cpu(model)
+    return model
 
 
-def set_cpu_threads(cfg: RunConfig, device: str = "cpu") -> None:
-    """Pin torch's CPU thread pool to `training.num_threads` (all CPU stages share that budget): on a small
-    machine an oversubscribed OpenMP pool runs several times slower than a right-sized one."""
+def set_cpu_threads(cfg: RunConfig, device: str = "cpu", per_rank: bool = False) -> None:
+    """Pin torch's CPU thread pool to the CPU stages' budget (`training.num_threads`): on a small machine an
+    oversubscribed OpenMP pool runs several times slower than a right-sized one. A trainer rank (`per_rank`) takes
+    `num_threads`; a single-process stage (generate, extract, evaluate) takes the node's whole budget,
+    `num_threads x training.nproc_per_node`, since the ranks are not running beside it."""
     import torch
 
     if cfg.training.num_threads and str(device).startswith("cpu"):
-        torch.set_num_threads(cfg.training.num_threads)
+        ranks = 1 if per_rank else cfg.training.nproc_per_node
+        torch.set_num_threads(cfg.training.num_threads * ranks)
 
 
 def target_num_layers(cfg: RunConfig) -> int:

@@ -71,16 +71,12 @@ def _write_config(cfg: RunConfig, folder: str) -> str:
 
 
 def train_in_pod(cfg: RunConfig) -> TrainSummary:
-    """Train in this pod: in-process for one rank; through `flashdraft train` (which re-launches itself under
-    torchrun --nproc_per_node) for several GPUs."""
-    if cfg.training.nproc_per_node <= 1:
-        from flashdraft.components.train.trainer import run_train
-
-        return run_train(cfg)
-    from flashdraft.components.train.cli import run_ranks, torchrun_command
+    """Train in this pod: in-process for one rank; under torchrun --nproc_per_node for several GPUs (and twice
+    with training.preempt_after: components/train/cli.py `launch_training`)."""
+    from flashdraft.components.train.cli import launch_training
 
     with tempfile.TemporaryDirectory() as tmp:
-        return run_ranks(torchrun_command(cfg, _write_config(cfg, tmp), None, None), cfg)
+        return launch_training(cfg, _write_config(cfg, tmp))
 
 
 class WindowMonitor(threading.Thread):
@@ -151,9 +147,11 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
     from flashdraft.store import open_store
 
     # Two torch processes share the cores: split the thread budget (oversubscribed OpenMP threads spin and crawl).
-    threads = cfg.training.num_threads or os.cpu_count() or 2
-    producer_cfg = cfg.with_overrides({"training.num_threads": max(1, threads // 2)})
-    cfg = cfg.with_overrides({"training.num_threads": max(1, threads - threads // 2)})
+    # The budget is the node's (num_threads a rank x nproc_per_node ranks); the producer process gets half of it.
+    ranks = cfg.training.nproc_per_node
+    budget = cfg.training.num_threads * ranks if cfg.training.num_threads else os.cpu_count() or 2
+    producer_cfg = cfg.with_overrides({"training.num_threads": max(1, budget // 2 // ranks)})
+    cfg = cfg.with_overrides({"training.num_threads": max(1, (budget - budget // 2) // ranks)})
     # A restarted pair (after a kill or a failure) starts both sides afresh: markers left by the previous attempt
     # (a producer FAILED, a consumer STOP) would end the new one at once.
     store = open_store(cfg.storage, cfg.run_id)

@@ -129,7 +129,9 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
 
     max_new, temp = max_new_tokens or cfg.eval.max_new_tokens, cfg.eval.temperature
     eos = _eos_ids(tok, model)
-    warmup_tokens = min(max_new, 2 * cfg.drafter.block_size)
+    # Warm-up: a prefill and two decode/verify steps of each decoder reach every first-call allocation and kernel
+    # choice; a longer one only doubles the stage at full width on a CPU (a 16-row verify there takes ~12 s).
+    warmup_tokens = min(max_new, 3)
 
     def gen_for(name: str, p: EvalPrompt, tokens: int = max_new) -> Generation:
         generator = torch.Generator().manual_seed(cfg.generation.seed) if temp > 0 else None

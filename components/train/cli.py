@@ -8,13 +8,15 @@ import os
 import subprocess
 import sys
 
+from typing import Annotated
+
 import typer
 
 from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config, run_stage
 from flashdraft.summaries import TrainSummary
 
 
-def torchrun_command(cfg, config, preset, sets) -> list[str]:
+def torchrun_command(cfg, config, preset, sets, stop_after: int | None = None) -> list[str]:
     t = cfg.training
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={t.nproc_per_node}",
            f"--nnodes={t.num_nodes}"]
@@ -30,6 +32,8 @@ def torchrun_command(cfg, config, preset, sets) -> list[str]:
         cmd += ["--preset", preset]
     for s in sets or []:
         cmd += ["--set", s]
+    if stop_after is not None:
+        cmd += ["--stop-after", str(stop_after)]
     return cmd
 
 
@@ -46,7 +50,30 @@ def run_ranks(command: list[str], cfg) -> TrainSummary:
         layout.metrics_key("train")))
 
 
-def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
+def launch_training(cfg, config=None, preset=None, sets=None) -> TrainSummary:
+    """The train task's body on one node: the ranks under torchrun (world size > 1; `config`/`preset`/`sets` say
+    how they load the run's config) or in this process. With `training.preempt_after` (rehearsals) the ranks are
+    launched twice: the first launch stops after that many steps without a final checkpoint, as a preempted pod
+    would, and the second resumes from the checkpoint through the same code a restarted pod runs."""
+    from flashdraft.components.train.trainer import TrainError, run_train
+
+    stop = cfg.training.preempt_after
+    if cfg.training.world_size > 1:
+        if stop is not None and (rc := subprocess.call(torchrun_command(cfg, config, preset, sets, stop))) != 0:
+            raise TrainError(f"torchrun (the launch preempted after step {stop}) exited with status {rc}")
+        return run_ranks(torchrun_command(cfg, config, preset, sets), cfg)
+    if stop is not None:
+        run_train(cfg, stop_after=stop)
+    return run_train(cfg)
+
+
+StopAfterOpt = Annotated[int | None, typer.Option(
+    "--stop-after", hidden=True, help="end after this many optimizer steps without a final checkpoint "
+    "(training.preempt_after's first launch)")]
+
+
+def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+          stop_after: StopAfterOpt = None) -> None:
     """Train the drafter on the run's feature shards (resumes from the latest checkpoint)."""
     from flashdraft.components.train.trainer import TrainError, run_train
 
@@ -57,13 +84,12 @@ def train(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = Non
         if "LOCAL_RANK" not in os.environ:
             raise typer.Exit(subprocess.call(torchrun_command(cfg, config, preset, set_)))
         try:
-            summary = run_train(cfg)
+            summary = run_train(cfg, stop_after=stop_after)
         except TrainError as exc:
             raise fail(exc, 2) from None
     else:
-        body = (lambda: run_ranks(torchrun_command(cfg, config, preset, set_), cfg)) \
-            if cfg.training.world_size > 1 else None
-        summary = run_stage(cfg, "train", body=body, errors=(TrainError,))
+        summary = run_stage(cfg, "train", body=lambda: launch_training(cfg, config, preset, set_),
+                            errors=(TrainError,))
     if int(os.environ.get("RANK", "0")) == 0:
         typer.echo(json.dumps({k: v for k, v in summary.dump().items() if k != "history"}))
 

@@ -136,7 +136,7 @@ class Trainer:
 
         self.cfg = cfg
         self.env = setup_distributed()
-        set_cpu_threads(cfg, self.env.device.type)
+        set_cpu_threads(cfg, self.env.device.type, per_rank=True)
         self.io0 = io_counters()
         self.store = open_store(cfg.storage, cfg.run_id)
         self.latest = latest_checkpoint(self.store)
@@ -162,6 +162,7 @@ class Trainer:
             log.info("resumed from %s (step %d)", prefix, self.state["step"])
             self.schedule.resume(self.store, prefix)
         self.steps_done = int(self.state["step"])
+        self.resumed_from = self.steps_done if self.latest else None
         if self.steps_done > self.schedule.total_steps:
             raise TrainError(f"the committed checkpoint is at step {self.steps_done}, past the "
                              f"{self.schedule.total_steps} steps training.max_steps / epochs now give: training only "
@@ -290,7 +291,7 @@ class Trainer:
                 "loss_normalization": cfg.drafter.loss_normalization, "mask_token_id": raw.geometry.mask_token_id,
                 "trainable_mask": raw.geometry.trainable_mask, "final": final, "history": hist,
                 "heldout": state["heldout"], "heldout_samples": [sid for _, _, sid in self.schedule.heldout],
-                "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
+                "resumed_from": self.resumed_from, "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
 
 
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainSummary:

@@ -18,9 +18,9 @@ full [slots x vocab] logits.
   vocabulary and ~48k slots a row, the eager passes were a quarter of the loss's time). CPU keeps the eager in-place
   arithmetic (no compiler needed, smallest memory).
 * GEMM dtype: the head's on CUDA (bf16 GEMMs, fp32 accumulate). On CPU the wider of hidden and head: a bf16 head
-  (memory-mapped, production storage) is upcast 16,384 rows at a time (`head_matmul`), because CPUs without
-  native bf16 GEMMs run them ~4x slower than fp32 (AVX2, measured) and a whole fp32 copy of a 248k x 5120 head is
-  5 GB a process.
+  (memory-mapped, production storage) is upcast 16,384 rows at a time (flashdraft/cpu_gemm.py), because CPUs
+  without native bf16 GEMMs run them ~5x slower than fp32 (AVX2, measured) and a whole fp32 copy of a 248k x 5120
+  head is 5 GB a process.
 """
 
 from __future__ import annotations
@@ -31,33 +31,9 @@ from typing import Any
 
 import torch
 
+from flashdraft.cpu_gemm import upcast_matmul, upcast_matmul_t
+
 CHUNK_ELEMENTS = 2**26
-SLAB_ROWS = 16384  # head rows upcast at a time by head_matmul (335 MB in fp32 at 5120 wide)
-
-
-def head_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`x [..., H] @ w[V, H].T` in the wider of the two dtypes; a narrower head is upcast SLAB_ROWS rows at a
-    time (exact), never copied whole."""
-    dt = torch.promote_types(x.dtype, w.dtype)
-    if w.dtype == dt:
-        return x.to(dt) @ w.T
-    out = x.new_empty((*x.shape[:-1], w.shape[0]), dtype=dt)
-    for v in range(0, w.shape[0], SLAB_ROWS):
-        out[..., v:v + SLAB_ROWS] = x.to(dt) @ w[v:v + SLAB_ROWS].to(dt).T
-    return out
-
-
-def head_matmul_t(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`g [M, V] @ w [V, H]` (the gradient back through the head), upcasting the head like `head_matmul`."""
-    dt = torch.promote_types(g.dtype, w.dtype)
-    if w.dtype == dt:
-        return g.to(dt) @ w
-    out = g.new_zeros((g.shape[0], w.shape[1]), dtype=dt)
-    for v in range(0, w.shape[0], SLAB_ROWS):
-        out += g[:, v:v + SLAB_ROWS].to(dt) @ w[v:v + SLAB_ROWS].to(dt)
-    return out
-
-
 def slot_weights(block_size: int, gamma: float, device=None, dtype=torch.float32) -> torch.Tensor:
     """[B-1] weights for slots 1..B-1 (computed in float64, then cast)."""
     k = torch.arange(1, block_size, device=device, dtype=torch.float64)
@@ -118,7 +94,7 @@ class _FusedLinearCE(torch.autograd.Function):
                 ce[s:e], correct[s:e], grad_logits = fused(logits, lab, row_weight[s:e])
                 grad[s:e] = (grad_logits @ w).to(grad.dtype)
                 continue
-            logits = head_matmul(hidden[s:e].to(gemm), w).to(acc_dtype)
+            logits = upcast_matmul(hidden[s:e].to(gemm), w).to(acc_dtype)
             # one max pass gives both the stabiliser and the argmax; exp in place; no separate logsumexp
             mx, am = logits.max(dim=-1)
             if top_k:  # DFlash2's candidates, from the logits this chunk forms anyway
@@ -132,7 +108,7 @@ class _FusedLinearCE(torch.autograd.Function):
                 rw = row_weight[s:e]
                 probs.mul_((rw / total)[:, None])
                 probs[torch.arange(e - s, device=probs.device), lab] -= rw
-                grad[s:e] = head_matmul_t(probs.to(gemm), w).to(grad.dtype)
+                grad[s:e] = upcast_matmul_t(probs.to(gemm), w).to(grad.dtype)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(ce, correct, top)
         return (ce * row_weight).sum(), ce, correct, top

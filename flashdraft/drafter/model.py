@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from flashdraft.drafter.attention import BlockLayout, attend
 from flashdraft.drafter.dflash2 import BlockConv, CandidateSelector, candidate_scores, select_walk
-from flashdraft.drafter.loss import head_matmul
+from flashdraft.cpu_gemm import upcast_matmul
 from flashdraft.target import text_config
 
 log = logging.getLogger(__name__)
@@ -579,7 +579,7 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits; with a draft vocabulary, tokens outside it get -inf (never drafted)."""
-        scores = head_matmul(hidden, self.head_weight)
+        scores = upcast_matmul(hidden, self.head_weight)
         if self.d2t is None:
             return scores
         full = scores.new_full((*scores.shape[:-1], self.geometry.vocab_size), float("-inf"))
@@ -719,7 +719,7 @@ class DFlashDrafter(nn.Module):
     def from_parts(cls, config: dict[str, Any], weights: dict[str, torch.Tensor], *, target=None,
                    device="cpu", attn_impl: str = "auto") -> DFlashDrafter:
         """The frozen embedding and LM head stay in the target checkpoint's dtype, memory-mapped on CPU
-        (`mmap_tensor`); `logits` computes in the drafter's dtype all the same (`head_matmul`)."""
+        (`mmap_tensor`); `logits` computes in the drafter's dtype all the same (`upcast_matmul`)."""
         from flashdraft.config import TargetConfig
 
         geometry = DrafterGeometry(**config)

@@ -168,11 +168,15 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab,
 @pytest.mark.parametrize("strategy,kind", [("ddp", "dflash"), ("fsdp2", "dflash"), ("ddp", "dflash2"),
                                            ("fsdp2", "dflash2")])
 def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy, kind):
+    """`flashdraft train` re-launches itself under torchrun; the FSDP2 DFlash case also rehearses a preemption
+    (training.preempt_after: torchrun twice, the second launch resuming from the step-2 checkpoint)."""
     cfg = train_cfg(tiny_cfg, **{"training.nproc_per_node": 2, "training.epochs": 2})
     write_shards(cfg, rule_sequences(64, seed=2))
     sets = ["storage.root=" + cfg.storage.root, "training.nproc_per_node=2", "training.epochs=2",
             "training.tokens_per_step=768", "drafter.max_anchors=4", "drafter.block_size=4",
             f"training.strategy={strategy}", f"drafter.kind={kind}", "drafter.selector_rank=16"]
+    preempt = (strategy, kind) == ("fsdp2", "dflash")
+    sets += ["training.checkpoint_every=1", "training.preempt_after=2"] if preempt else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "flashdraft.cli", "train", "--preset", "tiny"]
     cmd += [a for s in sets for a in ("--set", s)]
@@ -182,6 +186,7 @@ def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy, kind):
     summary = store.get_json_verified(layout.metrics_key("train"))
     # 64 samples, 32 per rank, 16 per row -> 2 rows per rank per epoch, 2 epochs
     assert summary["world_size"] == 2 and summary["steps"] == 4 and summary["strategy"] == strategy
+    assert summary["resumed_from"] == (2 if preempt else None)
     assert summary["history"][-1]["anchors"] == 2 * 16 * 4  # both ranks' rows counted
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 4
     if kind == "dflash2":  # both ranks' selector rows summed, and the checkpoint holds the selector unsharded
@@ -214,6 +219,30 @@ def test_fsdp2_preempted_and_resumed_equals_uninterrupted(tiny_cfg):
     pa, pb = _params(full), _params(part)
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+def test_preempt_after_relaunches_and_ends_as_an_uninterrupted_run(tiny_cfg):
+    """training.preempt_after (the rehearsal's preemption): the train task's first launch stops after step 2
+    without a final checkpoint, the second resumes from the step-2 checkpoint and ends with the weights and history
+    of a run that was never interrupted."""
+    from flashdraft.components.train.cli import launch_training
+
+    seqs = rule_sequences(48, seed=4)
+    full = train_cfg(tiny_cfg, run_id="one-launch", **{"training.epochs": 2, "training.checkpoint_every": 1})
+    part = full.with_overrides({"run_id": "preempted", "training.preempt_after": 2})
+    for cfg in (full, part):
+        write_shards(cfg, seqs)
+    a, b = launch_training(full), launch_training(part)
+    assert a.resumed_from is None and b.resumed_from == 2 and a.steps == b.steps > 2
+    assert [h["loss"] for h in a.history] == pytest.approx([h["loss"] for h in b.history], abs=1e-6)
+    pa, pb = _params(full), _params(part)
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+def test_preempt_after_must_follow_a_checkpoint(tiny_cfg):
+    with pytest.raises(ValueError, match="training.preempt_after=3 must be a multiple of training.checkpoint_every=2"):
+        tiny_cfg.with_overrides({"training.checkpoint_every": 2, "training.preempt_after": 3})
 
 
 def test_streaming_mode_follows_the_window_until_end_of_stream(tiny_cfg):

@@ -97,9 +97,9 @@ def test_fused_chunk_function_equals_the_eager_loop(monkeypatch, compiled):
 def test_a_bf16_head_on_cpu_is_upcast_in_slabs_exactly(monkeypatch):
     """The memory-mapped bf16 LM head (production storage) on a CPU: loss, per-row CE and gradient equal those of
     its exact fp32 copy, computed a few head rows at a time (slabs smaller than the vocabulary)."""
-    import flashdraft.drafter.loss as loss_mod
+    import flashdraft.cpu_gemm as cpu_gemm
 
-    monkeypatch.setattr(loss_mod, "SLAB_ROWS", 7)
+    monkeypatch.setattr(cpu_gemm, "SLAB_ROWS", 7)
     g = torch.Generator().manual_seed(3)
     head16 = torch.randn(50, 12, generator=g).bfloat16()
     hidden = torch.randn(4, 6, 12, generator=g, requires_grad=True)
@@ -113,5 +113,5 @@ def test_a_bf16_head_on_cpu_is_upcast_in_slabs_exactly(monkeypatch):
     torch.testing.assert_close(out.ce_sum, ref.ce_sum, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad16, hidden.grad, rtol=1e-6, atol=1e-6)
     x = torch.randn(3, 12, generator=g)
-    assert loss_mod.head_matmul(x, head16).dtype == torch.float32
-    torch.testing.assert_close(loss_mod.head_matmul(x, head16), x @ head16.float().T)
+    assert cpu_gemm.upcast_matmul(x, head16).dtype == torch.float32
+    torch.testing.assert_close(cpu_gemm.upcast_matmul(x, head16), x @ head16.float().T)
