@@ -248,6 +248,8 @@ class TrainSummary(StageSummary):
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
     resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
                                      "or retried task, or training.preempt_after); None = trained from step 0")
+    peak_memory_bytes: int | None = Field(None, description="rank 0's peak memory in this launch: CUDA peak "
+                                          "allocated, or on a CPU the peak RSS (mapped head pages included)")
 
     def figures(self) -> dict[str, float]:
         final = self.final

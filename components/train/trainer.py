@@ -272,6 +272,15 @@ class Trainer:
                      summary.final.loss, summary.final.acc_by_pos[0], summary.tokens_per_s, prefix)
         return summary
 
+    def peak_memory_bytes(self) -> int:
+        """This rank's peak: the CUDA caching allocator's peak allocation on a GPU; on a CPU the process's peak RSS
+        (file-backed pages of the memory-mapped frozen head included, as the kernel counts them)."""
+        if self.env.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.env.device))
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
     def metrics(self, prefix: str) -> dict:
         """The `metrics/train.json` object: run figures, the last 10% of steps averaged, every step's entry."""
         cfg, state, raw = self.cfg, self.state, self.raw
@@ -291,7 +300,8 @@ class Trainer:
                 "loss_normalization": cfg.drafter.loss_normalization, "mask_token_id": raw.geometry.mask_token_id,
                 "trainable_mask": raw.geometry.trainable_mask, "final": final, "history": hist,
                 "heldout": state["heldout"], "heldout_samples": [sid for _, _, sid in self.schedule.heldout],
-                "resumed_from": self.resumed_from, "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
+                "resumed_from": self.resumed_from, "peak_memory_bytes": self.peak_memory_bytes(),
+                "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
 
 
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainSummary:

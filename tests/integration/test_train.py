@@ -234,6 +234,7 @@ def test_preempt_after_relaunches_and_ends_as_an_uninterrupted_run(tiny_cfg):
         write_shards(cfg, seqs)
     a, b = launch_training(full), launch_training(part)
     assert a.resumed_from is None and b.resumed_from == 2 and a.steps == b.steps > 2
+    assert b.peak_memory_bytes > 0  # CPU: the process's peak RSS
     assert [h["loss"] for h in a.history] == pytest.approx([h["loss"] for h in b.history], abs=1e-6)
     pa, pb = _params(full), _params(part)
     for k in pa:
