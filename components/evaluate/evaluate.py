@@ -267,5 +267,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         ids = sorted({m["prompt_id"] for m in metrics["lossless"]["mismatches"]})
         raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {first['drafter']} "
                             f"speculative output diverges from the target's greedy output at token "
-                            f"{first['first_mismatch']} of prompt {first['prompt_id']} (suite {first['suite']})")
+                            f"{first['first_mismatch']} of prompt {first['prompt_id']} (suite {first['suite']}); "
+                            f"the target's top-2 logit gap there is {first['margin']}, not below "
+                            f"eval.lossless_tie_margin={cfg.eval.lossless_tie_margin}")
     return summary
