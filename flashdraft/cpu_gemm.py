@@ -37,7 +37,10 @@ def _slabs(w: torch.Tensor, dt: torch.dtype, autograd: bool):
             continue
         key = (dt, rows.device)
         if key not in _scratch or _scratch[key].numel() < rows.numel():
-            _scratch[key] = torch.empty(min(SLAB_ROWS, w.shape[0]) * w.shape[1], dtype=dt, device=rows.device)
+            # a normal tensor even when first needed under inference_mode: an inference tensor could not be
+            # written to outside it (the next training step's loss)
+            with torch.inference_mode(False):
+                _scratch[key] = torch.empty(min(SLAB_ROWS, w.shape[0]) * w.shape[1], dtype=dt, device=rows.device)
         yield v, _scratch[key][:rows.numel()].view(rows.shape).copy_(rows)
 
 

@@ -122,3 +122,14 @@ def test_a_bf16_hybrid_target_runs_through_transformers_with_fp32_convolutions(m
         a1 = plain(input_ids=nxt, cache=a.past_key_values, use_cache=True)
         b1 = fast(input_ids=nxt, cache=b.past_key_values, use_cache=True)
         torch.testing.assert_close(b1.logits.float(), a1.logits.float(), atol=0.05, rtol=0.05)
+
+
+def test_the_scratch_first_made_under_inference_mode_serves_training_after(monkeypatch):
+    """Evaluation (inference_mode) may be the first to need the scratch; the trainer's loss writes it next."""
+    monkeypatch.setattr(cpu_gemm, "_scratch", {})
+    w, x = torch.randn(9, 4).bfloat16(), torch.randn(2, 4)
+    with torch.inference_mode():
+        torch.testing.assert_close(cpu_gemm.upcast_matmul(x, w), x @ w.float().T)
+    with torch.no_grad():
+        torch.testing.assert_close(cpu_gemm.upcast_matmul(x, w), x @ w.float().T)
+        torch.testing.assert_close(cpu_gemm.upcast_matmul_t(x @ w.float().T, w), (x @ w.float().T) @ w.float())
