@@ -422,8 +422,8 @@ class TrainingConfig(_Section):
     seed: int = Field(default=0, description="seed of the drafter's init, anchor draws and the feature reader's "
                       "shuffle (evaluate's untrained baseline uses it too)")
     num_threads: int | None = Field(
-        default=None, ge=1, description="torch CPU threads of each trainer rank, and the budget of every CPU stage, not "
-        "only train: generate, extract and evaluate (one process) pin their pool to num_threads x nproc_per_node, "
+        default=None, ge=1, description="torch CPU threads of each trainer rank, and the budget of every CPU stage, "
+        "not only train: generate, extract and evaluate (one process) pin their pool to num_threads x nproc_per_node, "
         "the whole node's (streaming run-local splits it between the producers and the trainer). One machine-wide "
         "budget on purpose: the CPU stages of a local run share one machine, and an oversubscribed OpenMP pool "
         "runs several times slower. None = torch's default (all cores). GPU tasks ignore it")

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from flashdraft.cpu_gemm import upcast_matmul
 from flashdraft.drafter.attention import BlockLayout, attend
 from flashdraft.drafter.dflash2 import BlockConv, CandidateSelector, candidate_scores, select_walk
-from flashdraft.cpu_gemm import upcast_matmul
 from flashdraft.target import text_config
 
 log = logging.getLogger(__name__)

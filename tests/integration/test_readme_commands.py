@@ -35,8 +35,8 @@ NOT_HERE = {
     "make test": "the test suite itself",
     ".venv/bin/flashdraft run-local --preset smollm2-quality": "the real 135M chat model on all demo prompts, ~16 min "
                                                                "on a quiet 2-core machine (run by hand)",
-    ".venv/bin/flashdraft run-local --preset qwen3.6-27b-rehearsal": "the full-width rehearsal, ~20 min and ~16 GB on a "
-                                                                     "quiet 2-core machine (run by hand; its "
+    ".venv/bin/flashdraft run-local --preset qwen3.6-27b-rehearsal": "the full-width rehearsal, ~20 min and ~17 GB "
+                                                                     "on a quiet 2-core machine (run by hand; its "
                                                                      "production-shape paths run at CI size in "
                                                                      "tests/integration/test_rehearsal.py)",
     "make images push": "docker builds and a registry push",
