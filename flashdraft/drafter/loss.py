@@ -34,6 +34,8 @@ import torch
 from flashdraft.cpu_gemm import upcast_matmul, upcast_matmul_t
 
 CHUNK_ELEMENTS = 2**26
+
+
 def slot_weights(block_size: int, gamma: float, device=None, dtype=torch.float32) -> torch.Tensor:
     """[B-1] weights for slots 1..B-1 (computed in float64, then cast)."""
     k = torch.arange(1, block_size, device=device, dtype=torch.float64)
