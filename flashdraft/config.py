@@ -408,6 +408,11 @@ class TrainingConfig(_Section):
                     "[drafted positions x intermediate_size] tensors are the largest a layer holds); 'layer' keeps "
                     "only each draft layer's input (one extra forward of the layers; the LM head and loss are not "
                     "recomputed). Measured by `make gpu-check` at the production shape")
+    feature_decode: Literal["auto", "reader", "device"] = Field(
+        default="auto", description="where stored features are decoded: 'reader' = on the host by the reader's "
+        "threads; 'device' = codecs that decode on a device (q4) reach the trainer still encoded and are decoded "
+        "on its device, so only the 4-bit bytes cross the host and PCIe; 'auto' = 'device' when training on a "
+        "GPU, else 'reader'. Either way the same bits (the result does not depend on it)")
     checkpoint_every: int = Field(default=500, ge=1, description="optimizer steps between checkpoints")
     preempt_after: int | None = Field(
         default=None, ge=1, description="rehearsal of a preemption: the train task's first launch of its ranks "

@@ -184,8 +184,8 @@ declare(StageSpec(
     upstream=("extract",), streaming_upstream=("generate",),
     doc="Train the drafter on the run's feature shards (resumes from the latest checkpoint).",
     reads=("target", "features.layer_ids", "features.num_features", "drafter", "training", "mode"),
-    ignores=(*_TARGET_HINTS, "training.num_threads", "training.checkpoint_every", "training.preempt_after",
-             "mode.window_bytes", "mode.window_shards"),
+    ignores=(*_TARGET_HINTS, "training.num_threads", "training.feature_decode", "training.checkpoint_every",
+             "training.preempt_after", "mode.window_bytes", "mode.window_shards"),
     # streaming: the consumed parts are gone, so there is nothing to train on from a finished stream
     continue_on=("training.max_steps", "training.epochs"), streaming_continue_on=(), commits_result=True,
     outputs=("checkpoints/", "metrics/stream.json"), cli=f"{_C}.train.cli:train",

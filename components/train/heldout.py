@@ -73,7 +73,8 @@ class HeldOutProbe:
         model.eval()
         hits, valid = [], []
         for s in self.samples:
-            batch = pack([s], d.block_size, d.max_anchors, seed=self.cfg.training.seed, epoch=0).to(device)
+            batch = pack([s.decoded(device)], d.block_size, d.max_anchors, seed=self.cfg.training.seed,
+                         epoch=0).to(device)
             if batch.anchors.numel() == 0:
                 continue
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):

@@ -219,12 +219,14 @@ def response_samples(store: ObjectStore, num_shards: int, rank: int, world_size:
 
 def build_schedule(cfg: RunConfig, env: DistEnv) -> DataSchedule:
     """This rank's schedule over the run's feature shards (the reader checks their provenance against `cfg`)."""
+    defer = cfg.training.feature_decode == "device" or (cfg.training.feature_decode == "auto"
+                                                         and env.device.type == "cuda")
     if cfg.mode.kind == "streaming":
-        reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_release=True)
+        reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_release=True, defer_decode=defer)
         store = open_store(cfg.storage, cfg.run_id)
         replies = lambda: response_samples(store, cfg.data.num_shards, env.rank, env.world_size)  # noqa: E731
         return StreamSchedule(reader, cfg.training, stream_total_steps(cfg), replies)
-    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size)
+    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_decode=defer)
     try:
         heldout = select_heldout(reader, cfg.training.heldout_samples)
     except ValueError as exc:

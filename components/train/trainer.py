@@ -111,6 +111,7 @@ def micro_step(model, raw, samples: list[Sample], cfg: RunConfig, epoch: int, de
     only when `sync` (the step's last micro-batch). DFlash2: `selector_weight` is this step's selector loss
     weight. Returns the row's statistics."""
     d = cfg.drafter
+    samples = [s.decoded(device) for s in samples]  # features the reader left encoded decode on `device`
     batch = pack(samples, d.block_size, d.max_anchors, seed=cfg.training.seed, epoch=epoch,
                  max_tokens=cfg.training.tokens_per_step).to(device)
     no_sync = getattr(model, "no_sync", None)
@@ -321,7 +322,7 @@ def evaluate_samples(model, samples: list[Sample], cfg: RunConfig, epoch: int = 
     model.eval()
     rows = 0
     for s in samples:
-        batch = pack([s], d.block_size, d.max_anchors, seed=cfg.training.seed, epoch=epoch).to(dev)
+        batch = pack([s.decoded(dev)], d.block_size, d.max_anchors, seed=cfg.training.seed, epoch=epoch).to(dev)
         if batch.anchors.numel() == 0:
             continue
         out = drafter_loss(model, model(*batch.drafter_inputs()), batch, d)

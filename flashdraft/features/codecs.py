@@ -63,6 +63,12 @@ class Codec(CodecParams):
     def params(self) -> dict:
         return self.as_dict()
 
+    @property
+    def decodes_on_device(self) -> bool:
+        """Whether `decode(..., device)` runs on that device (q4's torch path) rather than on the CPU and moves
+        the bf16 output: only then is deferring the decode to the trainer's GPU worth it."""
+        return self.spec.family == "q4"
+
     # zstd contexts are not thread-safe: one pair per thread that uses this codec.
     def _ctx(self):
         key = threading.get_ident()

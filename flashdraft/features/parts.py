@@ -128,8 +128,10 @@ class PartFetcher:
     """Headers, whole-part cache and prefetching for one reader (one rank, one loader worker)."""
 
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None = None, prefetch: int = 8,
-                 threads: int = 4, whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES):
+                 threads: int = 4, whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES,
+                 defer_decode: bool = False):
         self.store, self.expected = store, expected_provenance
+        self.defer_decode = defer_decode  # leave device-decodable features encoded (shard.EncodedFeatures)
         self.prefetch, self.threads = prefetch, threads
         self.whole_parts = whole_parts
         self.cache = PartCache(store, part_cache_bytes) if whole_parts is not False else None
@@ -161,11 +163,13 @@ class PartFetcher:
         header = self.header(key)
         start, end = sample_range(header, index)
         if self.cache is None or not self.cache.planned(key):  # range read (also a direct, unplanned fetch)
-            return decode_sample(header, index, self.store.get_chunked(key, start, end), self.store.url(key))
+            return decode_sample(header, index, self.store.get_chunked(key, start, end), self.store.url(key),
+                                 defer=self.defer_decode)
         try:
             part = self.cache.get(key, header.size)
             blob = self.store.get_chunked(key, start, end) if part is None else memoryview(part)[start:end]
-            return decode_sample(header, index, blob, self.store.url(key), check_crc=part is None)
+            return decode_sample(header, index, blob, self.store.url(key), check_crc=part is None,
+                                 defer=self.defer_decode)
         finally:
             self.cache.used(key)
 

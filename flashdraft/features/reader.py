@@ -15,6 +15,10 @@ whole-part cache, prefetch threads) to `flashdraft.features.parts.PartFetcher`.
   exactly the samples an uninterrupted one would. If the window fills up before the next checkpoint (the
   producer waits on us while we wait on it), the reader releases early and warns: resume is then no longer exact.
 
+* Decoding: by default each sample's features are decoded by the reader's threads; with `defer_decode=True` (a
+  GPU trainer, `training.feature_decode`) a codec that decodes on a device (q4) yields them still encoded
+  (`shard.EncodedFeatures`) and the trainer decodes them on its GPU (`Sample.decoded(device)`).
+
 Use them with `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads). With more
 loader workers, state_dict() only sees the main process (exact resume needs num_workers=0), and the streaming
 window's release counts ranks, so streaming also needs num_workers=0.
@@ -60,14 +64,15 @@ class _Reader(torch.utils.data.IterableDataset):
 
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None, seed: int, shuffle: bool,
                  rank: int, world_size: int, even: bool, prefetch: int, threads: int, whole_parts: bool | None,
-                 part_cache_bytes: int):
+                 part_cache_bytes: int, defer_decode: bool):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
         self.store, self.seed, self.shuffle = store, seed, shuffle
         self.rank, self.world_size, self.even = rank, world_size, even
         self.parts = PartFetcher(store, expected_provenance=expected_provenance, prefetch=prefetch,
-                                 threads=threads, whole_parts=whole_parts, part_cache_bytes=part_cache_bytes)
+                                 threads=threads, whole_parts=whole_parts, part_cache_bytes=part_cache_bytes,
+                                 defer_decode=defer_decode)
         self._consumed = 0  # samples this worker yielded in the current epoch (or stream)
 
     def header(self, key: str) -> ShardHeader:
@@ -111,10 +116,10 @@ class OfflineReader(_Reader):
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None = None, seed: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 256, rank: int = 0, world_size: int = 1,
                  even: bool = True, prefetch: int = 8, threads: int = 4, whole_parts: bool | None = None,
-                 part_cache_bytes: int = PART_CACHE_BYTES):
+                 part_cache_bytes: int = PART_CACHE_BYTES, defer_decode: bool = False):
         super().__init__(store, expected_provenance=expected_provenance, seed=seed, shuffle=shuffle, rank=rank,
                          world_size=world_size, even=even, prefetch=prefetch, threads=threads,
-                         whole_parts=whole_parts, part_cache_bytes=part_cache_bytes)
+                         whole_parts=whole_parts, part_cache_bytes=part_cache_bytes, defer_decode=defer_decode)
         self.buffer = shuffle_buffer
         self.epoch = 0
         self._resume_from = 0
@@ -174,10 +179,10 @@ class StreamReader(_Reader):
                  shuffle: bool = True, rank: int = 0, world_size: int = 1, even: bool = True, prefetch: int = 8,
                  threads: int = 4, whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES,
                  reuse: int = 1, window: WindowConsumer | None = None, poll_s: float = 1.0,
-                 timeout_s: float | None = 3600.0, defer_release: bool = False):
+                 timeout_s: float | None = 3600.0, defer_release: bool = False, defer_decode: bool = False):
         super().__init__(store, expected_provenance=expected_provenance, seed=seed, shuffle=shuffle, rank=rank,
                          world_size=world_size, even=even, prefetch=prefetch, threads=threads,
-                         whole_parts=whole_parts, part_cache_bytes=part_cache_bytes)
+                         whole_parts=whole_parts, part_cache_bytes=part_cache_bytes, defer_decode=defer_decode)
         self.reuse, self.window = reuse, window
         self.poll_s, self.timeout_s = poll_s, timeout_s
         self.defer_release = defer_release
@@ -301,7 +306,8 @@ class StreamReader(_Reader):
 def open_reader(cfg: RunConfig, *, rank: int = 0, world_size: int = 1, follow: bool | None = None,
                 defer_release: bool = False, **kwargs) -> OfflineReader | StreamReader:
     """The reader a trainer uses: the run's store, provenance checked against `cfg`, streaming per `cfg.mode`
-    (`defer_release`: streaming parts are released by `release_through`, after the checkpoint covering them)."""
+    (`defer_release`: streaming parts are released by `release_through`, after the checkpoint covering them;
+    `defer_decode` in kwargs: see the module docstring)."""
     store = open_store(cfg.storage, cfg.run_id)
     streaming = cfg.mode.kind == "streaming" if follow is None else follow
     kwargs.setdefault("seed", cfg.training.seed)

@@ -36,6 +36,28 @@ class ShardFormatError(ValueError):
     """Bytes that are not a valid shard, or a sample whose crc32 does not match (names the shard and sample)."""
 
 
+@dataclass(frozen=True)
+class EncodedFeatures:
+    """A sample's features still in its codec's bytes (crc32 already checked), to be decoded where the trainer
+    computes. Why: a q4 payload is ~0.27x of bf16, so on a GPU trainer the 4-bit bytes cross PCIe and become
+    bf16 on the device (torch ops, the same bits as the CPU decoder) instead of the host CPU decoding, and
+    copying, ~4x the bytes. The readers produce it only when asked (`defer_decode`)."""
+
+    codec: Codec
+    payload: bytes
+    num_tokens: int
+    num_layers: int
+    hidden: int
+    where: str  # "<part url>: sample <index> (<id>)", for errors
+
+    def decode(self, device: str | torch.device | None = None) -> torch.Tensor:
+        """bfloat16 [T, n*H] on `device` (default CPU)."""
+        try:
+            return self.codec.decode(self.payload, self.num_tokens, self.num_layers, self.hidden, device)
+        except CodecError as exc:
+            raise ShardFormatError(f"{self.where}: {exc}") from None
+
+
 @dataclass
 class Sample:
     """One training sample as the reader yields it."""
@@ -43,7 +65,13 @@ class Sample:
     sample_id: str
     input_ids: torch.Tensor   # int64 [T]
     loss_mask: torch.Tensor   # bool [T]
-    features: torch.Tensor    # bfloat16 [T, n*H], layers concatenated in increasing id order
+    features: torch.Tensor | EncodedFeatures  # bfloat16 [T, n*H], layers in increasing id order (or still encoded)
+
+    def decoded(self, device: str | torch.device | None = None) -> Sample:
+        """This sample with its features as a tensor: encoded ones decoded on `device`, a tensor left as is."""
+        if not isinstance(self.features, EncodedFeatures):
+            return self
+        return Sample(self.sample_id, self.input_ids, self.loss_mask, self.features.decode(device))
 
 
 @dataclass(frozen=True)
@@ -134,9 +162,9 @@ def sample_range(header: ShardHeader, index: int) -> tuple[int, int]:
 
 
 def decode_sample(header: ShardHeader, index: int, blob: bytes | memoryview, where: str,
-                  check_crc: bool = True) -> Sample:
+                  check_crc: bool = True, defer: bool = False) -> Sample:
     """Check the sample's crc32 (skip only for bytes already verified, e.g. inside a sha256-checked part) and
-    decode it."""
+    decode it; `defer` leaves the features encoded (`EncodedFeatures`) for codecs that decode on a device."""
     e = header.samples[index]
     if len(blob) != e.length or (check_crc and zlib.crc32(blob) != e.crc32):
         raise ShardFormatError(f"{where}: sample {index} ({e.sample_id}) failed its crc32 check "
@@ -145,6 +173,10 @@ def decode_sample(header: ShardHeader, index: int, blob: bytes | memoryview, whe
     buf = memoryview(blob)
     ids = torch.from_numpy(np.frombuffer(buf[: 4 * t], dtype=np.int32).astype(np.int64))
     mask = torch.from_numpy(np.frombuffer(buf[4 * t: 5 * t], dtype=np.uint8).astype(bool))
+    if defer and header.codec.decodes_on_device:
+        feats = EncodedFeatures(header.codec, bytes(buf[5 * t:]), t, len(header.layer_ids), header.hidden_size,
+                                f"{where}: sample {index} ({e.sample_id})")
+        return Sample(sample_id=e.sample_id, input_ids=ids, loss_mask=mask, features=feats)
     try:
         feats = header.codec.decode(buf[5 * t:], t, len(header.layer_ids), header.hidden_size)
     except CodecError as exc:

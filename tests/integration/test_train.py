@@ -16,6 +16,8 @@ from safetensors.torch import load as load_bytes
 from flashdraft import layout
 from flashdraft.capture import capture_layers
 from flashdraft.checkpoint import latest_checkpoint
+from flashdraft.components.train.distributed import DistEnv
+from flashdraft.components.train.schedule import build_schedule
 from flashdraft.components.train.trainer import evaluate_samples, run_train
 from flashdraft.features.manifest import codec_from_config, make_provenance
 from flashdraft.features.shard import Sample, build_shard, encode_sample
@@ -162,6 +164,29 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab,
         assert all(0 <= h["selector_acc"] <= 1 and 0 <= h["topk_coverage"] <= 1 for h in b.history)
     if vocab:  # the draft vocabulary: every response token (ids 1000..1047), then the most frequent others
         assert pa["d2t"].dtype == torch.int64 and set(range(1000, 1048)) <= set(pa["d2t"].tolist())
+
+
+def test_q4_features_decoded_on_the_training_device_train_the_same_drafter_as_decoded_by_the_reader(tiny_cfg):
+    """`training.feature_decode=device` (what a GPU trainer does with q4 shards: the reader yields the 4-bit
+    payloads, micro_step decodes them on its device) trains bit for bit the drafter the reader-side decode does;
+    here the device is the CPU, so this checks the deferred path's plumbing, not a GPU (`make gpu-check` has the
+    GPU decoder's bits against the CPU's)."""
+    seqs = rule_sequences(64, seed=2)
+    cfgs = [train_cfg(tiny_cfg, **{"run_id": f"q4-{where}", "features.codec": "q4", "training.feature_decode": where,
+                                   "training.heldout_samples": 4, "training.heldout_every": 1})
+            for where in ("reader", "device")]
+    for cfg in cfgs:
+        write_shards(cfg, seqs)
+    cpu = DistEnv(0, 1, 0, torch.device("cpu"))
+    assert [build_schedule(cfg, cpu).reader.parts.defer_decode for cfg in cfgs] == [False, True]
+    auto = cfgs[0].with_overrides({"training.feature_decode": "auto"})
+    assert not build_schedule(auto, cpu).reader.parts.defer_decode  # auto: the device only on a GPU
+    a, b = (run_train(cfg) for cfg in cfgs)
+    assert a.steps == b.steps > 0
+    drop_time = lambda curve: [{k: v for k, v in e.items() if k != "seconds"} for e in curve]  # noqa: E731
+    assert len(a.heldout) == a.steps + 1 and drop_time(a.heldout) == drop_time(b.heldout)
+    pa, pb = _params(cfgs[0]), _params(cfgs[1])
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
 @pytest.mark.slow

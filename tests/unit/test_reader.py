@@ -10,7 +10,7 @@ from flashdraft import layout
 from flashdraft.features.manifest import ProvenanceError
 from flashdraft.features.parts import PartCache, read_header
 from flashdraft.features.reader import OfflineReader, open_reader
-from flashdraft.features.shard import ShardFormatError
+from flashdraft.features.shard import EncodedFeatures, ShardFormatError
 from flashdraft.store import ChecksumError, ObjectStore
 
 LAYOUT = {0: [7, 5], 1: [6], 2: [4, 4, 3]}
@@ -109,6 +109,24 @@ def test_samples_have_the_documented_types(store):
     s = next(iter(OfflineReader(store)))
     assert s.input_ids.dtype == torch.int64 and s.loss_mask.dtype == torch.bool
     assert s.features.dtype == torch.bfloat16 and s.features.shape == (len(s.input_ids), 5 * 256)
+
+
+def test_deferred_decode_leaves_only_device_decodable_features_encoded_and_decodes_to_the_same_bits(store,
+                                                                                                     codec_cfg):
+    eager = {s.sample_id: s for s in OfflineReader(store, seed=2)}
+    deferred = list(OfflineReader(store, seed=2, defer_decode=True))
+    assert [s.sample_id for s in deferred] == list(eager)
+    q4 = codec_cfg.features.codec == "q4"
+    assert all(isinstance(s.features, EncodedFeatures) == q4 for s in deferred)
+    for s in deferred:
+        got = s.decoded("cpu")
+        assert isinstance(got.features, torch.Tensor) and torch.equal(got.input_ids, eager[s.sample_id].input_ids)
+        assert torch.equal(got.features, eager[s.sample_id].features), s.sample_id
+    if q4:  # a payload that went bad after its crc32 check names the part and sample
+        bad = deferred[0].features
+        broken = EncodedFeatures(bad.codec, bad.payload[:-3], bad.num_tokens, bad.num_layers, bad.hidden, bad.where)
+        with pytest.raises(ShardFormatError, match=r"features/shard-.*\.fds: sample \d+ \(.*\): q4: expected"):
+            broken.decode()
 
 
 def test_ranks_are_disjoint_and_even(store):
