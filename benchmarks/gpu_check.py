@@ -59,6 +59,7 @@ WHEELS = Path(__file__).with_name("gpu_wheels")
 # Tolerances: 4x and ~100x what the same comparison gives on CPU (bf16 vs fp32, tiny target, 8 rows/steps):
 EXTRACT_TOL = 0.04   # per-layer relative error of bf16 features; CPU bf16 vs fp32 measures 0.0092-0.0096
 LOSS_TOL = 0.005     # relative per-step loss gap; CPU bf16 autocast + bf16 head vs fp32 measures <= 4e-5
+Q4_DEFER_TOL = 1e-4  # q4 decodes to the same bits on host and device: only run-to-run kernel noise may differ
 TIE_MARGIN = 1e-3    # fp32 target: a divergence where its top-2 logits are closer than this is a numerical tie
 
 
@@ -294,6 +295,27 @@ def train(cfg, groups: list[list[Sample]], device: str, steps: int, seed: int = 
         seconds.append(time.perf_counter() - t)
         losses.append(float(stats.loss))
     return losses, seconds, model
+
+
+def q4_groups(groups: list[list[Sample]], num_layers: int) -> tuple[list[list[Sample]], list[list[Sample]]]:
+    """The rows' samples through the default q4 codec twice: decoded on the host (the reader's way) and left
+    encoded (`EncodedFeatures`, decoded by micro_step on the training device: `training.feature_decode=device`)."""
+    from flashdraft.features.codecs import Codec
+    from flashdraft.features.shard import EncodedFeatures, Sample
+
+    codec = Codec.from_params({"name": "q4"})
+    host, deferred = [], []
+    for group in groups:
+        h_row, d_row = [], []
+        for s in group:
+            t = s.features.shape[0]
+            feats = s.features.view(t, num_layers, -1)
+            enc = EncodedFeatures(codec, codec.encode(feats), t, num_layers, feats.shape[-1], s.sample_id)
+            h_row.append(Sample(s.sample_id, s.input_ids, s.loss_mask, enc.decode()))
+            d_row.append(Sample(s.sample_id, s.input_ids, s.loss_mask, enc))
+        host.append(h_row)
+        deferred.append(d_row)
+    return host, deferred
 
 
 def rows_of(samples: list[Sample], tokens: int) -> list[list[Sample]]:
@@ -852,6 +874,12 @@ def run(work: Path, device: str, targets: tuple[TargetSpec, ...] = (TINY, WIDE),
             worst = max(range(steps), key=lambda k: gaps[k])
             report.add(f"train/{spec.name} loss gap", gaps[worst], LOSS_TOL,
                        f"worst of {steps} steps (step {worst}: {dev_losses[worst]:.4f} vs CPU {cpu_losses[worst]:.4f})")
+            host, deferred = q4_groups(groups, len(cfg.layer_ids()))
+            q4_host, _, _ = train(cfg, host, device, 2)
+            q4_dev, _, _ = train(cfg, deferred, device, 2)
+            report.add(f"train/{spec.name} q4 decoded on {device.split(':')[0]}", max(loss_gaps(q4_host, q4_dev)),
+                       Q4_DEFER_TOL, "loss gap of 2 steps on q4 features the trainer decoded on the device "
+                       "(training.feature_decode=device) vs decoded on the host")
             bad, ties, tau = evaluate(cfg, trained, rows[: sizes.eval_prompts], device, sizes.new_tokens)
             report.add(f"evaluate/{spec.name} lossless", float(len(bad)), 0.0,
                        f"mismatching prompts ({len(ties)} numerical ties); tau {tau}")

@@ -26,7 +26,8 @@ def test_gpu_check_cpu_half_end_to_end(tmp_path):
     report = gc.run(tmp_path, "cpu", (MICRO, MICRO_WIDE), SIZES)
     names = [c.name for c in report.checks]
     assert [f"extract/micro/layer{i}" for i in (1, 2, 3, 4, 5)] == names[:5]
-    assert {"train/micro loss gap", "evaluate/micro lossless", "extract/micro-wide/layer5"} <= set(names)
+    assert {"train/micro loss gap", "train/micro q4 decoded on cpu", "evaluate/micro lossless",
+            "extract/micro-wide/layer5"} <= set(names)
     # the device side is the CPU here: the same computation, so every comparison is exact
     assert report.ok and all(c.value == 0 for c in report.checks if c.limit is not None)
     assert "FAIL" not in report.table()
