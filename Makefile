@@ -31,7 +31,7 @@ install: $(BIN)/flashdraft
 export FLASHDRAFT_K8S_BIN ?= $(wildcard $(abspath ../shared/k8s))
 
 test: install tools
-	$(PYTEST) -q -m "not vllm" --durations=25 tests
+	$(PYTEST) -q -m "not vllm" --durations=40 tests
 
 test-fast: install
 	$(PYTEST) -q -m "not vllm and not slow and not integration and not k8s" tests

@@ -366,9 +366,13 @@ def step_flops(g, batch) -> dict[str, float]:
     q, o, k, v projections and the MLP; attention 4*hd*heads per allowed (query, key) pair (QK^T and PV, the
     dense mask's count); LM head 2*V*H per drafted slot. Backward: twice the forward (input and weight
     gradients), except fc (weight gradient only: the features need none) and the frozen LM head (input gradient
-    only), once. The matmul part equals torch's FlopCounterMode on a real step (tests/unit/test_gpu_check.py).
-    Returns {"matmul": projections, MLP and head, "attention": ...}; `head` (the LM head's share of "matmul") is
-    also given."""
+    only), once. DFlash2 adds, per block token and layer, its two block convolutions' kernel projections
+    (2*H*2*taps*groups each; the depthwise convolution itself is elementwise) and, per scored slot, the candidate
+    selector: hidden projection 2*H*r, pairwise scores 2*r*k and the candidates' unary logits 2*k*H (the
+    candidates come from the head's logits the loss forms anyway); backward as above, the unary part only
+    through the slot state. The matmul part equals torch's FlopCounterMode on a real step, DFlash and DFlash2
+    (tests/unit/test_gpu_check.py). Returns {"matmul": projections, MLP, head and DFlash2's parts, "attention":
+    ...}; `head` (the LM head's share of "matmul") is also given."""
     from flashdraft.drafter.attention import allowed_pairs
 
     S, N, B = batch.num_tokens, int(batch.anchors.numel()), batch.block_size
@@ -378,8 +382,14 @@ def step_flops(g, batch) -> dict[str, float]:
     layout = batch.layout()
     pairs = sum(allowed_pairs(layout, g.window(i)) for i in range(g.num_layers))
     attn = 4 * hd * nh * pairs
-    head = 2 * g.vocab_size * H * int(batch.valid.sum())
-    return {"matmul": 2 * fc + 3 * (ctx_kv + N * B * per_block_token) + 2 * head, "attention": 3 * attn,
+    rows = int(batch.valid.sum())
+    head = 2 * g.vocab_size * H * rows
+    extra = 0
+    if g.kind == "dflash2":
+        taps, groups, r, k = g.conv_kernel_size, H // g.conv_group_size, g.selector_rank, g.selector_top_k
+        extra = 3 * N * B * g.num_layers * 2 * (2 * H * 2 * taps * groups)
+        extra += rows * (3 * 2 * H * r + 3 * 2 * r * k + 2 * 2 * k * H)
+    return {"matmul": 2 * fc + 3 * (ctx_kv + N * B * per_block_token) + 2 * head + extra, "attention": 3 * attn,
             "head": 2 * head}
 
 

@@ -297,9 +297,16 @@ def trainer_flops(s: TrainShape, window_keys: float) -> dict[str, float]:
     ctx_kv = C * L * 4 * H * kvd
     per_block_token = L * (4 * H * q + 4 * H * kvd + 6 * H * inter)
     pairs = L * M * (window_keys + s.block_size)
-    return {"draft layers": 2 * fc + 3 * (ctx_kv + M * per_block_token),
-            "LM head": 2 * 2 * s.vocab_size * H * g.loss_rows,
-            "attention": 3 * 4 * s.head_dim * s.num_heads * pairs}
+    parts = {"draft layers": 2 * fc + 3 * (ctx_kv + M * per_block_token),
+             "LM head": 2 * 2 * s.vocab_size * H * g.loss_rows,
+             "attention": 3 * 4 * s.head_dim * s.num_heads * pairs}
+    if s.kind == "dflash2":  # gpu_check's step_flops: kernel projections of 2 convs a layer; the selector per slot
+        taps, groups, r, k = s.conv_kernel_size, H // s.conv_group_size, s.selector_rank, s.selector_top_k
+        parts["DFlash2 block convolutions"] = 3 * M * L * 2 * (2 * H * 2 * taps * groups)
+        through_h = 0 if s.selector_detach else 1  # a detached selector sends no gradient into the slot states
+        parts["DFlash2 selector"] = g.loss_rows * ((2 + through_h) * 2 * H * r + 3 * 2 * r * k
+                                                   + (1 + through_h) * 2 * k * H)
+    return parts
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ the bandwidth streaming needs, and the inference:trainer GPU ratio that keeps bo
 Throughput models are deliberately simple and overridable (`plan.measured_tokens_per_s` replaces them):
 - generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes;
 - extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * params * deepest layer / layers);
-- training: FLOPs of one per-rank step by part (draft layers, LM head, attention; memory.py's `trainer_flops`,
-  gpu_check's accounting) over the row's tokens, at `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
+- training: FLOPs of one per-rank step by part (draft layers, LM head, attention, DFlash2's convolutions and
+  selector; memory.py's `trainer_flops`, gpu_check's accounting) over the row's tokens, at
+  `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
 
 Memory (resources.py, memory.py): predicted peak bytes per GPU for the trainer pool and the inference pool, the
 GPU's usable memory, and whether it fits. A calibration file (`plan.calibration`, `--calibrate`) replaces assumed

@@ -66,9 +66,11 @@ def test_gpu_check_tolerance_admits_bf16_but_sees_it(tmp_path):
     assert all(1e-4 < e < gc.EXTRACT_TOL for e in errs), errs
 
 
-def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path, kind):
     """The analytic FLOPs behind the TFLOP/s figure equal what torch counts for the projections, MLP and head of
-    one real training step (torch does not count masked SDPA; ours counts the allowed pairs only)."""
+    one real training step (torch does not count masked SDPA; ours counts the allowed pairs only); for DFlash2
+    also its block convolutions and candidate selector."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from flashdraft.components.train.distributed import DistEnv
@@ -77,6 +79,9 @@ def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
 
     cfg = gc.run_config(gc.build_target(MICRO, tmp_path / "m"), MICRO, tmp_path, drafter_layers=2, block_size=4,
                         max_anchors=12)
+    if kind == "dflash2":
+        cfg = cfg.with_overrides({"drafter.kind": "dflash2", "drafter.selector_rank": 16, "drafter.selector_top_k": 8,
+                                  "drafter.conv_group_size": 16, "drafter.conv_kernel_size": 3})
     rows = gc.random_rows(3, (40, 60), MICRO.vocab, seed=4)
     samples = gc.samples_from(rows, gc.extract(cfg, rows, "cpu")[0])
     model = build_model(cfg, DistEnv(0, 1, 0, torch.device("cpu")))
@@ -90,6 +95,21 @@ def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path):
     g, queries = model.geometry, int(batch.anchors.numel()) * 4
     dense = 3 * 4 * g.head_dim * g.num_heads * queries * (batch.num_tokens + queries) * g.num_layers
     assert 0 < ours["attention"] < dense / 2  # the DFlash mask allows well under half of the pairs
+    # the planner's estimate (components/plan/memory.py) from the shape alone, told this row's size and anchors
+    # (its loss rows assume every drafted slot is scored: a few past a sample's end are not, hence 3%)
+    from flashdraft.calibration import TrainShape
+    from flashdraft.components.plan.memory import trainer_flops
+
+    d = cfg.drafter
+    shape = TrainShape(hidden_size=g.hidden_size, num_layers=g.num_layers, num_heads=g.num_heads,
+                       num_kv_heads=g.num_kv_heads, head_dim=g.head_dim, intermediate_size=g.intermediate_size,
+                       vocab_size=g.vocab_size, block_size=4, max_anchors=12, tokens_per_step=batch.num_tokens,
+                       anchors_per_row=int(batch.anchors.numel()), kind=kind, conv_kernel_size=d.conv_kernel_size,
+                       conv_group_size=d.conv_group_size, selector_rank=d.selector_rank,
+                       selector_top_k=d.selector_top_k)
+    planned = trainer_flops(shape, window_keys=0)
+    assert ("DFlash2 selector" in planned) == (kind == "dflash2")
+    assert sum(v for k, v in planned.items() if k != "attention") == pytest.approx(matmul, rel=0.03)
 
 
 def test_gpu_check_throughput_path_runs_on_cpu(tmp_path):
