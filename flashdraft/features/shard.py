@@ -44,7 +44,7 @@ class EncodedFeatures:
     copying, ~4x the bytes. The readers produce it only when asked (`defer_decode`)."""
 
     codec: Codec
-    payload: bytes
+    payload: bytes | memoryview
     num_tokens: int
     num_layers: int
     hidden: int
@@ -173,15 +173,11 @@ def decode_sample(header: ShardHeader, index: int, blob: bytes | memoryview, whe
     buf = memoryview(blob)
     ids = torch.from_numpy(np.frombuffer(buf[: 4 * t], dtype=np.int32).astype(np.int64))
     mask = torch.from_numpy(np.frombuffer(buf[4 * t: 5 * t], dtype=np.uint8).astype(bool))
-    if defer and header.codec.decodes_on_device:
-        feats = EncodedFeatures(header.codec, bytes(buf[5 * t:]), t, len(header.layer_ids), header.hidden_size,
-                                f"{where}: sample {index} ({e.sample_id})")
-        return Sample(sample_id=e.sample_id, input_ids=ids, loss_mask=mask, features=feats)
-    try:
-        feats = header.codec.decode(buf[5 * t:], t, len(header.layer_ids), header.hidden_size)
-    except CodecError as exc:
-        raise ShardFormatError(f"{where}: sample {index} ({e.sample_id}): {exc}") from None
-    return Sample(sample_id=e.sample_id, input_ids=ids, loss_mask=mask, features=feats)
+    deferred = defer and header.codec.decodes_on_device
+    payload = bytes(buf[5 * t:]) if deferred else buf[5 * t:]  # kept: a copy, not a view pinning the whole part
+    feats = EncodedFeatures(header.codec, payload, t, len(header.layer_ids), header.hidden_size,
+                            f"{where}: sample {index} ({e.sample_id})")
+    return Sample(sample_id=e.sample_id, input_ids=ids, loss_mask=mask, features=feats if deferred else feats.decode())
 
 
 def iter_shard(data: bytes, where: str):
