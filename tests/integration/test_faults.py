@@ -180,7 +180,13 @@ def test_every_stage_through_a_faulty_store_commits_what_a_clean_run_does(kind, 
     _aws(monkeypatch)
     proxy = S3FaultProxy(s3_server, FaultPlan.mixed(seed=16, rate=FAULT_RATE))
     try:
-        cfg = make_cfg(proxy.endpoint, f"faulty-{kind}", **(STREAMING if kind == "streaming" else {}))
+        # 10 retries, not the default 6: with these short backoffs the first ~5 tries of an operation that starts
+        # as the 0.3 s outage begins can all land in it, and 6 retries then left 2-3 tries to clear 15% random
+        # faults (a 0.3-2% chance to give up per such operation; the streaming run's window monitor, listing 10x a
+        # second, gave up once in CI). 10 leave 6+ (< 2e-5); giving up past the budget is
+        # test_a_store_down_past_the_retry_budget's.
+        cfg = make_cfg(proxy.endpoint, f"faulty-{kind}", **(STREAMING if kind == "streaming" else {}),
+                       **{"storage.retries": 10})
         proxy.outage_after(lambda method, path: method == "PUT" and path.endswith(".fds"), seconds=0.3)
         with caplog.at_level("WARNING", logger="flashdraft.store"):
             run_pipeline(cfg)
