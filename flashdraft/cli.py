@@ -18,6 +18,7 @@ from flashdraft.cli_options import (
     RunOpt,
     SetOpt,
     ShardOpt,
+    check_readable_store,
     fail,
     run_config,
     run_stage,
@@ -127,17 +128,34 @@ def status(
     from rich.console import Console
 
     from flashdraft.pipelines.console import summary_table
-    from flashdraft.status import describe, metrics_names, read_records, stage_statuses
-    from flashdraft.store import open_store
+    from flashdraft.status import (
+        describe,
+        find_runs,
+        is_run,
+        metrics_names,
+        no_run_message,
+        read_records,
+        stage_statuses,
+    )
+    from flashdraft.store import ObjectStore, open_store
 
+    root = None
     if run:
         store = run_store(run, endpoint_url)
     elif config or preset:
         cfg = run_config(config, preset, set_)
-        store = open_store(cfg.storage, cfg.run_id)
-    else:
-        typer.secho("pass --run RUN_URI, or --preset/--config for the run", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+        check_readable_store(cfg)
+        store, root = open_store(cfg.storage, cfg.run_id, read_only=True), open_store(cfg.storage, read_only=True)
+    else:  # list the runs in the default store root, the one `run-local` writes to
+        from flashdraft.config import StorageConfig
+
+        default = ObjectStore(StorageConfig().root, read_only=True)
+        runs = find_runs(default)
+        found = (f"; runs under {default.url()}: {', '.join(runs)}" if runs else
+                 f"; no run under {default.url()} (the default storage.root)")
+        raise fail(f"pass --run RUN_URI, or --preset/--config for the run{found}", 2)
+    if not is_run(store):  # a store root or a mistyped path: say so instead of a table of "not run"
+        raise fail(no_run_message(store, root), 1)
     statuses = stage_statuses(read_records(store), metrics_names(store))
     if as_json:
         typer.echo(json.dumps([{**s.model_dump(mode="json", exclude={"tasks"}), "detail": describe(s),

@@ -36,11 +36,27 @@ def fail(exc: BaseException | str, code: int = 1) -> typer.Exit:
 
 
 def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
-    """The store of `--run RUN_URI` (S3 credentials from the environment, as for every store)."""
-    from flashdraft.config import StorageConfig
-    from flashdraft.store import ObjectStore
+    """The store of `--run RUN_URI` (S3 credentials from the environment, as for every store), after the read
+    preflight (`flashdraft.store.check_readable`): no credentials or a dead endpoint ends the command in one line
+    within seconds. Opened read-only: a give-up advises running the command again, not rerunning a stage."""
+    from pydantic import ValidationError
 
-    return ObjectStore(run, StorageConfig(root=run, endpoint_url=endpoint_url))
+    from flashdraft.config import StorageConfig
+    from flashdraft.store import ObjectStore, check_readable
+
+    try:
+        storage = StorageConfig(root=run, endpoint_url=endpoint_url)
+    except ValidationError as exc:  # an unsupported scheme
+        raise fail(f"--run {run}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}", 1) from None
+    _quietly(lambda: check_readable(storage, setting="--run", endpoint_setting="--endpoint-url"))
+    return ObjectStore(run, storage, read_only=True)
+
+
+def check_readable_store(cfg: RunConfig) -> None:
+    """The read preflight for a command that inspects the configured run (status, features verify)."""
+    from flashdraft.store import check_readable
+
+    _quietly(lambda: check_readable(cfg.storage, cfg.run_id))
 
 
 def run_stage(cfg: RunConfig, stage: str, shard: int | None = None, *, body: Callable[[], Any] | None = None,
@@ -69,7 +85,14 @@ def run_config(config: Path | None, preset: str | None, sets: list[str] | None) 
 def check_store(cfg: RunConfig) -> None:
     """The store preflight (`flashdraft.store.preflight`) before a command starts any work: credentials, server,
     bucket and a probe commit, in seconds; a failure exits 1 with one line naming the setting to fix."""
-    from flashdraft.store import StorePreflightError, preflight
+    from flashdraft.store import preflight
+
+    _quietly(lambda: preflight(cfg.storage, cfg.run_id))
+
+
+def _quietly(check: Callable[[], None]) -> None:
+    """Run a store preflight; its failure exits 1 with its one line."""
+    from flashdraft.store import StorePreflightError
 
     # The probe's own chatter (botocore's "found credentials", the store's retry warning) would bury the verdict.
     quiet = [logging.getLogger(name) for name in ("botocore", "aiobotocore", "flashdraft.store")]
@@ -77,7 +100,7 @@ def check_store(cfg: RunConfig) -> None:
     for q in quiet:
         q.setLevel(logging.ERROR)
     try:
-        preflight(cfg.storage, cfg.run_id)
+        check()
     except StorePreflightError as exc:
         raise fail(exc, 1) from None
     finally:

@@ -189,6 +189,48 @@ def metrics_names(store: ObjectStore) -> list[str]:
     return [n for n in names if n is not None]
 
 
+def is_run(store: ObjectStore) -> bool:
+    """Whether the store holds a run: any committed task record or metrics file (every stage writes one)."""
+    return any(store.list_committed(prefix + "/") for prefix in (layout.STATUS, layout.METRICS))
+
+
+def find_runs(store: ObjectStore, max_probes: int = 100) -> list[str]:
+    """Runs below a store root (`status --run file://./runs`, the root instead of a run), as paths relative to
+    it: the folders one level down that hold a run, else two levels down (a root over several roots). At most
+    `max_probes` folders are listed, so a large bucket costs a bounded number of requests."""
+    found: list[str] = []
+    probes = 0
+    frontier = [""]
+    for _depth in range(2):
+        deeper = []
+        for parent in frontier:
+            for name in store.folders(parent):
+                if probes >= max_probes:
+                    return found
+                probes += 1
+                path = f"{parent}/{name}" if parent else name
+                if is_run(store.child(path)):
+                    found.append(path)
+                elif not name.startswith("."):
+                    deeper.append(path)
+        if found:
+            return found
+        frontier = deeper
+    return found
+
+
+def no_run_message(store: ObjectStore, root: ObjectStore | None = None) -> str:
+    """One line for a store that holds no run: say so, then list the runs below it (or below `root`, the
+    storage.root of a configured run that has not started), with the command that shows one."""
+    where = root or store
+    runs = find_runs(where)
+    line = f"no run at {store.url()}: no task records (status/) or metrics (metrics/) committed there"
+    if runs:
+        shown = ", ".join(runs[:20]) + (f" and {len(runs) - 20} more" if len(runs) > 20 else "")
+        return f"{line}; runs under {where.url()}: {shown} (flashdraft status --run {where.url(runs[0])})"
+    return f"{line}, and no run under {where.url()}"
+
+
 def read_record(store: ObjectStore, stage: str, shard: int | None = None) -> StageRecord | None:
     key = status_key(stage, shard)
     if not store.is_committed(key):

@@ -52,6 +52,8 @@ T = TypeVar("T")
 
 COMMIT_SUFFIX = ".commit"
 SECRET_DIR_ENV = "FLASHDRAFT_S3_SECRET_DIR"
+NO_CREDENTIALS = ("no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or "
+                  f"{SECRET_DIR_ENV} to a folder holding them (a mounted Kubernetes Secret)")
 
 
 class StoreError(RuntimeError):
@@ -188,10 +190,12 @@ class ObjectStore:
     """Keys are `/`-separated paths relative to `root`; the same code runs on every backend.
 
     `retries` / `backoff_s` override `storage.retries` / `storage.retry_base_s` (tests use tiny backoffs);
-    `timeout_s` the S3 connect/read timeouts (10 s / 60 s; `preflight` uses a short one)."""
+    `timeout_s` the S3 connect/read timeouts (10 s / 60 s; `preflight` uses a short one). `read_only`: opened by
+    a command that inspects a run (status, report --run), so a give-up advises running the command again, not
+    rerunning a stage."""
 
     def __init__(self, root: str, storage: StorageConfig | None = None, *, retries: int | None = None,
-                 backoff_s: float | None = None, timeout_s: float | None = None):
+                 backoff_s: float | None = None, timeout_s: float | None = None, read_only: bool = False):
         scheme, path = split_uri(root)
         if scheme not in STORAGE_SCHEMES:
             raise StoreError(f"unsupported storage scheme {scheme!r} in {root!r}")
@@ -228,6 +232,7 @@ class ObjectStore:
             self.fs.retries = 1  # s3fs: one attempt per call
             self.base = path.strip("/")
         self.root = root
+        self.read_only = read_only
         self.read_chunk_bytes = storage.read_chunk_bytes
         self.read_threads = storage.read_threads
         self._pool: dict[str, ThreadPoolExecutor] = {}  # shared with child() stores, created on first use
@@ -269,11 +274,13 @@ class ObjectStore:
                     _COUNTERS.add("gave_up")
                     if kind == "checksum":
                         raise
+                    advice = ("check the store (storage.endpoint_url, the network) and run the command again once it "
+                              "answers" if self.read_only else "Nothing was committed by this operation; rerun the "
+                              "stage once the store is back: it resumes from its committed outputs")
                     raise StoreUnavailableError(
                         f"{op} {self.url(key)} failed {attempt + 1} times over {time.monotonic() - t0:.1f} s "
                         f"(last error: {type(exc).__name__}: {exc}); the store stayed unavailable past the retry "
-                        f"budget (storage.retries={retries}). Nothing was committed by this operation; rerun the "
-                        "stage once the store is back: it resumes from its committed outputs") from exc
+                        f"budget (storage.retries={retries}). {advice}") from exc
                 _COUNTERS.add("retries")
                 _COUNTERS.add(f"retries_{kind}")
                 delay = min(self.backoff_max_s, self.backoff_s * 2**attempt) * (0.5 + 0.5 * random.random())
@@ -284,7 +291,10 @@ class ObjectStore:
 
     def _permanent(self, op: str, key: str, exc: Exception) -> Exception:
         """The error to raise for a non-retryable failure: a clear one naming the path for a full or read-only
-        local disk, the original exception otherwise."""
+        local disk or missing S3 credentials (botocore's NoCredentialsError would otherwise reach the terminal as
+        a traceback), the original exception otherwise."""
+        if any(cls.__name__ in ("NoCredentialsError", "PartialCredentialsError") for cls in type(exc).__mro__):
+            return StoreError(f"{op} {self.url(key)}: {NO_CREDENTIALS}")
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return StoreFullError(f"{op} {self.url(key)}: no space left on the store's filesystem ({exc.strerror}). "
                                   "Committed outputs are intact and nothing partial is visible; free space (or raise "
@@ -376,6 +386,16 @@ class ObjectStore:
             out.append(rel)
         return sorted(out)
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """Sorted names of the folders directly under `prefix` (one listing, not recursive): the runs under a
+        store root, for `flashdraft status` on a path that holds no run."""
+        base = self._p(prefix)
+        try:
+            entries = self._retry("ls", prefix, lambda: self.fs.ls(base, detail=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
     def put_json(self, key: str, obj: Any) -> None:
         self.put(key, json.dumps(obj, indent=2, sort_keys=True).encode())
 
@@ -431,7 +451,7 @@ class ObjectStore:
             if len(data) != record.size or sha256_hex(data) != record.sha256:
                 raise ChecksumError(
                     f"checksum mismatch for {self.url(key)}: expected sha256 {record.sha256[:12]}… size "
-                    f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}")
+                    f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}{corrupt_remedy(key)}")
             return data
 
         return self._retry("get_verified", key, read, retries=min(self.retries, 3))
@@ -449,9 +469,23 @@ class ObjectStore:
         self.delete(key)
 
 
-def open_store(storage: StorageConfig, run_id: str | None = None) -> ObjectStore:
-    """The store for a run: `storage.root/<run_id>/` (or the root itself when run_id is None)."""
-    store = ObjectStore(storage.root, storage)
+def corrupt_remedy(key: str) -> str:
+    """What to do about an object whose bytes stay wrong on every re-read (corrupt at rest): recompute it from
+    the stage that wrote it (its declared `outputs`), as `; ...` to end a message; "" for a key no stage owns."""
+    from flashdraft.stages import stages  # here: stages imports the summaries, which a store does not need
+
+    stage = next((s.name for s in stages() if any(key.startswith(o) for o in s.outputs)), None)
+    if stage is None:
+        return ""
+    return (f"; the stored bytes are corrupt (every re-read differs from the commit record): recompute them with "
+            f"`flashdraft run-local --from {stage}` (deletes {stage}'s results and those of the stages after it), "
+            "or start a new run_id")
+
+
+def open_store(storage: StorageConfig, run_id: str | None = None, *, read_only: bool = False) -> ObjectStore:
+    """The store for a run: `storage.root/<run_id>/` (or the root itself when run_id is None); `read_only` for
+    commands that inspect a run (see ObjectStore)."""
+    store = ObjectStore(storage.root, storage, read_only=read_only)
     return store.child(run_id) if run_id else store
 
 
@@ -472,28 +506,34 @@ def _s3_has_credentials() -> bool:
     return botocore.session.get_session().get_credentials() is not None
 
 
+def _store_setting(storage: StorageConfig, setting: str) -> tuple[str, str, str | None]:
+    """(scheme, how to name the store in a message, endpoint) after the checks that need no request: an S3 root
+    names a bucket and credentials are there. Raises StorePreflightError."""
+    scheme, path = split_uri(storage.root)
+    endpoint = storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    named = f"{setting} {storage.root}" if setting.startswith("--") else f"{setting}={storage.root}"
+    where = named + (f" (endpoint {endpoint})" if endpoint else "")
+    if scheme == "s3":
+        if not path.strip("/"):
+            raise StorePreflightError(f"{named} names no bucket: use s3://BUCKET/PREFIX")
+        try:
+            found = _s3_has_credentials()
+        except StoreError as exc:
+            raise StorePreflightError(f"{where}: {exc}") from exc
+        if not found:
+            raise StorePreflightError(f"{where}: {NO_CREDENTIALS}")
+    return scheme, where, endpoint
+
+
 def preflight(storage: StorageConfig, run_id: str | None = None, *, timeout_s: float = 5.0) -> None:
     """Check once, before any stage runs, that the run's store takes a commit: credentials are there, the server
     answers, the bucket exists and accepts a write, and the committed probe reads back; then remove the probe.
 
     A short timeout and one retry (not storage.retries) so a wrong endpoint fails in seconds instead of after the
     stage's retry budget. Every failure raises StorePreflightError with one line that names the setting to fix."""
-    scheme, path = split_uri(storage.root)
-    if scheme == "memory":
+    if split_uri(storage.root)[0] == "memory":
         return
-    endpoint = storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    where = f"storage.root={storage.root}" + (f" (endpoint {endpoint})" if endpoint else "")
-    if scheme == "s3":
-        if not path.strip("/"):
-            raise StorePreflightError(f"storage.root={storage.root} names no bucket: use s3://BUCKET/PREFIX")
-        try:
-            found = _s3_has_credentials()
-        except StoreError as exc:
-            raise StorePreflightError(f"{where}: {exc}") from exc
-        if not found:
-            raise StorePreflightError(
-                f"{where}: no S3 credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
-                f"AWS_PROFILE), or {SECRET_DIR_ENV} to a folder holding them (a mounted Kubernetes Secret)")
+    scheme, where, endpoint = _store_setting(storage, "storage.root")
     store = ObjectStore(storage.root, storage, retries=1, backoff_s=0.2, timeout_s=timeout_s)
     if run_id:
         store = store.child(run_id)
@@ -510,26 +550,57 @@ def preflight(storage: StorageConfig, run_id: str | None = None, *, timeout_s: f
     except StorePreflightError:
         raise
     except Exception as exc:  # noqa: BLE001 - each failure is translated into the setting to fix
-        raise StorePreflightError(_preflight_message(scheme, where, endpoint, path.split("/")[0], exc)) from exc
+        raise StorePreflightError(_preflight_message(scheme, where, endpoint, storage, exc)) from exc
 
 
-def _preflight_message(scheme: str, where: str, endpoint: str | None, bucket: str, exc: BaseException) -> str:
+def check_readable(storage: StorageConfig, run_id: str | None = None, *, setting: str = "storage.root",
+                   endpoint_setting: str = "storage.endpoint_url", timeout_s: float = 5.0) -> None:
+    """The read-only commands' preflight (status, report, features verify): credentials are there and one
+    listing of the run's records answers, with the same short timeout and single retry as `preflight`, so a
+    missing credential or a dead endpoint is one line in seconds instead of a traceback or the stages' retry
+    budget. Writes nothing. `setting` / `endpoint_setting` name what the person set (`--run`, `--endpoint-url`)."""
+    if split_uri(storage.root)[0] == "memory":
+        return
+    scheme, where, endpoint = _store_setting(storage, setting)
+    store = ObjectStore(storage.root, storage, retries=1, backoff_s=0.2, timeout_s=timeout_s, read_only=True)
+    if run_id:
+        store = store.child(run_id)
+    try:
+        store._retry("list", "status/", lambda: store.fs.find(store._p("status")))
+    except FileNotFoundError as exc:
+        if scheme == "s3":  # a missing prefix lists empty; a missing bucket raises (a missing folder is no run)
+            raise StorePreflightError(_preflight_message(scheme, where, endpoint, storage, exc, endpoint_setting,
+                                                         reading=True)) from exc
+    except Exception as exc:  # noqa: BLE001 - each failure is translated into the setting to fix
+        raise StorePreflightError(_preflight_message(scheme, where, endpoint, storage, exc, endpoint_setting,
+                                                     reading=True)) from exc
+
+
+def _preflight_message(scheme: str, where: str, endpoint: str | None, storage: StorageConfig, exc: BaseException,
+                       endpoint_setting: str = "storage.endpoint_url", reading: bool = False) -> str:
+    bucket = split_uri(storage.root)[1].split("/")[0]
     unavailable = isinstance(exc, StoreUnavailableError) or transient_kind(exc) is not None
     if isinstance(exc, StoreUnavailableError) and exc.__cause__ is not None:
         exc = exc.__cause__  # the transport error itself, not the retry summary
     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     if unavailable:
         if scheme == "s3":
-            fix = ("start the S3 server or fix storage.endpoint_url" if endpoint else
-                   "check the network, or set storage.endpoint_url for a non-AWS server")
+            fix = (f"start the S3 server or fix {endpoint_setting}" if endpoint else
+                   f"check the network, or set {endpoint_setting} for a non-AWS server")
         else:
             fix = "check the filesystem"
         return f"{where}: the store does not answer ({detail}); {fix}"
+    setting = where.split("=", 1)[0] if where.startswith("storage.") else where.split(" ", 1)[0]
     if scheme == "s3" and isinstance(exc, FileNotFoundError):
-        return f"{where}: bucket {bucket!r} does not exist: create it, or fix storage.root ({detail})"
+        return f"{where}: bucket {bucket!r} does not exist: create it, or fix {setting} ({detail})"
     if scheme == "s3" and isinstance(exc, PermissionError):
-        return (f"{where}: the S3 server refused the credentials or the write ({detail}); check "
-                f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or {SECRET_DIR_ENV}) and the bucket's policy")
+        return (f"{where}: the S3 server refused the credentials or the {'listing' if reading else 'write'} "
+                f"({detail}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or {SECRET_DIR_ENV}) and the bucket's "
+                "policy")
+    if reading and isinstance(exc, PermissionError):
+        return f"{where}: cannot read there ({detail}); fix the folder's permissions"
+    if reading:
+        return f"{where}: listing the run failed ({detail}); fix {setting}"
     if isinstance(exc, StoreReadOnlyError | StoreFullError | PermissionError):
         return f"{where}: cannot write there ({detail}); fix the folder's permissions or point storage.root elsewhere"
     return f"{where}: a probe commit failed ({detail}); fix the store settings (docs/config-reference.md#storage)"

@@ -23,6 +23,7 @@ API = "/apis/v2beta1"
 SA_TOKEN_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 SA_TOKEN_DEFAULT_PATH = "/var/run/secrets/kubeflow/pipelines/token"
 BEARER_TOKEN_ENV = "KFP_BEARER_TOKEN"
+REQUEST_TIMEOUT_S = 20  # per request: a silent endpoint fails `submit` in one line well within 30 s
 
 
 class KfpApiError(RuntimeError):
@@ -86,13 +87,15 @@ class KfpApi:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:
                 payload = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             raise KfpApiError(f"{method} {url}: HTTP {exc.code}: {detail}") from None
-        except urllib.error.URLError as exc:
-            raise KfpApiError(f"{method} {url}: {exc.reason}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:  # refused, unresolvable, silent
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else f"{type(exc).__name__}: {exc}"
+            raise KfpApiError(f"the KFP API at {self.host} does not answer ({method} {API + path}: {reason}); "
+                              "check --host (or KFP_HOST) and that the endpoint is reachable from here") from None
         return json.loads(payload) if payload.strip() else {}
 
     # -- pipelines ------------------------------------------------------------------------------------------

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, ShardOpt, run_config, run_stage
+from flashdraft.cli_options import (
+    ConfigOpt,
+    PresetOpt,
+    SetOpt,
+    ShardOpt,
+    check_readable_store,
+    run_config,
+    run_stage,
+)
 
 features_app = typer.Typer(help="Inspect and verify stored hidden-state shards.", no_args_is_help=True)
 
@@ -34,6 +42,7 @@ def verify(
     from flashdraft.components.extract.verify import run_verify
 
     cfg = run_config(config, preset, set_)
+    check_readable_store(cfg)  # no credentials or a dead endpoint: one line in seconds
     report = run_verify(cfg, num_samples=samples, seed=seed, tolerance=tolerance)
     typer.echo(json.dumps(report, indent=2))
     if not report["ok"]:

@@ -22,7 +22,7 @@ from flashdraft.store import ChecksumError, open_store
 def run_verify(cfg: RunConfig, num_samples: int = 4, seed: int = 0, tolerance: float | None = None) -> dict:
     from flashdraft.target import load_causal_lm
 
-    store = open_store(cfg.storage, cfg.run_id)
+    store = open_store(cfg.storage, cfg.run_id, read_only=True)
     keys = committed_parts(store)
     if not keys:
         return {"ok": False, "reason": f"no committed feature shards under {store.url('features/')}"}

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, EndpointOpt, PresetOpt, RunOpt, SetOpt, run_config, run_store
+from flashdraft.cli_options import (
+    ConfigOpt,
+    EndpointOpt,
+    PresetOpt,
+    RunOpt,
+    SetOpt,
+    check_store,
+    run_config,
+    run_store,
+)
 
 
 def report(
@@ -27,7 +36,9 @@ def report(
     if run:
         result = build_report(run_store(run, endpoint_url), out_dir=out)
     elif config or preset:
-        result = run_report(run_config(config, preset, set_), out_dir=out)
+        cfg = run_config(config, preset, set_)
+        check_store(cfg)  # it commits reports/: the write preflight, one line in seconds for a bad store
+        result = run_report(cfg, out_dir=out)
     else:
         typer.secho("pass --run RUN_URI, or --preset/--config for the run to report on", fg=typer.colors.RED,
                     err=True)
