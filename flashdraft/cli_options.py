@@ -10,20 +10,23 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flashdraft.config import ConfigError, RunConfig, load_config
+from flashdraft.config import ConfigError, RunConfig, load_config, preset_names
 
 if TYPE_CHECKING:
     from flashdraft.store import ObjectStore
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Run config YAML (merged over --preset).")]
-PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help="Packaged preset: tiny, tiny-qwen35, "
-                                                                      "smollm2-local, smollm2-quality, qwen3.6-27b "
+# The list is read from the presets folder (flashdraft/presets/*.yaml), so a new preset shows without an edit here.
+PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help=f"Packaged preset: {', '.join(preset_names())} "
                                                                       "(`flashdraft presets`).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config field, e.g. --set "
                                                                       "training.lr=3e-4 (repeatable; every field: "
                                                                       "`flashdraft config-reference [SECTION]` or "
                                                                       "docs/config-reference.md).")]
-ShardOpt = Annotated[int, typer.Option("--shard", help="Shard index this invocation works on.")]
+# Required on every per-shard command (generate, extract, a declared per-shard stage): each shard is its own task
+# and every preset has several, so a default would silently do one shard of many (docs/stages.md).
+ShardOpt = Annotated[int, typer.Option("--shard", min=0, help="Shard this task works on: 0 to data.num_shards - 1 "
+                                                              "(required; each shard is its own task).")]
 RunOpt = Annotated[str | None, typer.Option("--run", help="Run store URI, e.g. file:///data/runs/tiny or "
                                                           "s3://bucket/flashdraft/my-run.")]
 EndpointOpt = Annotated[str | None, typer.Option("--endpoint-url", help="S3 endpoint for --run.")]

@@ -9,6 +9,7 @@ cannot silently disagree with the target it names. Validation errors name the fi
 from __future__ import annotations
 
 import copy
+import difflib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -773,7 +774,9 @@ def preset_names() -> list[str]:
 def _preset_dict(name: str) -> dict[str, Any]:
     path = resources.files("flashdraft.presets").joinpath(f"{name}.yaml")
     if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+        close = difflib.get_close_matches(name, preset_names(), n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint}; available: {', '.join(preset_names())}")
     return yaml.safe_load(path.read_text()) or {}
 
 
@@ -813,9 +816,24 @@ def _format_errors(exc: ValidationError, source: str) -> str:
     problems = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "<root>"
-        problems.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+        hint = _did_you_mean(err["loc"]) if err["type"] == "extra_forbidden" else ""
+        problems.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}{hint}")
     return (f"invalid run config ({source}): {'; '.join(problems)} (`flashdraft config-reference SECTION` "
             "describes every field)")
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """` (did you mean training.max_steps?)` for a mistyped field (`--set training.max_step=10`): the closest
+    field name of the section the typo sits in; "" when none is close."""
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        sub = field.annotation if field is not None else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return ""
+        model = sub
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {'.'.join([*(str(p) for p in loc[:-1]), close[0]])}?)" if close else ""
 
 
 def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:

@@ -45,6 +45,24 @@ def _kfp_api(package: Path, host: str | None, namespace: str | None, dry_run: bo
     return KfpApi(host or "http://kfp.invalid", token=resolve_token(), namespace=namespace, dry_run=dry_run)
 
 
+def images_line(registry: str | None, tag: str | None) -> str:
+    """Which images a compiled pipeline pulls and where the registry and tag came from, in one line: the
+    defaults (ghcr.io/flashdraft, latest) are named as such, so nobody deploys them without knowing."""
+    import os
+
+    from flashdraft.pipelines.pipeline import stage_images
+
+    def source(arg: str | None, option: str, env: str) -> str:
+        return option if arg else env if os.environ.get(env) else "the default"
+
+    images = sorted(set(stage_images(registry, tag).values()))
+    origin = (f"registry: {source(registry, '--registry', 'FLASHDRAFT_IMAGE_REGISTRY')}, tag: "
+              f"{source(tag, '--tag', 'FLASHDRAFT_IMAGE_TAG')}")
+    hint = ("; pass --registry/--tag (or FLASHDRAFT_IMAGE_REGISTRY/FLASHDRAFT_IMAGE_TAG) for the images you pushed"
+            if "the default" in origin else "")
+    return f"images {', '.join(images)} ({origin}{hint})"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("compile")
     def compile_cmd(
@@ -59,12 +77,11 @@ def register(app: typer.Typer) -> None:
 
         Without --config/--preset the cluster preset qwen3.6-27b gives the defaults.
         """
-        from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
+        from flashdraft.pipelines.pipeline import compile_pipeline
 
         cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
         compile_pipeline(cfg, str(output), registry, tag, parallelism)
-        images = stage_images(registry, tag)
-        typer.echo(f"compiled {output} (mode {cfg.mode.kind}, images {', '.join(sorted(set(images.values())))})")
+        typer.echo(f"compiled {output} (mode {cfg.mode.kind}); {images_line(registry, tag)}")
 
     @app.command("upload-pipeline")
     def upload_pipeline(

@@ -20,7 +20,7 @@ from flashdraft.cli_options import (
 features_app = typer.Typer(help="Inspect and verify stored hidden-state shards.", no_args_is_help=True)
 
 
-def extract(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None, shard: ShardOpt = 0) -> None:
+def extract(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Capture the target's DFlash-layer hidden states for one generation shard into committed feature shards."""
     from flashdraft.target import UnsupportedTargetError
 

@@ -34,8 +34,8 @@ def plan(
         if calibrate:
             cfg = cfg.with_overrides({"plan.calibration": calibrate})
         report = make_plan(cfg)
-    except (ConfigError, CalibrationError, KeyError) as exc:
-        raise fail(exc, 2) from None
+    except (ConfigError, CalibrationError) as exc:  # a setting to fix: exit 1, as every config error
+        raise fail(exc, 1) from None
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

@@ -20,7 +20,10 @@ the commonly reported nvidia-smi figures, not measured here; `plan.gpu_overrides
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, replace
+
+from flashdraft.config import ConfigError
 
 RESERVED_GIB = 1.5  # CUDA context + NCCL + fragmentation: what torch cannot allocate of the reported total
 
@@ -54,12 +57,14 @@ GPUS: dict[str, GpuSpec] = {
 
 def gpu_spec(name: str, overrides: dict[str, dict[str, float]] | None = None) -> GpuSpec:
     if name not in GPUS:
-        raise KeyError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))} (pools.*.gpu_type)")
+        close = difflib.get_close_matches(name, list(GPUS), n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown GPU {name!r}{hint}; known: {', '.join(sorted(GPUS))} (pools.*.gpu_type)")
     spec = GPUS[name]
     fields = (overrides or {}).get(name, {})
     unknown = set(fields) - {"memory_gb", "memory_mib", "bandwidth_gbs", "bf16_tflops"}
     if unknown:
-        raise KeyError(f"plan.gpu_overrides.{name}: unknown fields {sorted(unknown)}")
+        raise ConfigError(f"plan.gpu_overrides.{name}: unknown fields {sorted(unknown)}")
     if "memory_gb" in fields and "memory_mib" not in fields:
         fields = {**fields, "memory_mib": 0.0}  # a datasheet figure given alone replaces the reported total
     return replace(spec, **fields, source=spec.source + (" (overridden)" if fields else ""))

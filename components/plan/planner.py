@@ -206,11 +206,12 @@ def plan_markdown(plan: dict[str, Any]) -> str:
     for stage, v in plan["gpu_hours"].items():
         lines.append(f"| {stage} | {v['gpu'] or '-'} | {v['tokens']:,} | {v['tokens_per_s_per_gpu'] or '-'} | "
                      f"{v['gpu_hours'] if v['gpu_hours'] is not None else '-'} |")
-    bw = plan["streaming_bandwidth_bytes_per_s"]
+    bw, ratio = plan["streaming_bandwidth_bytes_per_s"], plan["inference_per_trainer_gpu"]
+    unknown = "- (no GPU rate: a pool without pools.*.gpu_type)"  # CPU presets: never "None" in the table
     lines += ["", f"- mode: **{plan['mode']}** (recommended: {plan['recommended_mode']}); objects: {plan['objects']:,}",
               f"- streaming peak: {_fmt_bytes(plan['peak_bytes_streaming'])}; bandwidth needed: "
-              f"{(bw / 1e9) if bw else 0:.2f} GB/s",
-              f"- inference GPUs per trainer GPU (streaming, to keep up): {plan['inference_per_trainer_gpu']}"]
+              f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
+              f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
     lines += memory_markdown(plan)
     if plan["gate"]:
         lines += ["", f"**Gate: {plan['gate']}**"]

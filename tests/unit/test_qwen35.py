@@ -166,7 +166,7 @@ def test_extract_cli_reports_an_unreadable_target_without_a_traceback(tmp_path):
     from flashdraft.cli import app
 
     ViTConfig(num_hidden_layers=2, hidden_size=32).save_pretrained(tmp_path / "vit")
-    out = CliRunner().invoke(app, ["extract", "--preset", "tiny", "--set", "target.source=hf", "--set",
+    out = CliRunner().invoke(app, ["extract", "--shard", "0", "--preset", "tiny", "--set", "target.source=hf", "--set",
                                    f"target.model={tmp_path / 'vit'}", "--set", f"storage.root=file://{tmp_path}/s"])
     assert out.exit_code == 1
     assert f"{tmp_path / 'vit'} (model_type 'vit'): unknown config layout" in out.output
