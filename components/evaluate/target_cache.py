@@ -2,6 +2,13 @@
 prefix, never the rejected drafts.
 
 * Attention-only targets: crop the rejected positions off the KV cache (cheap, exact).
+* Sliding-window attention layers (gpt-oss alternates them with full attention; Mistral-style targets have only
+  them): past the window such a layer keeps only its last W-1 keys, and the verify forward has already pushed the
+  oldest accepted keys out for rejected drafts, so it cannot be cropped (transformers refuses: "crop was called,
+  but the current layer does not track past states"). Before the verify forward its keys/values are remembered
+  (references, no copy: `update` replaces the tensors instead of writing into them); afterwards the layer becomes
+  the remembered keys plus the block's accepted ones, cut to the window, which is exactly what a forward of the
+  accepted tokens leaves. Attention sinks (gpt-oss) are learned per-head logits, not cached state: nothing to do.
 * Hybrid targets (Qwen3.5/3.6: Gated DeltaNet layers with a recurrent state and a causal-conv window, plus gated
   full-attention layers): a recurrent state has folded every verified token in and cannot be cropped. So before
   the verify forward the recurrent and conv states are snapshotted (copies of fixed-size tensors: no sequence
@@ -38,6 +45,22 @@ def croppable(cache) -> bool:
     return not any(isinstance(layer, linear) for layer in getattr(cache, "layers", []))
 
 
+def _sliding(layer) -> bool:
+    """A dynamic sliding-window attention layer (keeps its last W-1 keys; its own `crop` fails past W)."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    return isinstance(layer, DynamicSlidingWindowLayer) and not isinstance(layer, _linear_layer_cls())
+
+
+@dataclass
+class _Window:
+    """A sliding-window layer before a verify forward: its tensors (references) and its token count."""
+
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+    length: int
+
+
 @dataclass
 class _Saved:
     conv: dict[int, torch.Tensor | None]
@@ -69,10 +92,16 @@ class VerifyCache:
         self.cache = cache
         self.croppable = croppable(cache)
         self._saved: dict[int, _Saved] = {}
-        self.reforwarded_tokens = 0  # extra target tokens run to roll recurrent layers back (hybrid targets)
+        self._windows: dict[int, _Window] = {}
+        self.reforwarded_tokens = 0  # extra target tokens run to roll recurrent layers back (hybrid targets, or a
+        # block wider than a sliding window)
 
     def checkpoint(self) -> None:
-        """Remember the recurrent/conv state of every linear-attention layer (no-op for attention-only caches)."""
+        """Remember the recurrent/conv state of every linear-attention layer and the keys of every sliding-window
+        layer (no-op for full-attention caches)."""
+        self._windows = {i: _Window(layer.keys if layer.is_initialized else None,
+                                    layer.values if layer.is_initialized else None, layer.cumulative_length)
+                         for i, layer in enumerate(getattr(self.cache, "layers", [])) if _sliding(layer)}
         if self.croppable:
             return
         linear = _linear_layer_cls()
@@ -84,8 +113,14 @@ class VerifyCache:
         drop = block.numel() - keep
         if drop == 0:
             return
-        if self.croppable:
-            self.cache.crop(-drop)
+        # A sliding layer still holds the whole block unless the block is wider than its window (then rewind).
+        spliceable = all(block.numel() <= self.cache.layers[i].keys.shape[-2] for i in self._windows)
+        if self.croppable and spliceable:
+            for i, layer in enumerate(self.cache.layers):
+                if i in self._windows:
+                    self._keep_window(layer, self._windows[i], block.numel(), keep)
+                else:
+                    layer.crop(-drop)
             return
         self._rewind(block.numel())
         with torch.inference_mode():  # the decoder alone: only the cache is wanted, not a vocab-wide LM head row
@@ -93,6 +128,17 @@ class VerifyCache:
         self.reforwarded_tokens += keep
         if capture is not None:
             capture.clear()
+
+    @staticmethod
+    def _keep_window(layer, before: _Window, verified: int, keep: int) -> None:
+        """The sliding-window layer as a forward of the `keep` accepted tokens after `before` leaves it: its
+        remembered keys, then the first `keep` of the block's (the last `verified` it holds), the last W-1 kept."""
+        new = slice(layer.keys.shape[-2] - verified, layer.keys.shape[-2] - verified + keep)
+        keys, values = layer.keys[..., new, :], layer.values[..., new, :]
+        if before.keys is not None:
+            keys, values = torch.cat([before.keys, keys], dim=-2), torch.cat([before.values, values], dim=-2)
+        layer.keys, layer.values = keys[..., -layer.sliding_window + 1:, :], values[..., -layer.sliding_window + 1:, :]
+        layer.cumulative_length = before.length + keep
 
     def _rewind(self, verified: int) -> None:
         """Cache back to its state before the verify forward of `verified` tokens."""
@@ -108,5 +154,10 @@ class VerifyCache:
                     layer.recurrent_states[k] = v
                 if saved.length is not None:
                     getattr(layer, LINEAR_LENGTH).copy_(saved.length)  # in place: the cache may pin its address
-            if isinstance(layer, DynamicLayer):  # attention part (also of a mixed linear + attention layer)
+            if i in self._windows:  # a sliding-window layer: back to its remembered tensors
+                before = self._windows[i]
+                layer.keys, layer.values, layer.cumulative_length = before.keys, before.values, before.length
+                if before.keys is None:
+                    layer.is_initialized = False
+            elif isinstance(layer, DynamicLayer):  # attention part (also of a mixed linear + attention layer)
                 DynamicLayer.crop(layer, -verified)
