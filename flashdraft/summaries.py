@@ -230,6 +230,8 @@ class StreamStats(BaseModel):
     window_shards: int = Field(description="mode.window_shards")
     reuse: int = Field(description="mode.reuse")
     stopped_early: bool = Field(description="the trainer finished before the producers")
+    failed_listings: int = Field(0, description="samples of the window that failed past the store's retry budget "
+                                 "(counted; the monitor carries on)")
 
 
 class TrainSummary(StageSummary):

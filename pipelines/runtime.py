@@ -82,14 +82,16 @@ def train_in_pod(cfg: RunConfig) -> TrainSummary:
 class WindowMonitor(threading.Thread):
     """Samples the committed feature parts in the store: peak bytes/parts held at once, and every part ever seen
     (its bytes summed = bytes produced). Parts stay until trained on `mode.reuse` times, so sampling every
-    `interval_s` sees each of them."""
+    `interval_s` sees each of them. A listing that fails past the store's retry budget is counted
+    (`failed_listings`) and the monitor carries on: the figures are a watch on the run, not part of it, and a
+    dead thread would freeze them for the rest of the run."""
 
     def __init__(self, cfg: RunConfig, interval_s: float = 0.1):
         super().__init__(daemon=True, name="window-monitor")
         from flashdraft.store import open_store
 
         self.store, self.interval_s = open_store(cfg.storage, cfg.run_id), interval_s
-        self.peak_bytes = self.peak_parts = 0
+        self.peak_bytes = self.peak_parts = self.failed_listings = 0
         self.seen: dict[str, int] = {}
         self._halt = threading.Event()
 
@@ -102,18 +104,25 @@ class WindowMonitor(threading.Thread):
         self.peak_parts = max(self.peak_parts, len(parts))
 
     def run(self) -> None:
+        from flashdraft.store import StoreError
+
         while not self._halt.is_set():
             try:
                 self.sample()
             except FileNotFoundError:  # a part deleted between listing and reading its record
                 pass
+            except (StoreError, OSError) as exc:  # the store past its retry budget (or refusing): count, go on
+                self.failed_listings += 1
+                log.warning("window monitor: listing the window failed (%s: %s); %d failed so far, watching on",
+                            type(exc).__name__, exc, self.failed_listings)
             self._halt.wait(self.interval_s)
 
     def stop(self) -> dict[str, int]:
         self._halt.set()
         self.join()
         return {"produced_bytes": sum(self.seen.values()), "produced_parts": len(self.seen),
-                "peak_stored_bytes": self.peak_bytes, "peak_stored_parts": self.peak_parts}
+                "peak_stored_bytes": self.peak_bytes, "peak_stored_parts": self.peak_parts,
+                "failed_listings": self.failed_listings}
 
 
 def _watch_producer(producer: subprocess.Popen, cfg: RunConfig, stopping: threading.Event) -> threading.Thread:
@@ -187,8 +196,9 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
     store.commit_json(layout.metrics_key("stream"), stats)
     if producer.returncode != 0 and not stopped_early:
         raise RuntimeError(f"streaming extraction producers exited with status {producer.returncode}")
-    log.info("streaming: produced %d bytes in %d parts; peak stored %d bytes (window %d)", stats["produced_bytes"],
-             stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes)
+    log.info("streaming: produced %d bytes in %d parts; peak stored %d bytes (window %d); %d failed listings",
+             stats["produced_bytes"], stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes,
+             stats["failed_listings"])
     return TrainSummary.model_validate({**summary.dump(), "streaming": StreamStats.model_validate(stats)})
 
 

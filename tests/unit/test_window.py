@@ -152,3 +152,34 @@ def test_a_restarted_worker_does_not_retake_a_part_it_finished(tiny_cfg):
     assert len(first) == 4 and len(committed_parts(store)) == 2  # kept for rank 1
     assert [s.sample_id for s in rank(0)] == []  # restarted: nothing of its own is left
     assert len([s.sample_id for s in rank(1)]) == 4 and committed_parts(store) == []
+
+
+def test_window_monitor_counts_a_failed_listing_and_carries_on(tiny_cfg, monkeypatch):
+    """The local streaming run's monitor (pipelines/runtime.py): a store that gives up (here a closed port, no
+    retries) is counted in its figures, and the same thread then sees the parts once the store answers."""
+    import socket
+
+    from flashdraft.config import StorageConfig
+    from flashdraft.pipelines.runtime import WindowMonitor
+
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monitor = WindowMonitor(tiny_cfg, interval_s=0.01)
+    good = monitor.store
+    monitor.store = ObjectStore("s3://bkt/x", StorageConfig(root="s3://bkt/x", endpoint_url=f"http://127.0.0.1:{port}"),
+                                retries=0)
+    monitor.start()
+    deadline = time.monotonic() + 20
+    while monitor.failed_listings < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert monitor.failed_listings >= 2 and monitor.is_alive()
+    data, meta = part_bytes(tiny_cfg, 0, 0, 2)
+    good.commit(layout.feature_part_key(0, 0), data, meta)
+    monitor.store = good
+    while not monitor.seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stats = monitor.stop()
+    assert stats["failed_listings"] >= 2 and stats["produced_parts"] == 1 and stats["peak_stored_bytes"] == len(data)
