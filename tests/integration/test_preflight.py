@@ -104,3 +104,35 @@ def test_config_errors_are_one_line_and_exit_1(tmp_path):
     line = _one_line_error(_run(["prep", "--preset", "tiny", "--set", "drafter.block_size=1", "--set",
                                  "training.lr=-1"], dict(os.environ), tmp_path))
     assert "drafter.block_size: Input should be greater than or equal to 2; training.lr:" in line
+
+
+@pytest.mark.parametrize("command", [
+    ["status", "--run", "s3://bkt/x/tiny"], ["report", "--run", "s3://bkt/x/tiny"],
+    ["status", "--preset", "tiny"], ["features", "verify", "--preset", "tiny"], ["report", "--preset", "tiny"]])
+def test_commands_that_read_a_run_stop_with_one_line(command, tmp_path, monkeypatch):
+    """The inspecting commands on an S3 store without credentials, then with a dead endpoint (a closed port):
+    one line within seconds naming what to fix (--run/--endpoint-url or the storage.* setting), exit 1, and no
+    advice to rerun a stage (was: a 106-line traceback, then 13.6 s of retries ending in stage advice)."""
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    by_run = "--run" in command
+    bad = ["--endpoint-url", dead] if by_run else ["--set", "storage.root=s3://bkt/x", "--set",
+                                                    f"storage.endpoint_url={dead}"]
+    setting = "--run s3://bkt/x/tiny" if by_run else "storage.root=s3://bkt/x"
+    _no_credentials(monkeypatch, tmp_path)
+    line = _one_line_error(_run([*command, *bad], dict(os.environ), tmp_path))
+    assert line.startswith(f"{setting} (endpoint {dead}): no S3 credentials found"), line
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "flashdraft-test", "AWS_SECRET_ACCESS_KEY": "flashdraft-test-secret"}
+    t0 = time.monotonic()
+    line = _one_line_error(_run([*command, *bad], env, tmp_path))
+    assert time.monotonic() - t0 < 30
+    assert "does not answer" in line and f"fix {'--endpoint-url' if by_run else 'storage.endpoint_url'}" in line
+    assert "rerun the stage" not in line
+
+
+def test_submit_to_a_dead_kfp_endpoint_is_one_line(tmp_path):
+    (tmp_path / "p.yaml").write_text("pipelineInfo: {name: x}\n")
+    t0 = time.monotonic()
+    line = _one_line_error(_run(["submit", "--package", str(tmp_path / "p.yaml"), "--host",
+                                 f"http://127.0.0.1:{_closed_port()}"], dict(os.environ), tmp_path))
+    assert time.monotonic() - t0 < 30
+    assert line.startswith("the KFP API at http://127.0.0.1:") and "does not answer" in line and "--host" in line

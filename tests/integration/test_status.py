@@ -106,3 +106,31 @@ def test_step_metrics_and_the_exit_handler_artifacts_carry_the_same_states_and_f
     assert summary.startswith(f"# flashdraft run `{cfg.run_id}`: FAILED")
     assert "| generate | failed: RuntimeError: vLLM engine died" in summary and "| export | not run |" in summary
     assert "<tr class='failed'><td>generate</td>" in html.read_text()
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_status_on_a_path_without_a_run_says_so_and_lists_the_runs(backend, tmp_path, request, monkeypatch):
+    """The store root instead of a run (`status --run file://./runs`, an easy mistake), a run that has not
+    started, and no run at all: one line naming the runs below, non-zero exit, never a table of "not run"."""
+    if backend == "s3":
+        storage = request.getfixturevalue("s3_storage")
+        overrides = {"storage.root": storage.root, "storage.endpoint_url": storage.endpoint_url}
+        endpoint = ["--endpoint-url", storage.endpoint_url]
+    else:
+        overrides, endpoint = {"storage.root": f"file://{tmp_path}/runs"}, []
+    cfg = load_config(preset="tiny", overrides=overrides)
+    run_task(cfg, "prep", body=lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 2})
+    root = overrides["storage.root"]
+    out = CliRunner().invoke(app, ["status", "--run", root, *endpoint], terminal_width=400)
+    assert out.exit_code == 1, out.output
+    assert out.output.strip() == (f"no run at {root}: no task records (status/) or metrics (metrics/) committed "
+                                  f"there; runs under {root}: tiny (flashdraft status --run {root}/tiny)")
+    not_started = CliRunner().invoke(app, ["status", "--preset", "tiny-qwen35", *(
+        f"--set={k}={v}" for k, v in overrides.items())], terminal_width=400)
+    assert not_started.exit_code == 1 and f"no run at {root}/tiny-qwen35" in not_started.output
+    assert f"runs under {root}: tiny" in not_started.output
+    if backend == "file":  # no run given: the runs in the default store root (./runs), as run-local writes them
+        monkeypatch.chdir(tmp_path)
+        bare = CliRunner().invoke(app, ["status"], terminal_width=400)
+        assert bare.exit_code == 2 and "pass --run RUN_URI" in bare.output
+        assert "runs under file://./runs: tiny" in bare.output

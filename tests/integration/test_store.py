@@ -150,3 +150,46 @@ def test_large_reads_on_s3_are_parallel_range_gets_that_reassemble_exactly(s3_st
     store.put("big.bin", data[: 3 * 2**16])  # truncated after commit: some ranges now lie past its end
     with pytest.raises(ChecksumError, match="big.bin"):
         store.get_verified("big.bin")
+
+
+@pytest.mark.parametrize("key, remedy", [
+    ("features/shard-00001/part-00000.fds", "recompute them with `flashdraft run-local --from extract`"),
+    ("responses/shard-00000/chunk-00000.parquet", "recompute them with `flashdraft run-local --from generate`"),
+    ("scratch/big.bin", None),  # no stage writes there: no remedy to name
+])
+def test_corrupt_at_rest_names_the_stage_to_recompute_from(tmp_path, key, remedy):
+    """Bytes that stay wrong on every re-read: the one-line ChecksumError says which `--from` recomputes them
+    (the stage whose declared outputs hold the key)."""
+    store = ObjectStore(f"file://{tmp_path}/run", retries=0)
+    big = bytes(range(256)) * 100
+    store.commit(key, big)
+    (tmp_path / "run" / key).write_bytes(big[:-1] + b"!")
+    with pytest.raises(ChecksumError) as err:
+        store.get_verified(key)
+    message = str(err.value)
+    assert key in message and "\n" not in message
+    if remedy is None:
+        assert "--from" not in message
+    else:
+        assert remedy in message and "stored bytes are corrupt" in message
+
+
+def test_a_read_only_store_gives_up_without_stage_advice(tmp_path, monkeypatch):
+    """status/report --run open their store read-only: past the retry budget they advise running the command
+    again, never rerunning a stage (they are not one). A closed port stands in for a dead endpoint."""
+    import socket
+
+    from flashdraft.config import StorageConfig
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    storage = StorageConfig(root="s3://bkt/run", endpoint_url=f"http://127.0.0.1:{port}")
+    for read_only, advice in ((True, "run the command again once it answers"), (False, "rerun the stage")):
+        store = ObjectStore(storage.root, storage, retries=1, backoff_s=0.01, read_only=read_only)
+        with pytest.raises(StoreUnavailableError) as err:
+            store.list("status/")
+        assert advice in str(err.value)
+        assert read_only is ("rerun the stage" not in str(err.value))
