@@ -8,7 +8,7 @@ PROMPTS = "prompts"          # prompts/train-00000.parquet ..., prompts/eval.par
 RESPONSES = "responses"      # responses/shard-00000/chunk-00000.parquet ..., responses/shard-00000/DONE
 FEATURES = "features"        # features/<shard id>.fds ..., features/manifest.json
 CHECKPOINTS = "checkpoints"  # checkpoints/step-00000100/...
-EXPORT = "export"            # export/zlab/, export/speculators/
+EXPORT = "export"            # export/zlab/, export/zlab.manifest.json, export/speculators/, ...
 REPORTS = "reports"          # reports/report.html, reports/summary.md
 METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
 STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/status.py)
@@ -119,8 +119,24 @@ def checkpoint_prefix(step: int) -> str:
 
 
 def export_prefix(fmt: str) -> str:
-    """Folder of one exported drafter format (`zlab`, `speculators`)."""
+    """Folder of one exported drafter format (`zlab`, `speculators`): only the files a server loads."""
     return f"{EXPORT}/{fmt}/"
+
+
+EXPORT_MANIFEST_SUFFIX = ".manifest.json"
+
+
+def export_manifest_key(fmt: str) -> str:
+    """The committed record of one export folder (its files' sha256 and sizes), beside the folder, not in it."""
+    return f"{EXPORT}/{fmt}{EXPORT_MANIFEST_SUFFIX}"
+
+
+def export_format_of(key: str) -> str | None:
+    """The format of an `export/<format>.manifest.json` key; None for any other key."""
+    prefix = EXPORT + "/"
+    if key.startswith(prefix) and key.endswith(EXPORT_MANIFEST_SUFFIX) and "/" not in key[len(prefix):]:
+        return key[len(prefix): -len(EXPORT_MANIFEST_SUFFIX)]
+    return None
 
 
 REPORT_HTML = f"{REPORTS}/report.html"

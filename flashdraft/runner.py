@@ -251,9 +251,10 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
             result = _committed_result(store, spec, shard)
             if result is not None:
                 log.info("%s: %s (%s)", task, REUSED, previous.fingerprint)
-                now = status.now()
+                # started/ended stay those of the run that made the result: status and the report show how long
+                # it took beside "reused"; reused_at says when it was reused
                 _emit_and_commit(store, previous.model_copy(update={
-                    "reused": True, "started": now, "ended": now, "attempt": attempt,
+                    "reused": True, "reused_at": status.now(), "attempt": attempt,
                     "log": status.task_log_location()}))
                 _log_metrics(metrics, spec.name, previous.figures, 0.0)
                 return result

@@ -198,7 +198,8 @@ declare(StageSpec(
     ignores=_TARGET_HINTS, cli=f"{_C}.evaluate.cli:evaluate", component="flashdraft.pipelines.stages:evaluate"))
 declare(StageSpec(
     "export", ExportSummary, "cpu", HOUR, run=f"{_C}.export.export:run_export",
-    upstream=("train",), continue_on=("*",), reads=("target", "export"), ignores=_TARGET_HINTS,
+    # evaluate: the model card in every export folder carries the evaluation, so a new evaluation re-exports
+    upstream=("train", "evaluate"), continue_on=("*",), reads=("target", "export"), ignores=_TARGET_HINTS,
     doc="Export the latest training checkpoint to the object store (export/) and a local folder.",
     outputs=("export/",), cli=f"{_C}.export.cli:export", component="flashdraft.pipelines.stages:export"))
 declare(StageSpec(

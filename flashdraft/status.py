@@ -58,7 +58,8 @@ class StageRecord(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict, description="those config fields' values, by dotted name")
     upstream: dict[str, str | None] = Field(default_factory=dict, description="upstream stage -> its fingerprint")
     reused: bool = Field(default=False, description="done without running: the committed result's fingerprint "
-                                                    "matched")
+                                                    "matched (started/ended stay those of the run that made it)")
+    reused_at: float | None = Field(default=None, description="unix time of the latest reuse")
 
     @property
     def task(self) -> str:
@@ -267,8 +268,9 @@ def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] 
             continue
         states = {t.state for t in tasks}
         state: StageState = "failed" if "failed" in states else "running" if "running" in states else "done"
-        ends = [t.ended for t in tasks if t.ended is not None]
-        duration = round(max(ends) - min(t.started for t in tasks), 2) if ends and state != "running" else None
+        ran = [t for t in tasks if not t.reused] or tasks  # partly reused: this run's tasks; all: the original's
+        ends = [t.ended for t in ran if t.ended is not None]
+        duration = round(max(ends) - min(t.started for t in ran), 2) if ends and state != "running" else None
         figs = combine(t.figures for t in tasks if t.state == "done")
         out.append(StageStatus(stage=stage, state=state, tasks=tasks, duration_s=duration,
                                headline=headline(stage, figs), figures=derive(stage, figs)))

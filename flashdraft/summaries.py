@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flashdraft.provenance import Provenance
+
 
 def numbers(mapping: dict[str, Any], sep: str = "_") -> dict[str, float]:
     """The numbers of a JSON object, top level and one level down (`drafter.tau` as `drafter_tau`, or with
@@ -299,6 +301,7 @@ class PublishedFigure(BaseModel):
     speedup: float | None = Field(None, description="published speedup over the target alone")
     source: str | None = Field(None, description="where the figure comes from")
     thinking: bool | None = Field(None, description="thinking mode of the published run, when stated")
+    target: str | None = Field(None, description="the target model of the published drafter")
 
 
 class SuiteResult(BaseModel):
@@ -319,6 +322,14 @@ class SuiteResult(BaseModel):
     lossless_passed: bool | None = Field(None, description="greedy outputs equal (None: sampling, not checked)")
     wall_seconds: float | None = Field(None, description="the suite's decoding wall time (all decoders, warm-up)")
     published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
+
+
+def same_model(a: str | None, b: str | None) -> bool:
+    """Whether two model ids name the same model (`Qwen/Qwen3.6-27B` = `qwen3.6-27b`); an unstated one never does."""
+    def name(m: str) -> str:
+        return m.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return bool(a and b) and name(a) == name(b)
 
 
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
@@ -360,16 +371,19 @@ class EvaluateSummary(StageSummary):
             out.update({f"acceptance_{k + 1}_{key}": float(a) for k, a in enumerate(s.acceptance_per_position or [])})
         return out
 
-    def suite_table(self) -> list[list[str]]:
+    def suite_table(self, target: str | None = None) -> list[list[str]]:
         """The paper-layout table (header first), one row per suite, as the report, `flashdraft status` and the
-        evaluate log show it."""
+        evaluate log show it. With `target` (this run's), a published figure for another target is marked so."""
         def num(v: float | None, spec: str = ".2f") -> str:
             return "-" if v is None else format(v, spec)
+
+        def whose(p: PublishedFigure) -> str:
+            return "" if target is None or same_model(p.target, target) else " [another model's]"
 
         rows = [list(SUITE_TABLE_HEADER)]
         for s in self.suites:
             published = "; ".join(f"{p.tau:.2f}" + (f" ({p.speedup:.2f}x)" if p.speedup else "") + f" {p.label}"
-                                  for p in s.published)
+                                  + whose(p) for p in s.published)
             rows.append([s.name, num(s.prompts, "d"), {True: "on", False: "off"}.get(s.thinking, "default"),
                          num(s.tau), " ".join(f"{a:.2f}" for a in s.acceptance_per_position or []) or "-",
                          "-" if s.speedup is None else f"{s.speedup:.2f}x", published or "-"])
@@ -397,7 +411,9 @@ class ExportSummary(StageSummary):
     mask_token_id: int | None = Field(None, description="the drafter's mask token")
     trainable_mask: bool | None = Field(None, description="the mask embedding is trained")
     target_layer_ids: list[int] | None = Field(None, description="target layers the drafter reads")
-    formats: dict[str, dict[str, Any]] | None = Field(None, description="per format: local folder, store URI, sizes")
+    formats: dict[str, dict[str, Any]] | None = Field(None, description="per format: local folder, store URI, "
+                                                      "manifest URI, sizes")
+    provenance: Provenance | None = Field(None, description="flashdraft version and commit, library versions")
 
     def figures(self) -> dict[str, float]:
         return numbers({"step": self.step})

@@ -133,7 +133,7 @@ def record_line(r: StageRecord) -> str:
     if r.state == "failed":
         return f"{_clock(r.ended or r.started)}  {name} FAILED {took}  {r.failure()}"
     if r.reused:
-        return f"{_clock(r.ended or r.started)}  {name} reused {took}  {REUSED}; {r.headline}".rstrip()
+        return f"{_clock(r.reused_at or r.ended or r.started)}  {name} reused {took}  {REUSED}; {r.headline}".rstrip()
     return f"{_clock(r.ended or r.started)}  {name} done   {took}  {r.headline}".rstrip()
 
 

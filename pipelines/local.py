@@ -84,9 +84,12 @@ def _kfp_output_to(path: Path) -> Iterator[None]:
 
 
 def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False,
-              from_stage: str | None = None) -> dict[str, Any]:
+              from_stage: str | None = None, exports_dir: str | Path = "exports") -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
-    planned vs stored bytes and the log folder.
+    planned vs stored bytes, the local export folders and the log folder.
+
+    exports_dir: the committed export folders are copied to `exports_dir/<run_id>/<format>/` (the folders a user
+    serves; the same place `flashdraft export` writes by default).
 
     console: a rich Console for the live view (task start/end lines, a progress line on a terminal); None shows
     nothing. verbose: leave kfp's and every task's output on the terminal too, as kfp.local prints it.
@@ -131,9 +134,22 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
             if view is not None:
                 view.stop()
     result = {"state": state, "error": error, "wall_s": round(time.monotonic() - t0, 1), "mode": cfg.mode.kind,
-              "log_dir": str(log_dir), **outcome(cfg)}
+              "log_dir": str(log_dir), **outcome(cfg), "exports": local_exports(cfg, Path(exports_dir) / cfg.run_id)}
     log.info("run-local %s in %.0f s", state, result["wall_s"])
     return result
+
+
+def local_exports(cfg: RunConfig, folder: Path) -> dict[str, str]:
+    """The run's committed export folders copied (verified) to `folder/<format>/`; {} when nothing was exported.
+    A failure to copy is logged, not raised: the run's own outcome stands, and the store keeps the export."""
+    from flashdraft.components.export.export import download_export
+    from flashdraft.store import open_store
+
+    try:
+        return {fmt: str(path) for fmt, path in download_export(open_store(cfg.storage, cfg.run_id), folder).items()}
+    except Exception:  # noqa: BLE001
+        log.warning("could not copy the export to %s", folder, exc_info=True)
+        return {}
 
 
 def outcome(cfg: RunConfig) -> dict[str, Any]:
@@ -201,6 +217,8 @@ def print_outcome(console: Any, result: dict[str, Any]) -> None:
     if result.get("heldout"):
         say("held-out offline tau during training (step:tau): "
             + " ".join(f"{step}:{tau:.2f}" for step, tau in result["heldout"]))
+    for fmt, folder in (result.get("exports") or {}).items():
+        say(f"drafter ({fmt}, serve the folder as is; its README.md has the command): {folder}")
     say(f"report: {result.get('report') or 'not written'}")
     say(f"logs: {result['log_dir']} (kfp-local.log: kfp's own output; <task>.log: each task's)")
     if result["state"] == "SUCCEEDED":

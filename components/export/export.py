@@ -1,19 +1,31 @@
 """`run_export(cfg)`: the final (else latest) training checkpoint -> serving formats, in the object store under
-`export/<format>/` (committed) and in a local folder. Formats are described in zlab.py."""
+`export/<format>/` and in a local folder. Formats are described in zlab.py; every folder also holds its model card
+(README.md, card.py).
+
+A folder is served as is, so nothing but the format's files lives in it: the store's commit protocol for a folder
+is one record beside it, `export/<format>.manifest.json` (committed; it lists every file with its sha256 and size).
+The files are written first, then the manifest is committed; a changed export uncommits the old manifest before
+any file changes, and `read_export` returns only files that match a committed manifest. A crash leaves files no
+committed manifest vouches for, which the rerun overwrites."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import shutil
+import uuid
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, Field
 from safetensors.torch import save as save_bytes
 
 from flashdraft import layout
+from flashdraft.components.export.card import CARD_FILE, render_card
 from flashdraft.config import RunConfig
-from flashdraft.store import io_counters, open_store
+from flashdraft.provenance import current as current_provenance
+from flashdraft.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
 from flashdraft.summaries import ExportSummary
 from flashdraft.zlab import (
     MASK_PT,
@@ -31,6 +43,98 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 class ExportError(RuntimeError):
     """Nothing to export, or an unusable checkpoint; the message says which."""
+
+
+class ExportFile(BaseModel):
+    sha256: str = Field(description="content checksum")
+    size: int = Field(description="bytes")
+
+
+class ExportManifest(BaseModel):
+    """The commit record of one export folder (`export/<format>.manifest.json`)."""
+
+    format: str = Field(description="zlab or speculators")
+    files: dict[str, ExportFile] = Field(description="file name in the folder -> its checksum and size")
+
+
+def exported_formats(store: ObjectStore) -> list[str]:
+    """The formats with a committed export folder."""
+    out = []
+    for key in store.list_committed(layout.EXPORT + "/"):
+        fmt = layout.export_format_of(key)
+        if fmt is not None:
+            out.append(fmt)
+    return sorted(out)
+
+
+def read_manifest(store: ObjectStore, fmt: str) -> ExportManifest | None:
+    key = layout.export_manifest_key(fmt)
+    try:
+        return ExportManifest.model_validate(store.get_json_verified(key))
+    except NotCommittedError:
+        return None
+
+
+def commit_export(store: ObjectStore, fmt: str, files: dict[str, bytes]) -> ExportManifest:
+    """Write `files` as `export/<fmt>/` (nothing else left in it), then commit the folder's manifest."""
+    prefix, key = layout.export_prefix(fmt), layout.export_manifest_key(fmt)
+    manifest = ExportManifest(format=fmt, files={n: ExportFile(sha256=sha256_hex(d), size=len(d))
+                                                 for n, d in files.items()})
+    if store.is_committed(key) and read_manifest(store, fmt) != manifest:
+        store.uncommit(key)  # readers stop trusting the folder before any of its bytes change
+    for name, data in files.items():
+        store.put(prefix + name, data)
+    for stale in store.list(prefix):  # files of an earlier export, and an older flashdraft's per-file .commit records
+        if stale[len(prefix):] not in files:
+            store.delete(stale)
+    store.commit_json(key, manifest.model_dump(mode="json"))
+    return manifest
+
+
+def read_export(store: ObjectStore, fmt: str) -> dict[str, bytes]:
+    """Every file of the committed `export/<fmt>/`, each checked against the manifest (re-read up to 3 times on a
+    mismatch, as `ObjectStore.get_verified` does: corruption in flight differs on the next read)."""
+    manifest = read_manifest(store, fmt)
+    if manifest is None:
+        raise ExportError(f"{store.url(layout.export_manifest_key(fmt))} is not committed: no {fmt} export in this "
+                          "run (run `flashdraft export`)")
+    out = {}
+    for name, rec in manifest.files.items():
+        key = layout.export_prefix(fmt) + name
+        for attempt in range(3):
+            data = store.get_chunked(key, 0, rec.size) if rec.size else b""
+            if len(data) == rec.size and sha256_hex(data) == rec.sha256:
+                break
+            if attempt == 2:
+                raise ChecksumError(f"checksum mismatch for {store.url(key)}: expected sha256 {rec.sha256[:12]}… "
+                                    f"size {rec.size} ({store.url(layout.export_manifest_key(fmt))}), got "
+                                    f"{sha256_hex(data)[:12]}… size {len(data)}")
+        out[name] = data
+    return out
+
+
+def write_folder(folder: str | Path, files: dict[str, bytes]) -> Path:
+    """`folder` holding exactly `files`: written beside it, then swapped in, so a reader never sees a mix of two
+    exports and files of an earlier export do not linger."""
+    folder = Path(folder).resolve()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    if folder.exists():
+        old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"
+        folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(folder)
+    return folder
+
+
+def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
+    """Every committed export format of the run into `out_dir/<format>/` (run-local's local copy)."""
+    return {fmt: write_folder(Path(out_dir) / fmt, read_export(store, fmt)) for fmt in exported_formats(store)}
 
 
 def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
@@ -95,19 +199,21 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
         else:
             archs = list(getattr(load_hf_config(cfg.target), "architectures", None) or [])
             formats[name] = _files_speculators(drafter, dtype, archs)
+    provenance = current_provenance()
+    g = drafter.config_dict()
+    for name, files in formats.items():
+        files[CARD_FILE] = render_card(cfg, store, g, name, dtype, latest["step"], latest["final"], dict(files),
+                                       provenance).encode()
     summary = {"checkpoint": latest["prefix"], "step": latest["step"], "final": latest["final"], "dtype": dtype,
                "mask_token_id": drafter.geometry.mask_token_id, "trainable_mask": drafter.geometry.trainable_mask,
-               "target_layer_ids": drafter.geometry.target_layer_ids, "formats": {}}
+               "target_layer_ids": drafter.geometry.target_layer_ids, "formats": {},
+               "provenance": provenance.model_dump(mode="json")}
     for name, files in formats.items():
-        folder = Path(out_dir) / name if out_dir is not None else None
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-        for fname, data in files.items():
-            if folder is not None:
-                (folder / fname).write_bytes(data)
-            store.commit(layout.export_prefix(name) + fname, data)
-        summary["formats"][name] = {"local": str(folder.resolve()) if folder else None,
+        folder = write_folder(Path(out_dir) / name, files) if out_dir is not None else None
+        commit_export(store, name, files)
+        summary["formats"][name] = {"local": str(folder) if folder else None,
                                     "store": store.url(layout.export_prefix(name)),
+                                    "manifest": store.url(layout.export_manifest_key(name)),
                                     "bytes": {f: len(d) for f, d in files.items()}}
         log.info("exported %s to %s%s", name, store.url(layout.export_prefix(name)),
                  f" and {folder}" if folder else "")

@@ -13,20 +13,25 @@ import html
 import io
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 from flashdraft import layout, status
 from flashdraft.config import RunConfig
+from flashdraft.provenance import Provenance
+from flashdraft.provenance import current as current_provenance
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
 from flashdraft.summaries import (
     DecodeStats,
     EvaluateSummary,
+    ExportSummary,
     LosslessCheck,
     PlanSummary,
     ReportSummary,
     TrainSummary,
     numbers,
+    same_model,
 )
 
 log = logging.getLogger(__name__)
@@ -68,9 +73,20 @@ def stored_features(store: ObjectStore, metrics: dict[str, dict[str, Any]]) -> d
             "bytes_per_token": round(total / tokens, 1) if tokens else None}
 
 
+def stored_codec(metrics: dict[str, dict[str, Any]]) -> str | None:
+    """The codec(s) the extract shards stored their features with (from their metrics)."""
+    names = {str((m.get("codec") or {}).get("name")) for n, m in metrics.items()
+             if _stage_of(n) == "extract" and isinstance(m.get("codec"), dict) and m["codec"].get("name")}
+    return ", ".join(sorted(names)) or None
+
+
 def drafter_uris(store: ObjectStore) -> list[str]:
-    """Exported drafter folders (export/<format>/) and the newest checkpoint, as URIs."""
-    uris = sorted({store.url(k.rsplit("/", 1)[0]) for k in store.list(layout.EXPORT + "/") if "/" in k})
+    """Exported drafter folders (export/<format>/, each committed by its manifest) and the newest checkpoint."""
+    uris = []
+    for key in store.list_committed(layout.EXPORT + "/"):
+        fmt = layout.export_format_of(key)
+        if fmt is not None:
+            uris.append(store.url(layout.export_prefix(fmt)))
     ckpts = sorted({k.rsplit("/", 1)[0] for k in store.list_committed(layout.CHECKPOINTS + "/")})
     if ckpts:
         uris.append(store.url(ckpts[-1]))
@@ -129,10 +145,113 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
     statuses = status.stage_statuses(status.read_records(store), metrics, run_over=run_over)
     stages = {s.stage: status.describe(s) for s in statuses}
     train: TrainSummary | None = _summary(metrics, TrainSummary, "train")
+    plan: PlanSummary | None = _summary(metrics, PlanSummary, "plan")
+    export: ExportSummary | None = _summary(metrics, ExportSummary, "export")
+    # the export's provenance is the run's; a run not exported yet shows the reporting process's own
+    provenance, source = (export.provenance, "export") if export and export.provenance else (current_provenance(),
+                                                                                             "report")
     return {"run": store.root, "config": config, "metrics": metrics, "stages": stages, "statuses": statuses,
-            "plan": _summary(metrics, PlanSummary, "plan"), "stored": stored_features(store, metrics),
+            "plan": plan, "stored": stored_features(store, metrics),
             "train_summary": train, "train": training_curves(train),
-            "evaluate": _summary(metrics, EvaluateSummary, "evaluate"), "drafters": drafter_uris(store)}
+            "evaluate": _summary(metrics, EvaluateSummary, "evaluate"), "drafters": drafter_uris(store),
+            "target": ((config or {}).get("target") or {}).get("model") or (plan.target if plan else None),
+            "provenance": provenance, "provenance_source": source}
+
+
+# -- the verdict ------------------------------------------------------------------------------------------------
+
+# Held-out slot-1 accuracy below this fraction of training's is flagged: the drafter fits its training mix far
+# better than unseen prompts (0.33 vs 0.63 on the 2026-12-04 SmolLM2 run is 0.52).
+HELDOUT_GAP_FLAG = 0.75
+
+
+def busy_seconds(statuses: list[status.StageStatus]) -> float | None:
+    """Wall time the run's tasks took: the union of their [started, ended] intervals (overlapping streaming
+    stages counted once; a reused task counts with its original run's interval, the idle gap between runs not)."""
+    spans = sorted((t.started, t.ended) for s in statuses for t in s.tasks if t.ended is not None)
+    if not spans:
+        return None
+    total, (start, end) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > end:
+            total, start = total + end - start, a
+        end = max(end, b)
+    return round(total + end - start, 1)
+
+
+def run_date(statuses: list[status.StageStatus]) -> str | None:
+    """When the run's last task ended, UTC."""
+    ends = [t.ended for s in statuses for t in s.tasks if t.ended is not None]
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(max(ends))) if ends else None
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:,.1f} s" if seconds < 120 else f"{seconds / 60:,.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:,.1f} h"
+
+
+def verdict(data: dict[str, Any]) -> str:
+    """The report's first line: tau per suite, lossless, speedup, wall time, date, commit."""
+    from flashdraft.components.export.card import lossless_line
+
+    ev: EvaluateSummary | None = data["evaluate"]
+    prov: Provenance = data["provenance"]
+    if ev is None:
+        parts = [f"not evaluated ({_absent(data, 'evaluate')})"]
+    else:
+        taus = [f"{s.name} {s.tau:.2f}" for s in ev.suites if s.tau is not None]
+        if not taus and ev.drafter and ev.drafter.tau is not None:
+            taus = [f"{ev.drafter.tau:.2f}"]
+        speedup = ev.drafter.speedup if ev.drafter else None
+        parts = [f"tau {', '.join(taus) or '-'}", f"lossless {lossless_line(ev)}",
+                 f"speedup {'-' if speedup is None else f'{speedup:.2f}x'}"
+                 + (f" ({ev.device})" if ev.device else "")]
+    parts += [f"wall time {_duration(busy_seconds(data['statuses']))}", run_date(data["statuses"]) or "no date",
+              f"flashdraft {prov.flashdraft} commit {prov.short_commit}"]
+    return " | ".join(parts)
+
+
+def projection(plan: PlanSummary | None) -> str | None:
+    """For a run planned on GPU pools (a production target): the plan's GPU-hours per pool and bytes at rest for
+    the whole planned dataset; None for a CPU run (no GPU-hours to project)."""
+    if plan is None or not plan.gpu_hours:
+        return None
+    from flashdraft.stages import stage as declared
+
+    pools: dict[str, list[float | str]] = {}
+    for name, est in plan.gpu_hours.items():
+        hours = est.get("gpu_hours")
+        if hours is None:
+            continue
+        try:
+            pool = declared(name).pool
+        except ValueError:
+            pool = name
+        entry = pools.setdefault(pool, [0.0, est.get("gpu") or "GPU"])
+        entry[0] = float(entry[0]) + float(hours)
+    if not pools:
+        return None
+    hours = ", ".join(f"{pool} pool {h:,.1f} GPU-hours ({gpu})" for pool, (h, gpu) in pools.items())
+    at_rest = fmt_bytes(plan.total_bytes_at_rest) if plan.total_bytes_at_rest is not None else "-"
+    return (f"{_fmt(plan.samples)} samples x {_fmt(plan.tokens_per_sample)} tokens: {hours}; {at_rest} of hidden "
+            f"states at rest ({plan.codec}){'' if not plan.calibration else f'; rates from {plan.calibration}'}")
+
+
+def flags(data: dict[str, Any]) -> list[str]:
+    """What a reader should not miss: a lossless failure, held-out slot-1 accuracy far below training's."""
+    out = []
+    ev: EvaluateSummary | None = data["evaluate"]
+    if ev is not None and ev.lossless is not None and ev.lossless.checked and not ev.lossless.passed:
+        out.append("LOSSLESS CHECK FAILED: speculative output differs from the target's (Lossless check below)")
+    train = data["train"]
+    if train.get("final_accuracy") and train.get("heldout"):
+        trained, held = train["final_accuracy"][0], (train["heldout"][-1].get("acc_by_pos") or [None])[0]
+        if held is not None and trained > 0 and held < HELDOUT_GAP_FLAG * trained:
+            out.append(f"held-out slot-1 accuracy {held:.2f} vs {trained:.2f} in training ({held / trained:.0%}): "
+                       "the drafter fits its training mix far better than unseen prompts (more data, or fewer steps)")
+    return out
 
 
 # -- scalars (KFP Metrics artifact) -----------------------------------------------------------------------------
@@ -246,13 +365,15 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
         ax.bar([s.name for s in rows], [s.tau for s in rows], color="#1f77b4", label="this drafter")
         for i, s in enumerate(rows):
             ax.text(i, s.tau, f"{s.tau:.2f}", ha="center", va="bottom")
-            for p in s.published:
+            # only this target's published figures: another model's tau is no yardstick for this drafter
+            for p in (p for p in s.published if same_model(p.target, data["target"])):
                 ax.plot([i - 0.4, i + 0.4], [p.tau, p.tau], color="#d62728", linewidth=1.5)
                 # above its line, inside the suite's column (beside it, the label ran past the chart's edge)
                 ax.text(i, p.tau, f"{p.tau:.2f} {p.label}", fontsize=7, ha="center", va="bottom", color="#d62728",
                         wrap=True)
-        top = max([s.tau for s in rows] + [p.tau for s in rows for p in s.published])
-        ax.set(ylabel="tau (tokens per cycle)", title="tau per suite (red: published figures, eval.reference)",
+        top = max([s.tau for s in rows] + [p.tau for s in rows for p in s.published
+                                           if same_model(p.target, data["target"])])
+        ax.set(ylabel="tau (tokens per cycle)", title="tau per suite (red: published figures for this target)",
                ylim=(0, top * 1.2))
         out["suite_tau"] = _png(fig)
     decoders = {"drafter": ev.drafter, "baseline": ev.baseline} if ev is not None else {}
@@ -311,10 +432,21 @@ def throughput_rows(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, 
 def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
     """The report's content as (title, table rows or a note), shared by the HTML and the Markdown output."""
     ev, plan, stored = data["evaluate"], data["plan"], data["stored"]
-    out: list[tuple[str, list[list[str]] | str]] = []
+    out: list[tuple[str, list[list[str]] | str]] = [("Verdict", verdict(data))]
+    if (projected := projection(plan)) is not None:
+        out.append(("Projection for the planned dataset (plan)", projected))
+    if warnings := flags(data):
+        out.append(("Flags", "; ".join(warnings)))
     cfg = data["config"] or {}
     target = cfg.get("target", {})
-    out.append(("Run", [["run", data["run"]], ["target", f"{target.get('model', '-')} ({target.get('source', '-')})"]]))
+    prov: Provenance = data["provenance"]
+    out.append(("Run", [["run", data["run"]],
+                        ["target", f"{target.get('model', '-')} ({target.get('source', '-')}, revision "
+                                   f"{target.get('revision') or 'not pinned'})"],
+                        ["date (last task ended)", run_date(data["statuses"]) or "-"],
+                        ["wall time (tasks' busy time)", _duration(busy_seconds(data["statuses"]))],
+                        [f"software ({'as exported' if data['provenance_source'] == 'export' else 'this report'})",
+                         prov.line()]]))
     out.append(("Stages", [["stage", "state", "time", "figures"]] + [
         [s.stage, status.describe(s), "-" if s.duration_s is None else f"{s.duration_s:,.1f} s", s.headline or "-"]
         for s in data["statuses"]]))
@@ -327,7 +459,7 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
                 rows.append([label, _fmt(decoder.tau), _fmt(decoder.tokens_per_s), _fmt(decoder.speedup)])
         out.append(("Speculative decoding", rows))
         if ev.suites:
-            out.append(("Per-suite results (paper layout)", ev.suite_table()))
+            out.append(("Per-suite results (paper layout)", ev.suite_table(data["target"])))
         lossless = ev.lossless or LosslessCheck(checked=False, passed=False)
         if not lossless.checked:
             note = "not checked (sampling, temperature > 0)"
@@ -354,7 +486,7 @@ def sections(data: dict[str, Any]) -> list[tuple[str, list[list[str]] | str]]:
         selected = plan.selected if plan else None
         out.append(("Storage: planned vs stored", [
             ["", "planned", "stored"],
-            ["codec", (plan.codec if plan else None) or "-", "-"],
+            ["codec", (plan.codec if plan else None) or "-", stored_codec(data["metrics"]) or "-"],
             ["bytes/token", _fmt(selected.bytes_per_token if selected else None),
              _fmt((stored or {}).get("bytes_per_token"))],
             ["total bytes", fmt_bytes(selected.total_bytes if selected else None),

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from flashdraft.checkpoint import latest_checkpoint, save_checkpoint
-from flashdraft.components.export.export import run_export
+from flashdraft.components.export.export import read_export, run_export
 from flashdraft.drafter.model import DFlashDrafter, build_drafter
 from flashdraft.store import open_store
 from flashdraft.target import load_hf_config
@@ -63,9 +63,11 @@ def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
     # the tiny target has no free vocabulary row: the trainable mask embedding travels in its own files
     assert g.trainable_mask
     assert (folder / "mask_embedding.safetensors").is_file() and (folder / "mask_embedding.pt").is_file()
-    # committed to the store too
+    # committed to the store too: the same files (a clean folder), committed by one manifest beside it
     store = open_store(tiny_cfg.storage, tiny_cfg.run_id)
-    assert store.is_committed("export/zlab/model.safetensors") and store.is_committed("export/zlab/config.json")
+    assert store.list("export/zlab/") == sorted(f"export/zlab/{f.name}" for f in folder.iterdir())
+    assert read_export(store, "zlab") == {f.name: f.read_bytes() for f in folder.iterdir()}
+    assert store.is_committed("export/zlab.manifest.json")
 
     s = json.loads((tmp_path / "out" / "speculators" / "config.json").read_text())
     assert s["aux_hidden_state_layer_ids"] == [2, 3, 4, 5, 6] and s["speculators_model_type"] == "dflash"
@@ -99,7 +101,7 @@ def test_export_without_local_folder_writes_only_the_store(tiny_cfg, tmp_path, m
     monkeypatch.chdir(cwd)
     summary = run_export(tiny_cfg)
     assert summary.formats["zlab"]["local"] is None and list(cwd.iterdir()) == []
-    assert open_store(tiny_cfg.storage, tiny_cfg.run_id).is_committed("export/zlab/model.safetensors")
+    assert "model.safetensors" in read_export(open_store(tiny_cfg.storage, tiny_cfg.run_id), "zlab")
 
 
 def test_draft_vocab_exports_as_vllm_reads_it_and_roundtrips(tiny_cfg, tmp_path):

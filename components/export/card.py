@@ -1,0 +1,176 @@
+"""The model card (README.md) written into every export folder, so the folder a user serves says what it is:
+Hugging Face model-card layout (YAML front matter, then Markdown) with the target and its revision, the drafter's
+kind and geometry, the data and steps it was trained on, the per-suite evaluation with the lossless verdict, the
+exact serve command, the flashdraft version and commit, and the license note.
+
+Everything comes from the run's committed metrics (prep, extract, train, evaluate) and the drafter's own config; a
+figure a stage did not leave (an export run by hand before evaluation) reads "not evaluated" instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from flashdraft import layout
+from flashdraft.config import RunConfig
+from flashdraft.provenance import Provenance
+from flashdraft.store import ObjectStore
+from flashdraft.summaries import EvaluateSummary, PrepSummary, StageSummary, TrainSummary
+
+CARD_FILE = "README.md"
+
+
+def local_folder(run_id: str, fmt: str) -> str:
+    """Where `flashdraft export` (default --out) and `run-local` write a format's folder, relative to the
+    working directory; the card's serve command names it."""
+    return f"exports/{run_id}/{fmt}"
+
+
+def _metrics(store: ObjectStore, name: str, model: type[StageSummary]) -> Any:
+    key = layout.metrics_key(name)
+    if not store.is_committed(key):
+        return None
+    try:
+        return model.model_validate(store.get_json_verified(key))
+    except Exception:  # noqa: BLE001 - a card without this figure beats no export
+        return None
+
+
+def extracted_tokens(store: ObjectStore) -> int | None:
+    """Tokens whose hidden states the extract shards stored (their metrics summed); None when none did."""
+    total = 0
+    for key in store.list_committed(layout.METRICS + "/"):
+        name = layout.metrics_name(key) or ""
+        if name.startswith("extract-shard-"):
+            try:
+                total += int(store.get_json_verified(key).get("tokens") or 0)
+            except Exception:  # noqa: BLE001
+                continue
+    return total or None
+
+
+def serve_command(target: str, folder: str, fmt: str, g: dict[str, Any]) -> str:
+    """The vLLM command that serves this export (the speculators folder names its own target)."""
+    if fmt == "speculators":
+        return f"vllm serve {folder}"
+    spec = json.dumps({"method": "dflash", "model": folder, "num_speculative_tokens": g["block_size"] - 1})
+    return f"vllm serve {target} \\\n  --speculative-config '{spec}' \\\n  --attention-backend flash_attn"
+
+
+def _geometry_rows(g: dict[str, Any], dtype: str) -> list[tuple[str, str]]:
+    vocab = g["vocab_size"]
+    rows = [("kind", g.get("kind", "dflash")),
+            ("layers", f"{g['num_layers']} x hidden {g['hidden_size']} (heads {g['num_heads']} x {g['head_dim']}, "
+                       f"KV heads {g['num_kv_heads']}, MLP {g['intermediate_size']})"),
+            ("block size", f"{g['block_size']} (num_speculative_tokens {g['block_size'] - 1})"),
+            ("target layers read", f"{list(g['target_layer_ids'])} of {g['num_target_layers']}"),
+            ("attention", ", ".join(sorted(set(g.get("layer_types") or ["full_attention"])))
+             + (f", window {g['sliding_window']}" if g.get("sliding_window") else "") + "; bidirectional in the block"),
+            ("draft vocabulary", f"{g['draft_vocab_size']} of {vocab} target tokens (`d2t` and the drafter's own "
+                                 f"`lm_head.weight` in model.safetensors)" if g.get("draft_vocab_size")
+             else f"the target's {vocab} (embedding and LM head are the target's, not in this folder)"),
+            ("mask", f"trained embedding in mask_embedding.pt (read by vLLM; row {g['mask_token_id']} is the "
+                     "placeholder it replaces)" if g.get("trainable_mask")
+             else f"the target's embedding of token {g['mask_token_id']}"),
+            ("weights dtype", dtype)]
+    return rows
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    head, *body = rows
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
+
+
+def lossless_line(ev: EvaluateSummary | None) -> str:
+    """The lossless verdict in words (the card and the report's verdict share it)."""
+    ll = ev.lossless if ev is not None else None
+    if ll is None:
+        return "not evaluated"
+    if not ll.checked:
+        return "not checked (sampling)"
+    if ll.passed:
+        ties = f", {len(ll.ties)} divergence(s) at numerical ties" if ll.ties else ""
+        return f"passed on {ll.prompts} prompts{ties}"
+    return f"FAILED on {len(ll.mismatches)} of {ll.prompts} prompts"
+
+
+def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str, dtype: str, step: int,
+                final: bool, files: dict[str, bytes], provenance: Provenance) -> str:
+    """README.md of one export folder (`files`: the folder's other files, listed with their sizes)."""
+    target, revision = cfg.target.model, cfg.target.revision
+    prep = _metrics(store, "prep", PrepSummary)
+    train = _metrics(store, "train", TrainSummary)
+    ev = _metrics(store, "evaluate", EvaluateSummary)
+    tokens = extracted_tokens(store)
+    folder = local_folder(cfg.run_id, fmt)
+    suites = {s.name: {k: v for k, v in (("tau", s.tau), ("speedup", s.speedup), ("prompts", s.prompts),
+                                          ("lossless", s.lossless_passed)) if v is not None}
+              for s in (ev.suites if ev else [])}
+    meta = {
+        "base_model": target,
+        "library_name": "vllm",
+        "pipeline_tag": "text-generation",
+        "license": "other",
+        "license_name": "same-as-base-model",
+        "tags": ["speculative-decoding", g.get("kind", "dflash"), "draft-model", "flashdraft"],
+        "flashdraft": {
+            "version": provenance.flashdraft, "commit": provenance.commit, "run_id": cfg.run_id, "format": fmt,
+            "target": {"model": target, "revision": revision, "source": cfg.target.source},
+            "drafter": {**{k: g.get(k) for k in ("kind", "num_layers", "hidden_size", "block_size",
+                                                 "target_layer_ids", "draft_vocab_size", "trainable_mask",
+                                                 "mask_token_id")}, "dtype": dtype},
+            "training": {"step": step, "final": final, "tokens": train.tokens if train else None},
+            "eval": {"suites": suites, "lossless": lossless_line(ev)},
+        },
+    }
+    kind = "DFlash2" if g.get("kind") == "dflash2" else "DFlash"
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False, width=1000).rstrip(), "---", "",
+             f"# {kind} drafter for {target}", "",
+             f"A {kind} speculative-decoding drafter (block size {g['block_size']}: it drafts "
+             f"{g['block_size'] - 1} tokens per target forward) for `{target}` "
+             f"(revision {f'`{revision}`' if revision else 'not pinned: the default branch when trained'}), "
+             f"trained and exported by flashdraft {provenance.flashdraft} "
+             f"(commit {provenance.commit or 'unknown'}), run `{cfg.run_id}`, {fmt} format.", "",
+             "## Serve", "", "```bash", serve_command(target, folder, fmt, g), "```", "",
+             f"`{folder}` is where `flashdraft export` and `run-local` write this folder (the run's store keeps the "
+             f"same files under `export/{fmt}/`); point the command at wherever the folder is. Speculative decoding "
+             "is lossless: greedy outputs are the target's own.", ""]
+    if g.get("kind") == "dflash2":
+        lines += ["vLLM serves DFlash2 on its GPU Model Runner V2 only.", ""]
+    lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype)]]), "",
+              "## Training", ""]
+    sources = ", ".join(f"`{s.uri}`" for s in cfg.data.sources)
+    lines += [f"- prompts: {sources}; {prep.num_train if prep and prep.num_train is not None else 'unknown'} "
+              f"train prompts, {prep.num_eval if prep and prep.num_eval is not None else 'unknown'} held out "
+              "for evaluation",
+              f"- responses generated by the target itself ({cfg.generation.backend}, temperature "
+              f"{cfg.generation.temperature}), up to {cfg.data.max_response_tokens} tokens; hidden states of "
+              f"{tokens if tokens is not None else 'an unknown number of'} tokens stored as "
+              f"`{cfg.features.codec}`",
+              f"- {step} optimizer step{'' if step == 1 else 's'}{'' if final else ' (training had not finished)'}"
+              + (f", {train.tokens:,} tokens" if train and train.tokens else "")
+              + (f", final loss {train.final.loss:.3f}" if train and train.final else ""), ""]
+    lines += ["## Evaluation", ""]
+    if ev is None or not ev.suites:
+        lines += ["Not evaluated before this export (`flashdraft evaluate`, then export again).", ""]
+    else:
+        lines += [f"flashdraft's own speculative decoder (greedy, {ev.device}, up to {ev.max_new_tokens} new tokens); "
+                  "tau = tokens per target forward, bonus token included:", "", *_table(ev.suite_table(target)), "",
+                  f"Lossless check: {lossless_line(ev)}.", ""]
+    lines += ["## Files", "", *_table([["file", "bytes"], *[[f"`{n}`", f"{len(d):,}"] for n, d in files.items()],
+                                        [f"`{CARD_FILE}`", "this card"]]), "",
+              "## License", "",
+              f"flashdraft is Apache-2.0. These weights were trained on `{target}`'s own outputs and hidden states"
+              + (" and carry rows of its LM head" if g.get("draft_vocab_size") else "")
+              + f": use and redistribute them under `{target}`'s license.", ""]
+    return "\n".join(lines)
+
+
+def card_meta(text: str) -> dict[str, Any]:
+    """The YAML front matter of a card."""
+    if not text.startswith("---\n") or "\n---\n" not in text[4:]:
+        raise ValueError(f"{CARD_FILE}: no YAML front matter between '---' lines")
+    return yaml.safe_load(text[4: text.index("\n---\n", 4)])

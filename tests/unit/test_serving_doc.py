@@ -1,0 +1,145 @@
+"""docs/serving.md says what an export really writes: a tiny drafter, evaluated, is exported the way the doc says
+(`flashdraft export`, default folder, `--speculators`), and the doc's own paths, file table, manifest and serve
+command are checked against that folder and the run's store; the model card carries the run's figures; the
+store's export folder is exactly the served folder (its commit record lives beside it) and stays exactly-once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from evaluate_fixtures import commit_drafter
+from typer.testing import CliRunner
+
+from flashdraft import layout
+from flashdraft.cli import app
+from flashdraft.components.export.card import card_meta
+from flashdraft.components.export.export import (
+    ExportError,
+    commit_export,
+    download_export,
+    read_export,
+)
+from flashdraft.config import load_config
+from flashdraft.provenance import current
+from flashdraft.runner import run_task
+from flashdraft.store import ChecksumError, ObjectStore, open_store
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
+
+
+def doc_blocks() -> list[str]:
+    """Every fenced code block of docs/serving.md, continuation lines joined."""
+    return [b.replace("\\\n", " ") for b in re.findall(r"```\w*\n(.*?)```", DOC.read_text(), flags=re.S)]
+
+
+def doc_file_table() -> dict[str, str]:
+    """The z-lab folder's file table: file name -> its description."""
+    out = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 2:
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                out[name] = cells[1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """prep, a committed drafter, evaluate (1 held-out prompt), then `flashdraft export --speculators` run from a
+    fresh folder as the doc shows it (default --out: exports/<run_id>/)."""
+    tmp = tmp_path_factory.mktemp("serving")
+    sets = {"storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1, "eval.max_new_tokens": 8,
+            "eval.baseline_prompts": 0}
+    cfg = load_config(preset="tiny", overrides=sets)
+    run_task(cfg, "prep")
+    commit_drafter(cfg, seed=7)
+    evaluated = run_task(cfg, "evaluate")
+    cwd = Path.cwd()
+    os.chdir(tmp)
+    try:
+        args = ["export", "--preset", "tiny", "--speculators", *[a for k, v in sets.items()
+                                                                 for a in ("--set", f"{k}={v}")]]
+        res = CliRunner().invoke(app, args)
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == 0, res.output
+    return cfg, tmp, evaluated
+
+
+def test_the_docs_paths_file_table_and_serve_command_match_a_real_export(exported):
+    cfg, cwd, _ = exported
+    named = {p for block in doc_blocks() for p in re.findall(r"exports/<run_id>/(\w+)", block)}
+    assert named == {"zlab", "speculators"}, named
+    for fmt in named:  # every folder the doc names exists where it says, relative to where the command ran
+        folder = cwd / "exports" / cfg.run_id / fmt
+        assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file(), folder
+        assert (folder / "README.md").is_file(), f"{folder}: no model card"
+    zlab = cwd / "exports" / cfg.run_id / "zlab"
+    table = doc_file_table()
+    assert set(table) == {f.name for f in zlab.iterdir()}, "the doc's file table is exactly what is written"
+    assert all("only with" in table[f] for f in ("mask_embedding.pt", "mask_embedding.safetensors"))
+
+    store = open_store(cfg.storage, cfg.run_id)
+    for fmt in named:  # the store's folder is the served folder, byte for byte: no *.commit inside
+        folder = cwd / "exports" / cfg.run_id / fmt
+        assert store.list(layout.export_prefix(fmt)) == sorted(layout.export_prefix(fmt) + f.name
+                                                               for f in folder.iterdir())
+        assert read_export(store, fmt) == {f.name: f.read_bytes() for f in folder.iterdir()}
+    manifest = re.search(r"`(export/<format>\.manifest\.json)`", DOC.read_text()).group(1)
+    assert store.is_committed(manifest.replace("<format>", "zlab")), "the manifest the doc names is committed"
+
+    # the doc's vLLM command and the card's take the same speculative config; the card's names this folder
+    doc_cmd = next(c for c in doc_blocks() if "--speculative-config" in c)
+    doc_spec = json.loads(shlex.split(doc_cmd[doc_cmd.index("--speculative-config"):])[1])
+    card = (zlab / "README.md").read_text()
+    card_cmd = re.search(r"```bash\n(.*?)```", card, flags=re.S).group(1).replace("\\\n", " ")
+    tokens = shlex.split(card_cmd)
+    assert tokens[:3] == ["vllm", "serve", cfg.target.model]
+    card_spec = json.loads(tokens[tokens.index("--speculative-config") + 1])
+    assert set(card_spec) == set(doc_spec) and card_spec["method"] == doc_spec["method"] == "dflash"
+    assert card_spec["model"] == doc_spec["model"].replace("<run_id>", cfg.run_id)
+    assert (cwd / card_spec["model"]).resolve() == zlab.resolve()
+    assert card_spec["num_speculative_tokens"] == cfg.drafter.block_size - 1
+
+
+def test_the_model_card_carries_the_run(exported):
+    cfg, cwd, evaluated = exported
+    card = (cwd / "exports" / cfg.run_id / "zlab" / "README.md").read_text()
+    meta = card_meta(card)
+    fd = meta["flashdraft"]
+    assert meta["base_model"] == cfg.target.model and "speculative-decoding" in meta["tags"]
+    assert fd["version"] == current().flashdraft and fd["commit"] == current().commit
+    assert fd["target"] == {"model": cfg.target.model, "revision": cfg.target.revision, "source": cfg.target.source}
+    assert fd["drafter"]["block_size"] == cfg.drafter.block_size and fd["drafter"]["kind"] == "dflash"
+    assert fd["drafter"]["target_layer_ids"] == [1, 2, 3, 4, 5] and fd["training"]["step"] == 1
+    heldout = evaluated.suites[0]
+    assert fd["eval"]["suites"]["heldout"]["tau"] == heldout.tau
+    assert fd["eval"]["lossless"] == f"passed on {evaluated.lossless.prompts} prompts"
+    assert f"| heldout | 1 | default | {heldout.tau:.2f} |" in card
+    assert "Lossless check: passed on" in card and "builtin:demo" in card and "license" in card.lower()
+    spec = card_meta((cwd / "exports" / cfg.run_id / "speculators" / "README.md").read_text())["flashdraft"]
+    assert spec["format"] == "speculators"
+
+
+def test_an_export_folder_is_committed_once_by_its_manifest(tmp_path):
+    store = ObjectStore("memory://serving-doc/run")
+    with pytest.raises(ExportError, match="zlab.manifest.json is not committed"):
+        read_export(store, "zlab")
+    store.put("export/zlab/config.json.commit", b"{}")  # an older flashdraft's per-file record
+    commit_export(store, "zlab", {"config.json": b"{}", "extra.bin": b"x" * 10})
+    commit_export(store, "zlab", {"config.json": b'{"a": 1}', "model.safetensors": b"w" * 100})
+    assert store.list("export/zlab/") == ["export/zlab/config.json", "export/zlab/model.safetensors"], \
+        "files of the earlier export and old records are gone"
+    assert read_export(store, "zlab") == {"config.json": b'{"a": 1}', "model.safetensors": b"w" * 100}
+    store.put("export/zlab/model.safetensors", b"v" * 100)  # corrupted at rest
+    with pytest.raises(ChecksumError, match="export/zlab/model.safetensors"):
+        read_export(store, "zlab")
+    store.uncommit("export/zlab.manifest.json")  # as after a crash before the manifest: nothing is readable
+    with pytest.raises(ExportError):
+        read_export(store, "zlab")
+    assert download_export(store, tmp_path) == {} and list(tmp_path.iterdir()) == []
