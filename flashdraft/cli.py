@@ -51,10 +51,38 @@ def stage_command(spec: StageSpec) -> Callable[..., None]:
     return command
 
 
+# -h as well as --help on every command (click hands a group's help_option_names down to its sub-commands).
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def version_line() -> str:
+    """`flashdraft 0.1.0 (commit 6e030b9...)`: the version, and the git commit when it is known (an image's
+    $FLASHDRAFT_COMMIT or the checkout flashdraft runs from; flashdraft/provenance.py)."""
+    from flashdraft import __version__
+    from flashdraft.provenance import git_commit
+
+    commit = git_commit()
+    return f"flashdraft {__version__}" + (f" (commit {commit})" if commit else " (commit unknown)")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the flashdraft version (and git commit) and exit.")]
+          = False) -> None:
+    pass
+
+
 def build_app() -> typer.Typer:
     """The `flashdraft` command from the declared stages (flashdraft/stages.py) and the other command modules.
     Built when called, so a stage declared later (a plugin, a test's toy stage) gets its command too."""
-    app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                      context_settings=CONTEXT)  # sub-commands and `features` inherit -h
+    app.callback()(_root)
     for spec in stages():
         if spec.command:
             app.command(spec.name, help=spec.doc or None)(load_ref(spec.cli) if spec.cli else stage_command(spec))

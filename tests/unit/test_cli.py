@@ -1,5 +1,10 @@
 """Every `flashdraft` command answers --help, and config errors exit cleanly with the field named."""
 
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -43,3 +48,72 @@ def test_config_reference_command_prints_one_section_and_writes_the_doc(tmp_path
 def test_export_cli_flags_override_the_config_before_any_work():
     res = CliRunner().invoke(app, ["export", "--preset", "tiny", "--dtype", "float64"])
     assert res.exit_code == 1 and "export.dtype" in res.output
+
+
+def test_version_and_short_help(monkeypatch):
+    """--version names the version and the commit (an image's FLASHDRAFT_COMMIT, else this checkout's HEAD);
+    -h is --help on every command."""
+    import flashdraft
+
+    monkeypatch.setenv("FLASHDRAFT_COMMIT", "0123abc")
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output == f"flashdraft {flashdraft.__version__} (commit 0123abc)\n"
+    monkeypatch.delenv("FLASHDRAFT_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(flashdraft.__file__).parent).stdout.strip()
+    commit = rf"{head}(\+dirty)?" if head else "unknown"  # a copy without git history: said so
+    assert re.fullmatch(rf"flashdraft \S+ \(commit {commit}\)\n", CliRunner().invoke(app, ["--version"]).output)
+    runner = CliRunner()
+    for path in _command_paths(get_command(app)):
+        res = runner.invoke(app, [*path, "-h"])
+        assert res.exit_code == 0 and "Usage" in res.output, f"flashdraft {' '.join(path)} -h: {res.output}"
+
+
+def test_help_lists_every_packaged_preset():
+    from flashdraft.config import preset_names
+
+    text = " ".join(CliRunner().invoke(app, ["plan", "--help"], terminal_width=400).output.split())
+    assert "qwen3.6-27b-rehearsal" in preset_names()
+    for name in preset_names():
+        assert name in text, f"{name} missing from --preset's help"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--set", "training.max_step=10"], "training.max_step: Extra inputs are not permitted (did you mean "
+                                        "training.max_steps?)"),
+    (["--set", "trainig.lr=1e-4"], "trainig: Extra inputs are not permitted (did you mean training?)"),
+    (["--preset", "tyni"], "unknown preset 'tyni' (did you mean tiny?); available: qwen3.6-27b"),
+    (["--set", "pools.trainer.gpu_type=h10"], "unknown GPU 'h10' (did you mean h100?); known: a100"),
+])
+def test_mistyped_names_get_a_suggestion_and_exit_1(args, line):
+    """Every config error, the planner's unknown GPU included, is one line with the nearest name and exit 1."""
+    preset = [] if "--preset" in args else ["--preset", "tiny"]
+    res = CliRunner().invoke(app, ["plan", *preset, *args], terminal_width=400)
+    assert res.exit_code == 1, res.output
+    assert line in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not res.output.startswith(("'", '"')), "no stray quotes (str of a KeyError)"
+
+
+def test_per_shard_commands_require_shard():
+    """generate and extract take --shard the same way: required, so nobody runs one shard of several unawares."""
+    for stage in ("generate", "extract"):
+        res = CliRunner().invoke(app, [stage, "--preset", "tiny"])
+        assert res.exit_code == 2 and "Missing option '--shard'" in res.output, res.output
+
+
+def test_cpu_plan_table_has_no_none():
+    res = CliRunner().invoke(app, ["plan", "--preset", "tiny"], terminal_width=200)
+    assert res.exit_code == 0 and "None" not in res.output
+    assert "inference GPUs per trainer GPU (streaming, to keep up): - (no GPU rate" in res.output
+
+
+def test_compile_names_its_images_and_their_origin(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHDRAFT_IMAGE_REGISTRY", raising=False)
+    monkeypatch.setenv("FLASHDRAFT_IMAGE_TAG", "v9")
+    res = CliRunner().invoke(app, ["compile", "--preset", "tiny", "-o", str(tmp_path / "p.yaml")],
+                             terminal_width=400)
+    assert res.exit_code == 0, res.output
+    assert res.output.count("\n") == 1
+    assert ("images ghcr.io/flashdraft/flashdraft-base:v9, ghcr.io/flashdraft/flashdraft-inference:v9, "
+            "ghcr.io/flashdraft/flashdraft-trainer:v9 (registry: the default, tag: FLASHDRAFT_IMAGE_TAG; pass "
+            "--registry/--tag") in res.output
