@@ -8,7 +8,9 @@ z-lab / SpecForge format (vLLM `--speculative-config '{"method": "dflash", ...}'
                      `is_causal` (or dflash_config.causal) says otherwise, so the flag is always written; it hands W
                      to its attention backend as the per-layer window, which is the window attention.py trains with.
                      A "flashdraft" key records the target and mask-embedding facts for our own loader.
-  model.safetensors  layers.*, fc.weight, hidden_norm.weight, norm.weight; no embedding, no LM head.
+  model.safetensors  layers.*, fc.weight, hidden_norm.weight, norm.weight; no embedding; no LM head, except with a
+                     draft vocabulary: then `d2t` and the drafter's own [K, H] lm_head.weight (draft_vocab_tensors).
+  README.md          the model card (components/export/card.py).
   DFlash2 (drafter.kind=dflash2): architectures ["DFlash2DraftModel"] (vLLM serves it with method "dflash", V2
                      runner only), dflash_config adds conv_kernel_size, conv_group_size, selector_rank,
                      selector_top_k (vLLM raises KeyError without them) and input_embedding_scale = output_multiplier

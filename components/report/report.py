@@ -207,7 +207,7 @@ def verdict(data: dict[str, Any]) -> str:
         speedup = ev.drafter.speedup if ev.drafter else None
         parts = [f"tau {', '.join(taus) or '-'}", f"lossless {lossless_line(ev)}",
                  f"speedup {'-' if speedup is None else f'{speedup:.2f}x'}"
-                 + (f" ({ev.device})" if ev.device else "")]
+                 + f" ({', '.join(x for x in (ev.suites[0].name if ev.suites else None, ev.device) if x)})"]
     parts += [f"wall time {_duration(busy_seconds(data['statuses']))}", run_date(data["statuses"]) or "no date",
               f"flashdraft {prov.flashdraft} commit {prov.short_commit}"]
     return " | ".join(parts)
@@ -309,6 +309,14 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def charted_published(data: dict[str, Any]) -> dict[str, list[Any]]:
+    """Per suite, the published figures the tau chart draws: only those for this run's target (another model's tau
+    is no yardstick for this drafter; the table lists it, marked as another model's)."""
+    ev: EvaluateSummary | None = data["evaluate"]
+    return {s.name: [p for p in s.published if same_model(p.target, data["target"])]
+            for s in (ev.suites if ev is not None else [])}
+
+
 def charts(data: dict[str, Any]) -> dict[str, str]:
     """Base64 PNGs by name for the sections that have data."""
     import matplotlib
@@ -360,19 +368,18 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
         ax.grid(alpha=0.3)
         out["heldout_tau"] = _png(fig)
     rows = [s for s in (ev.suites if ev is not None else []) if s.tau is not None]
+    charted = charted_published(data)
     if rows:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         ax.bar([s.name for s in rows], [s.tau for s in rows], color="#1f77b4", label="this drafter")
         for i, s in enumerate(rows):
             ax.text(i, s.tau, f"{s.tau:.2f}", ha="center", va="bottom")
-            # only this target's published figures: another model's tau is no yardstick for this drafter
-            for p in (p for p in s.published if same_model(p.target, data["target"])):
+            for p in charted[s.name]:
                 ax.plot([i - 0.4, i + 0.4], [p.tau, p.tau], color="#d62728", linewidth=1.5)
                 # above its line, inside the suite's column (beside it, the label ran past the chart's edge)
                 ax.text(i, p.tau, f"{p.tau:.2f} {p.label}", fontsize=7, ha="center", va="bottom", color="#d62728",
                         wrap=True)
-        top = max([s.tau for s in rows] + [p.tau for s in rows for p in s.published
-                                           if same_model(p.target, data["target"])])
+        top = max([s.tau for s in rows] + [p.tau for s in rows for p in charted[s.name]])
         ax.set(ylabel="tau (tokens per cycle)", title="tau per suite (red: published figures for this target)",
                ylim=(0, top * 1.2))
         out["suite_tau"] = _png(fig)

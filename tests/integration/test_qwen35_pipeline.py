@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from flashdraft import layout
 from flashdraft.cli import app
+from flashdraft.components.export.export import read_export
 from flashdraft.config import TargetConfig, load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.store import open_store
@@ -67,5 +68,5 @@ def test_random_qwen35_checkpoint_runs_end_to_end_via_source_hf(tmp_path):
     assert evaluation["lossless"]["checked"] and evaluation["lossless"]["passed"], evaluation["lossless"]
     header_hidden = {store.read_commit(k).meta["provenance"]["hidden_size"] for k in committed_parts(store)}
     assert header_hidden == {64}, "features come from the nested text config's width"
-    zlab = json.loads(store.get_verified(f"{layout.EXPORT}/zlab/config.json"))
+    zlab = json.loads(read_export(store, "zlab")["config.json"])
     assert zlab["dflash_config"]["target_layer_ids"] == [1, 2, 3, 4, 5]

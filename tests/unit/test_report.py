@@ -227,3 +227,50 @@ def test_status_prints_the_suite_table(suites_run):
     start = lines.index("evaluation suites (metrics/evaluate.json):")
     assert lines[start + 1].split()[:4] == ["suite", "prompts", "thinking", "tau"]
     assert lines[start + 3].split()[:4] == ["humaneval", "1", "off", f"{evaluated.suites[1].tau:.2f}"]
+
+
+def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only_this_targets_figures(suites_run,
+                                                                                                    tmp_path):
+    from flashdraft.components.report.report import charted_published, gather
+    from flashdraft.provenance import current
+
+    cfg, evaluated = suites_run
+    result = run_report(cfg, out_dir=tmp_path / "out")
+    summary = Path(result.markdown_path).read_text()
+    sections = re.findall(r"^## (.+)$", summary, flags=re.M)
+    assert sections[0] == "Verdict", sections
+    verdict = summary.split("## Verdict\n\n", 1)[1].splitlines()[0]
+    held, he = evaluated.suites
+    assert verdict.startswith(f"tau {held.name} {held.tau:.2f}, {he.name} {he.tau:.2f} | lossless passed on ")
+    assert f"speedup {evaluated.drafter.speedup:.2f}x" in verdict and "wall time " in verdict
+    assert re.search(r"\| \d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC \|", verdict), verdict
+    assert verdict.endswith(f"commit {current().short_commit}")
+    # the train metrics of the fixture: slot-1 accuracy 0.70 in training, 0.50 held out (71% < 75%)
+    assert "held-out slot-1 accuracy 0.50 vs 0.70 in training (71%)" in summary.split("## Flags", 1)[1]
+    # the shipped 5.94 is the 27B's drafter: in the table marked as another model's, and off the chart
+    assert "5.94 DFlash (z-lab), Qwen3.6-27B [another model's]" in summary
+    data = gather(open_store(cfg.storage, cfg.run_id), cfg.model_dump(mode="json"))
+    assert charted_published(data) == {"heldout": [], "humaneval": []}
+    data["target"] = "Qwen/Qwen3.6-27B"  # the same figures on a run of their own target are drawn
+    assert [p.tau for p in charted_published(data)["humaneval"]] == [5.94]
+
+
+def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_named():
+    from flashdraft.components.report.report import projection, stored_codec
+    from flashdraft.summaries import PlanSummary
+
+    def plan_of(preset: str) -> PlanSummary:
+        cfg = load_config(preset=preset, overrides={"storage.root": "memory://report-projection"})
+        return PlanSummary.model_validate(run_plan(cfg).dump())
+
+    plan = plan_of("qwen3.6-27b")
+    line = projection(plan)
+    inference = sum(plan.gpu_hours[s]["gpu_hours"] for s in ("generate", "extract"))
+    assert f"inference pool {inference:,.1f} GPU-hours" in line
+    assert f"trainer pool {plan.gpu_hours['train']['gpu_hours']:,.1f} GPU-hours" in line
+    assert f"{fmt_bytes(plan.total_bytes_at_rest)} of hidden states at rest ({plan.codec})" in line
+    assert f"{plan.samples:,} samples" in line
+    assert projection(plan_of("tiny")) is None, "CPU pools: nothing to project"
+    metrics = {"extract-shard-00000": {"codec": {"name": "fp8-zstd", "scale": "token"}},
+               "extract-shard-00001": {"codec": {"name": "fp8-zstd"}}, "train": {"codec": {"name": "x"}}}
+    assert stored_codec(metrics) == "fp8-zstd" and stored_codec({}) is None

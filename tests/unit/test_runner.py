@@ -171,3 +171,28 @@ def test_streaming_training_cannot_carry_on_from_a_finished_stream(cfg):
     run_task(streaming, "train", body=TrainBody(streaming, steps=5))
     with pytest.raises(StageInputsChanged, match=r"^train: .*training.max_steps 5 -> 9"):
         run_task(streaming.with_overrides({"training.max_steps": 9}), "train", body=TrainBody(streaming, steps=9))
+
+
+def test_a_reused_task_keeps_the_duration_of_the_run_that_made_it(cfg, monkeypatch):
+    """`flashdraft status`, the console and the report show how long a reused result took, not 0 s; a stage whose
+    shards were partly reused is timed by the shards that ran now, not from the first run to this one."""
+    from flashdraft.pipelines.console import record_line
+
+    clock = [100.0, 160.5, 900.0, 1000.0, 1010.0, 1040.0, 1100.0, 2010.0, 2030.0, 2045.0]
+    monkeypatch.setattr(status, "now", lambda: clock.pop(0))
+    body = Body(kept=30, num_train=26, num_eval=4, quarantined=0)
+    run_task(cfg, "prep", body=body)  # started 100, ended 160.5
+    assert run_task(cfg, "prep", body=body).skipped  # reused at 900
+    store = open_store(cfg.storage, cfg.run_id)
+    record = status.read_record(store, "prep")
+    assert record.reused and record.duration_s == 60.5 and record.reused_at == 900.0
+    assert "prep" in record_line(record) and " reused    60.5 s " in record_line(record)
+    gen = Body(samples=13, generated_tokens=300, generation_seconds=3.0)
+    run_task(cfg, "generate", 0, body=gen)  # 1000 -> 1010
+    run_task(cfg, "generate", 1, body=gen)  # 1040 -> 1100
+    assert run_task(cfg, "generate", 0, body=gen).skipped  # reused at 2010
+    run_task(cfg, "generate", 1, body=gen, force=True)  # runs again: 2030 -> 2045
+    assert not clock, "every clock reading was taken"
+    by_stage = {s.stage: s for s in status.stage_statuses(status.read_records(store))}
+    assert by_stage["prep"].duration_s == 60.5 and status.describe(by_stage["prep"]) == status.REUSED
+    assert by_stage["generate"].duration_s == 15.0, "timed by the shard that ran now"
