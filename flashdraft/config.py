@@ -87,11 +87,22 @@ class TargetConfig(_Section):
         default=False, description="let transformers/vLLM run Python code shipped with the model; off by default "
         "(a model's repository could run anything), turn it on only for a model you trust that needs it")
     num_layers: int | None = Field(
-        default=None, ge=1, description="decoder layers of the target; set in presets so `plan` runs without "
-        "downloading the model, resolved from the HF config otherwise. The DFlash layer rule reads it")
+        default=None, ge=1, description="hint: decoder layers of the target, for planning where no model files "
+        "exist (the model's own config rules wherever it can be read, and a different value there is refused); "
+        "source=tiny/random: the depth built. Facts like this describe target.model: a --set naming another "
+        "model drops the ones it does not set itself")
     hidden_size: int | None = Field(
-        default=None, ge=1, description="hidden width of the target (bytes per token for plan); resolved from the "
-        "HF config when unset")
+        default=None, ge=1, description="hint: hidden width of the target, for planning where no model files "
+        "exist (refused when the model's config disagrees); source=tiny: the width built")
+    vocab_size: int | None = Field(
+        default=None, ge=1, description="hint: vocabulary of the target (the planner's LM-head and embedding "
+        "terms) where no model files exist; refused when the model's config disagrees")
+    params: float | None = Field(
+        default=None, gt=0, description="hint: total parameters of the target (all experts of an MoE; the "
+        "inference pool's weights) where no model files exist; else counted from the model's config")
+    active_params: float | None = Field(
+        default=None, gt=0, description="hint: parameters a token runs through (MoE: the routed experts only; "
+        "the planner's FLOPs); default: params")
     seed: int = Field(default=0, description="only for source=tiny/random: seed of the random weights (part of the "
                       "model's identity: a different seed is a different target)")
     architecture: Literal["qwen3", "qwen3_5"] = Field(
@@ -691,14 +702,20 @@ class PlanConfig(_Section):
     decode_batch: int = Field(default=64, ge=1, description="sequences decoded together per weight read in "
                               "the generation model")
     response_fraction: float = Field(default=0.75, gt=0, le=1, description="share of a sample's tokens generated")
-    target_params: float | None = Field(default=None, gt=0, description="target parameter count; estimated if unset")
-    target_vocab: int = Field(default=151936, ge=1, description="vocabulary size for the LM-head cost")
+    target_params: float | None = Field(
+        default=None, gt=0, description="target parameter count; default: the target's (its config, else "
+        "target.params, else estimated from layers x width); a value the model's own count contradicts is refused")
+    target_vocab: int | None = Field(
+        default=None, ge=1, description="vocabulary size for the LM-head cost; default: the target's (its config, "
+        "else target.vocab_size, else assumed 151,936); a value the model's config contradicts is refused")
     target_kv_bytes_per_token: float | None = Field(
         default=None, gt=0, description="vLLM KV-cache bytes per token over all full-attention target layers (bf16 K "
-        "and V: 4 x layers x kv_heads x head_dim); default 4 x num_layers x hidden_size, an upper bound")
-    target_state_bytes_per_sequence: float = Field(
-        default=0.0, ge=0, description="recurrent state per sequence over all linear-attention (Gated DeltaNet) "
-        "target layers, SSM state plus convolution cache, as vLLM holds it")
+        "and V: 4 x layers x kv_heads x head_dim); default: from the target's config, else (hints) 4 x num_layers "
+        "x hidden_size, an upper bound")
+    target_state_bytes_per_sequence: float | None = Field(
+        default=None, ge=0, description="fixed-size cache per sequence: recurrent state over all linear-attention "
+        "(Gated DeltaNet) target layers, SSM state plus convolution cache, as vLLM holds it, and sliding-window "
+        "layers' K/V; default: from the target's config (0 when planning from hints)")
     target_intermediate_size: int | None = Field(
         default=None, ge=1, description="the target's MLP width, for activation workspaces; default 4 x hidden_size")
     calibration: str | None = Field(
@@ -730,6 +747,10 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
+        width = self.target.hidden_size
+        if self.drafter.hidden_size is not None and width is not None and self.drafter.hidden_size != width:
+            raise ValueError(f"drafter.hidden_size {self.drafter.hidden_size} != target hidden size {width} (the "
+                             "drafter reads the target's embedding and LM head; unset it to follow the target)")
         ids = self.features.layer_ids
         if ids is not None:
             if len(ids) != self.features.num_features:
@@ -759,11 +780,32 @@ class RunConfig(_Section):
 
     def with_overrides(self, overrides: dict[str, Any] | list[str]) -> RunConfig:
         data = self.model_dump(mode="json")
+        model = data["target"]["model"]
         apply_overrides(data, overrides)
+        drop_stale_target_facts(data, model, overrides)
         return validate_config(data, source="overrides")
 
 
 # -- loading ------------------------------------------------------------------------------------------------
+
+# Facts about target.model, written in presets so `plan` works without the model's files: when an override names
+# another model they describe the old one, so the ones the override does not set itself are dropped (the plan then
+# reads the new model's config, or says which figures it had to assume). drafter.* are settings, not facts: a
+# drafter.hidden_size that contradicts the new target is refused instead.
+TARGET_FACTS = ("target.num_layers", "target.hidden_size", "target.vocab_size", "target.params",
+                "target.active_params", "plan.target_params", "plan.target_vocab", "plan.target_kv_bytes_per_token",
+                "plan.target_state_bytes_per_sequence", "plan.target_intermediate_size")
+
+
+def drop_stale_target_facts(data: dict[str, Any], model_before: Any, overrides: dict[str, Any] | list[str]) -> None:
+    """Unset the TARGET_FACTS the overrides leave over from a model they replaced (in place)."""
+    if not isinstance(data.get("target"), dict) or data["target"].get("model") == model_before:
+        return
+    keys = {parse_override(o)[0] if isinstance(o, str) else o for o in overrides}
+    for fact in TARGET_FACTS:
+        section, name = fact.split(".")
+        if fact not in keys and isinstance(data.get(section), dict):
+            data[section].pop(name, None)
 
 
 def preset_names() -> list[str]:
@@ -864,7 +906,9 @@ def load_config(
     if not data:
         raise ConfigError("no configuration: pass --preset NAME or --config FILE")
     if overrides:
+        model = data.get("target", {}).get("model") if isinstance(data.get("target"), dict) else None
         apply_overrides(data, overrides)
+        drop_stale_target_facts(data, model, overrides)
     return validate_config(data, source=str(config or f"preset {preset}"))
 
 

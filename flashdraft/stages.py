@@ -146,7 +146,8 @@ def default_pools() -> dict[str, Pool]:
 # -- the built-in stages ------------------------------------------------------------------------------------
 
 _C = "flashdraft.components"
-_TARGET_HINTS = ("target.num_layers", "target.hidden_size")  # planner geometry hints; the model's config rules
+_TARGET_HINTS = ("target.num_layers", "target.hidden_size", "target.vocab_size", "target.params",
+                 "target.active_params")  # planner geometry hints; the model's config rules
 
 declare(StageSpec(
     "plan", PlanSummary, "cpu", 900, run=f"{_C}.plan.planner:run_plan", reuse=False,

@@ -29,7 +29,7 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -199,17 +199,20 @@ def _build_random(target: TargetConfig, out: Path) -> None:
     grouped = {n for g in groups for n in g}
     groups.append([n for n in modules if n not in grouped])  # final norm, vision stand-in, rotary buffers
     weight_map, total = {}, 0
+    # On a GPU machine the init runs there (make gpu-e2e: 8.4 GB of random bf16 in seconds, not minutes); its
+    # random values differ from a CPU build's, which no stage depends on (a stand-in for shapes and speed).
+    init_device = "cuda" if torch.cuda.is_available() else "cpu"
     for k, group in enumerate(groups):
         shard = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
         for n in group:
-            modules[n].to_empty(device="cpu", recurse=False)
+            modules[n].to_empty(device=init_device, recurse=False)
         for n in group:
             model._init_weights(modules[n])
         tensors = {}
         for n in group:
             for t_name, t in modules[n].state_dict(keep_vars=False).items():
                 if "." not in t_name:  # this module's own tensors; children are their own entries
-                    tensors[f"{n}.{t_name}" if n else t_name] = t.detach().to(dtype).contiguous()
+                    tensors[f"{n}.{t_name}" if n else t_name] = t.detach().to(dtype).contiguous().cpu()
         if tensors:
             save_file(tensors, str(out / shard), metadata={"format": "pt"})
         for n, t in tensors.items():
@@ -246,20 +249,30 @@ def _build_tiny(target: TargetConfig, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def _built_dir(target: TargetConfig) -> Path:
+    """Where flashdraft builds (or built) a tiny / random / smollm2-pypi target."""
+    if target.source == "smollm2-pypi":
+        return cache_dir() / "models" / "smollm2-135m-instruct"
+    if target.source == "tiny":
+        hidden = target.hidden_size or (128 if target.architecture == "qwen3_5" else 256)
+        arch = "" if target.architecture == "qwen3" else f"-{target.architecture}"
+        return cache_dir() / "models" / f"{target.model}{arch}-L{target.num_layers or 8}-H{hidden}-s{target.seed}"
+    if target.source == "random":
+        name = f"{target.model.replace('/', '--')}-random-L{target.num_layers or 4}-{target.dtype}-s{target.seed}"
+        return cache_dir() / "models" / name
+    raise ValueError(f"target.source: unknown {target.source!r}")
+
+
 def resolve_model_dir(target: TargetConfig) -> Path | str:
     """A local folder (tiny, smollm2-pypi) or the HF id/path (hf) that `from_pretrained` accepts."""
     if target.source == "hf":
         return target.model
     if target.source == "smollm2-pypi":
-        return _atomic_save(_build_smollm2, cache_dir() / "models" / "smollm2-135m-instruct")
+        return _atomic_save(_build_smollm2, _built_dir(target))
     if target.source == "tiny":
-        hidden = target.hidden_size or (128 if target.architecture == "qwen3_5" else 256)
-        arch = "" if target.architecture == "qwen3" else f"-{target.architecture}"
-        name = f"{target.model}{arch}-L{target.num_layers or 8}-H{hidden}-s{target.seed}"
-        return _atomic_save(lambda out: _build_tiny(target, out), cache_dir() / "models" / name)
+        return _atomic_save(lambda out: _build_tiny(target, out), _built_dir(target))
     if target.source == "random":
-        name = f"{target.model.replace('/', '--')}-random-L{target.num_layers or 4}-{target.dtype}-s{target.seed}"
-        return _atomic_save(lambda out: _build_random(target, out), cache_dir() / "models" / name)
+        return _atomic_save(lambda out: _build_random(target, out), _built_dir(target))
     raise ValueError(f"target.source: unknown {target.source!r}")
 
 
@@ -332,30 +345,259 @@ def text_config(hf_config, model: str = "the target"):
 
 @dataclass(frozen=True)
 class TargetGeometry:
-    """The target facts every stage needs, from its text config."""
+    """The target facts every stage needs, from its text config (or, for planning without the model's files, from
+    the config's hints: `geometry_from_hints`)."""
 
     num_layers: int
     hidden_size: int
     vocab_size: int
     layer_types: tuple[str, ...] | None  # e.g. linear_attention / full_attention per decoder layer (hybrids)
     model_type: str
+    intermediate_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    sliding_window: int | None = None  # the window of its sliding_attention layers (gpt-oss, Mistral-style)
+    attention_sinks: bool = False      # gpt-oss: a learned per-head sink logit (no cached state)
+    tie_word_embeddings: bool = False
+    num_experts: int = 0               # routed experts of an MoE layer (0: dense)
+    experts_per_token: int = 0
+    params: int | None = None          # total, every expert included (what an inference GPU holds)
+    active_params: int | None = None   # what one token runs through (MoE: only its routed experts)
+    linear_state_bytes: int = 0        # recurrent + conv state of one linear-attention layer, one sequence, bf16
 
     @property
     def recurrent_layers(self) -> list[int]:
         """Decoder layers with a recurrent state (Gated DeltaNet etc.): their cache cannot be cropped."""
         return [i for i, t in enumerate(self.layer_types or ()) if "linear" in t or "mamba" in t]
 
+    @property
+    def sliding_layers(self) -> list[int]:
+        """Decoder layers attending over a sliding window (all of them when the config has a window but no
+        layer_types, as Mistral-style configs do)."""
+        if self.layer_types is None:
+            return list(range(self.num_layers)) if self.sliding_window else []
+        return [i for i, t in enumerate(self.layer_types) if t == "sliding_attention"]
 
-def geometry_of(hf_config, model: str = "the target") -> TargetGeometry:
+    @property
+    def full_attention_layers(self) -> list[int]:
+        other = set(self.recurrent_layers) | set(self.sliding_layers)
+        return [i for i in range(self.num_layers) if i not in other]
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def kv_bytes_per_token(self) -> float | None:
+        """bf16 K and V a token in every full-attention layer (what vLLM's paged cache grows by); None when the
+        head layout is unknown (hints)."""
+        if self.num_kv_heads is None or self.head_dim is None:
+            return None
+        return 2 * 2 * self.num_kv_heads * self.head_dim * len(self.full_attention_layers)
+
+    def state_bytes_per_sequence(self) -> float:
+        """Fixed-size cache a sequence holds: linear-attention state and sliding-window K/V (window tokens)."""
+        window = 0
+        if self.sliding_window and self.num_kv_heads and self.head_dim:
+            window = 2 * 2 * self.num_kv_heads * self.head_dim * self.sliding_window * len(self.sliding_layers)
+        return self.linear_state_bytes * len(self.recurrent_layers) + window
+
+
+def _moe_shape(c) -> tuple[int, int]:
+    """(experts, experts a token is routed to) of an MoE text config (Qwen3-MoE, gpt-oss, Mixtral names)."""
+    experts = getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None) or 0
+    k = getattr(c, "num_experts_per_tok", None) or getattr(c, "experts_per_token", None) or 0
+    return int(experts or 0), int(k or 0)
+
+
+def count_params(c) -> tuple[int, int, bool] | None:
+    """(total, active, has attention sinks) of the text model `c` describes, counted on a meta-device instance of
+    transformers' own class (no weights, no memory): exact for any family. Active = total minus the routed
+    experts a token does not visit. None when transformers cannot build the class."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(c)
+    except Exception:  # an architecture transformers lacks (remote code): the caller falls back to hints
+        return None
+    names = [(n, p.numel()) for n, p in model.named_parameters(remove_duplicate=True)]
+    total = sum(n for _, n in names)
+    experts, k = _moe_shape(c)
+    routed = sum(n for name, n in names if ".experts." in name)
+    active = total - (routed * (experts - k) // experts if experts and k else 0)
+    return total, active, any(name.endswith(".sinks") for name, _ in names)
+
+
+def _linear_state_bytes(c) -> int:
+    """One Gated DeltaNet layer's bf16 recurrent state (value heads x key dim x value dim) plus its conv cache."""
+    heads = getattr(c, "linear_num_value_heads", None)
+    if not heads:
+        return 0
+    kd, vd = c.linear_key_head_dim, c.linear_value_head_dim
+    conv_dim = 2 * c.linear_num_key_heads * kd + heads * vd
+    return 2 * (heads * kd * vd + conv_dim * (getattr(c, "linear_conv_kernel_dim", 4) - 1))
+
+
+def geometry_of(hf_config, model: str = "the target", count: bool = False) -> TargetGeometry:
+    """The geometry from an HF config; `count` also counts parameters (a meta-device model: ~0.1-2 s)."""
     c = text_config(hf_config, model)
     types = getattr(c, "layer_types", None)
-    return TargetGeometry(num_layers=int(c.num_hidden_layers), hidden_size=int(c.hidden_size),
-                          vocab_size=int(c.vocab_size), layer_types=tuple(types) if types else None,
-                          model_type=str(getattr(hf_config, "model_type", "") or ""))
+    heads = getattr(c, "num_attention_heads", None)
+    experts, k = _moe_shape(c)
+    counted = count_params(c) if count else None
+    window = getattr(c, "sliding_window", None)
+    if types and "sliding_attention" not in types:
+        window = None  # Qwen3 configs carry a sliding_window they do not use (use_sliding_window false)
+    if not types and not getattr(c, "use_sliding_window", True):
+        window = None
+    return TargetGeometry(
+        num_layers=int(c.num_hidden_layers), hidden_size=int(c.hidden_size), vocab_size=int(c.vocab_size),
+        layer_types=tuple(types) if types else None, model_type=str(getattr(hf_config, "model_type", "") or ""),
+        intermediate_size=getattr(c, "intermediate_size", None), num_heads=heads,
+        num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or (c.hidden_size // heads if heads else None),
+        sliding_window=int(window) if window else None, attention_sinks=bool(counted and counted[2]),
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)
+                                 or getattr(c, "tie_word_embeddings", False)),
+        num_experts=experts, experts_per_token=k, params=counted[0] if counted else None,
+        active_params=counted[1] if counted else None, linear_state_bytes=_linear_state_bytes(c))
 
 
 def target_geometry(target: TargetConfig) -> TargetGeometry:
     return geometry_of(load_hf_config(target), target.model)
+
+
+DEFAULT_VOCAB = 151936  # assumed by the planner when neither the model nor target.vocab_size says
+
+
+def estimated_params(layers: int, hidden: int, vocab: int) -> float:
+    """A dense decoder's parameters from its shape alone (attention + 8/3-wide gated MLP, embedding and head)."""
+    return 12 * layers * hidden**2 + 2 * vocab * hidden
+
+
+def geometry_from_hints(cfg: RunConfig) -> tuple[TargetGeometry, dict[str, str]]:
+    """The geometry the config's target hints state (planning where the model's files are not here), and where each
+    figure came from: `target.X (hint)` or `assumed (...)`. Raises ConfigError without layers and width."""
+    t = cfg.target
+    if t.num_layers is None or t.hidden_size is None:
+        raise ConfigError(f"target {t.model}: its config is not on this machine, so plan needs the hints "
+                          "target.num_layers and target.hidden_size (or run it where the model's files are)")
+    sources = {"num_layers": "target.num_layers (hint)", "hidden_size": "target.hidden_size (hint)"}
+    vocab = t.vocab_size or DEFAULT_VOCAB
+    sources["vocab_size"] = "target.vocab_size (hint)" if t.vocab_size else f"assumed ({DEFAULT_VOCAB:,})"
+    params = t.params or estimated_params(t.num_layers, t.hidden_size, vocab)
+    sources["params"] = "target.params (hint)" if t.params else "estimated from layers x width (dense)"
+    active = t.active_params or params
+    sources["active_params"] = "target.active_params (hint)" if t.active_params else "= params (dense)"
+    geo = TargetGeometry(num_layers=t.num_layers, hidden_size=t.hidden_size, vocab_size=vocab, layer_types=None,
+                         model_type="", params=int(params), active_params=int(active))
+    return geo, sources
+
+
+def model_files_here(target: TargetConfig) -> bool:
+    """Whether the target's config can be read without a download or a build: a local folder, the Hugging Face
+    cache, or a tiny/random/smollm2 checkpoint flashdraft already built."""
+    if target.source == "hf":
+        if Path(target.model).expanduser().is_dir():
+            return (Path(target.model).expanduser() / "config.json").is_file()
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(target.model, "config.json", revision=target.revision)
+        except Exception:  # not a repo id either
+            return False
+        return isinstance(found, str)
+    return (_built_dir(target) / "config.json").is_file()
+
+
+@dataclass(frozen=True)
+class Target:
+    """The target resolved once: its geometry, the DFlash layer ids over it, and access to its tokenizer, model and
+    frozen embedding / LM head. Every stage reads this instead of the HF config piecemeal; `sources` says where
+    each planning figure came from (`model config`, a `target.X (hint)`, or assumed)."""
+
+    config: TargetConfig
+    geometry: TargetGeometry
+    layer_ids: tuple[int, ...]
+    from_files: bool
+    sources: dict[str, str]
+
+    @property
+    def hinted(self) -> list[str]:
+        """The figures that did not come from the model's own config."""
+        return [k for k, v in self.sources.items() if v != "model config"]
+
+    def tokenizer(self):
+        return load_tokenizer(self.config)
+
+    def causal_lm(self, device: str = "cpu", num_layers: int | None = None):
+        return load_causal_lm(self.config, device, num_layers)
+
+    def hf_config(self):
+        return load_hf_config(self.config)
+
+    def embeddings(self):
+        """(embedding [V, H], LM head [V, H]), memory-mapped from the checkpoint (a tied head is the embedding)."""
+        from flashdraft.drafter.model import load_target_embeddings
+
+        return load_target_embeddings(self.config)
+
+
+_GEOMETRY_CACHE: dict[str, TargetGeometry] = {}
+
+
+def _geometry_from_files(target: TargetConfig) -> TargetGeometry:
+    key = target.model_dump_json()
+    if key not in _GEOMETRY_CACHE:
+        _GEOMETRY_CACHE[key] = geometry_of(load_hf_config(target), target.model, count=True)
+    return _GEOMETRY_CACHE[key]
+
+
+def check_target_settings(cfg: RunConfig, geo: TargetGeometry, where: str, assumed: set[str] = frozenset()) -> None:
+    """Refuse, in one line naming the field, a setting the resolved target contradicts (`assumed`: geometry
+    figures nothing stated, which no setting can contradict)."""
+    d, t, p = cfg.drafter, cfg.target, cfg.plan
+    if assumed:
+        geo = replace(geo, vocab_size=0 if "vocab_size" in assumed else geo.vocab_size,
+                      params=None if "params" in assumed else geo.params)
+    if d.hidden_size is not None and d.hidden_size != geo.hidden_size:
+        raise ConfigError(f"drafter.hidden_size {d.hidden_size} != target hidden size {geo.hidden_size} ({where}; "
+                          "the drafter reads the target's embedding and LM head: unset it to follow the target)")
+    for field, value, actual in (("target.num_layers", t.num_layers, geo.num_layers),
+                                 ("target.hidden_size", t.hidden_size, geo.hidden_size),
+                                 ("target.vocab_size", t.vocab_size, geo.vocab_size),
+                                 ("plan.target_vocab", p.target_vocab, geo.vocab_size)):
+        if value is not None and actual and value != actual:
+            raise ConfigError(f"{field} {value} != {actual} in {where}: unset it (the model's config rules)")
+    for field, value in (("target.params", t.params), ("plan.target_params", p.target_params)):
+        if value is not None and geo.params and abs(value / geo.params - 1) > 0.1:
+            raise ConfigError(f"{field} {value:.4g} != the {geo.params:.4g} parameters of {where} (more than 10% "
+                              "off): unset it (counted from the model's config)")
+    ids = cfg.layer_ids(geo.num_layers)
+    if max(ids) >= geo.num_layers:
+        raise ConfigError(f"features.layer_ids {ids}: {t.model} has {geo.num_layers} decoder layers "
+                          f"(ids 0..{geo.num_layers - 1})")
+
+
+def resolve_target(cfg: RunConfig, hints: bool = False) -> Target:
+    """The target of `cfg`, resolved once from the model's own config (loading or building it as the stages do)
+    and checked against the settings that must agree with it. `hints=True` (plan): where the model's files are
+    not on this machine, from the config's hints instead, with every such figure named in `sources`."""
+    if hints and not model_files_here(cfg.target):
+        geo, sources = geometry_from_hints(cfg)
+        check_target_settings(cfg, geo, "the target hints", {k for k, v in sources.items() if "hint" not in v})
+        return Target(cfg.target, geo, tuple(cfg.layer_ids(geo.num_layers)), False, sources)
+    geo = _geometry_from_files(cfg.target)
+    check_target_settings(cfg, geo, f"{cfg.target.model}'s config")
+    sources = dict.fromkeys(("num_layers", "hidden_size", "vocab_size", "params", "active_params"), "model config")
+    if geo.params is None:  # transformers cannot build the class on the meta device (remote code)
+        params = cfg.target.params or estimated_params(geo.num_layers, geo.hidden_size, geo.vocab_size)
+        geo = replace(geo, params=int(params), active_params=int(cfg.target.active_params or params))
+        sources["params"] = "target.params (hint)" if cfg.target.params else "estimated from layers x width"
+        sources["active_params"] = "target.active_params (hint)" if cfg.target.active_params else "= params"
+    return Target(cfg.target, geo, tuple(cfg.layer_ids(geo.num_layers)), True, sources)
 
 
 def torch_dtype(target: TargetConfig):
@@ -403,9 +645,8 @@ def set_cpu_threads(cfg: RunConfig, device: str = "cpu", per_rank: bool = False)
 
 
 def target_num_layers(cfg: RunConfig) -> int:
-    if cfg.target.num_layers is not None:
-        return cfg.target.num_layers
-    return target_geometry(cfg.target).num_layers
+    """The target's decoder layers from its own config (resolve_target; a contradicting hint is refused)."""
+    return resolve_target(cfg).geometry.num_layers
 
 
 @lru_cache(maxsize=8)

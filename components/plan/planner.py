@@ -33,6 +33,7 @@ from flashdraft.components.plan.resources import calibrate_rates, memory_gate, m
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
 from flashdraft.summaries import PlanSummary
+from flashdraft.target import Target, resolve_target
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features
 
@@ -63,10 +64,51 @@ def feature_bytes_per_token(cfg: RunConfig, codec: str, hidden: int) -> float:
         raise ConfigError(f"features: {exc}") from None
 
 
-def _target_params(cfg: RunConfig, layers: int, hidden: int) -> float:
-    if cfg.plan.target_params:
-        return cfg.plan.target_params
-    return 12 * layers * hidden**2 + 2 * cfg.plan.target_vocab * hidden
+def planning_target(cfg: RunConfig) -> tuple[RunConfig, Target, dict[str, Any]]:
+    """The target resolved once (its own config where its files are here, else the config's hints), the config
+    with every target figure the planner reads filled in from it, and the plan's `target` section: each figure
+    and where it came from. Explicit plan.target_* values win (a contradicting one was refused by the resolver)."""
+    target = resolve_target(cfg, hints=True)
+    geo, p = target.geometry, cfg.plan
+    params = p.target_params or geo.params
+    sources = dict(target.sources)
+    if p.target_params:
+        sources["params"] = "plan.target_params"
+    vocab = p.target_vocab or geo.vocab_size
+    if p.target_vocab:
+        sources["vocab_size"] = "plan.target_vocab"
+    kv = p.target_kv_bytes_per_token or geo.kv_bytes_per_token()
+    state = p.target_state_bytes_per_sequence
+    if state is None:
+        state = geo.state_bytes_per_sequence() if target.from_files else 0.0
+    filled = cfg.with_overrides({
+        "target.num_layers": geo.num_layers, "target.hidden_size": geo.hidden_size, "plan.target_vocab": vocab,
+        "plan.target_params": params, "plan.target_kv_bytes_per_token": kv,
+        "plan.target_state_bytes_per_sequence": state,
+        "plan.target_intermediate_size": p.target_intermediate_size or geo.intermediate_size})
+    section = {"model": cfg.target.model, "num_layers": geo.num_layers, "hidden_size": geo.hidden_size,
+               "vocab_size": vocab, "params": params, "active_params": geo.active_params or params,
+               "layer_types": _layer_kinds(geo), "sliding_window": geo.sliding_window,
+               "attention_sinks": geo.attention_sinks, "experts": geo.num_experts,
+               "experts_per_token": geo.experts_per_token, "from_model_files": target.from_files,
+               "sources": sources, "hinted": [k for k, v in sources.items() if v != "model config"]}
+    return filled, target, section
+
+
+def _layer_kinds(geo) -> dict[str, int] | None:
+    if geo.layer_types is None:
+        return None
+    return {k: list(geo.layer_types).count(k) for k in dict.fromkeys(geo.layer_types)}
+
+
+def decode_weight_bytes(total: float, active: float, experts: int, per_token: int, batch: int) -> float:
+    """bf16 weight bytes one decode step of `batch` sequences reads: every dense weight, and of an MoE's routed
+    experts the share the batch touches (1 - (1 - k/E)^batch; ~all of them at a batch of 64 with 8 of 128)."""
+    if not experts or not per_token or active >= total:
+        return 2 * total
+    routed = (total - active) * experts / (experts - per_token)
+    touched = 1 - (1 - per_token / experts) ** batch
+    return 2 * ((total - routed) + routed * touched)
 
 
 def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
@@ -76,9 +118,8 @@ def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
 
 def make_plan(cfg: RunConfig) -> dict[str, Any]:
     """The whole estimate as a JSON-able dict (the `--json` output and metrics/plan.json)."""
-    layers, hidden = cfg.target.num_layers, cfg.target.hidden_size
-    if layers is None or hidden is None:
-        raise ConfigError("plan needs target.num_layers and target.hidden_size (set them in the config)")
+    cfg, target, target_section = planning_target(cfg)
+    layers, hidden = target.geometry.num_layers, target.geometry.hidden_size
     samples = cfg.data.expected_samples or cfg.data.max_samples
     if samples is None:
         raise ConfigError("plan needs data.expected_samples (or data.max_samples)")
@@ -99,18 +140,20 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     shard_count = math.ceil(at_rest / cfg.features.shard_bytes)
 
     # -- throughput ---------------------------------------------------------------------------------------
-    params = _target_params(cfg, layers, hidden)
+    params = target_section["params"]                # every expert: what the inference GPUs hold
+    active = target_section["active_params"]         # what a token runs through: the FLOPs
     gen_tokens = int(tokens * cfg.plan.response_fraction)
     measured = cfg.plan.measured_tokens_per_s
     inf_gpu, train_gpu = _pool_gpu(cfg, "generate"), _pool_gpu(cfg, "train")
     rates: dict[str, float | None] = {"generate": measured.get("generate"), "extract": measured.get("extract"),
                                       "train": measured.get("train")}
     if inf_gpu and rates["generate"] is None:
-        weight_bytes = params * 2
+        weight_bytes = decode_weight_bytes(params, active, target.geometry.num_experts,
+                                           target.geometry.experts_per_token, cfg.plan.decode_batch)
         bandwidth = inf_gpu.bandwidth_gbs * 1e9
         rates["generate"] = cfg.plan.decode_batch * cfg.plan.decode_efficiency * bandwidth / weight_bytes
     if inf_gpu and rates["extract"] is None:
-        flops_per_token = 2 * params * (max(ids) + 1) / layers
+        flops_per_token = 2 * active * (max(ids) + 1) / layers
         rates["extract"] = cfg.plan.prefill_efficiency * inf_gpu.bf16_tflops * 1e12 / flops_per_token
     shape, _ = train_shape(cfg)
     step_flops = trainer_flops(shape, window_keys(cfg))
@@ -121,8 +164,10 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     cal = load_calibration(cfg.plan.calibration) if cfg.plan.calibration else None
     gpus = {"generate": inf_gpu, "extract": _pool_gpu(cfg, "extract"), "train": train_gpu}
     if cal is not None:
-        sources.update(calibrate_rates(cfg, cal, rates, {"extract": 2 * params * (max(ids) + 1) / layers,
-                                                         "train": train_flops_per_token}, gpus))
+        sources.update(calibrate_rates(cfg, cal, rates, {"extract": 2 * active * (max(ids) + 1) / layers,
+                                                         "train": train_flops_per_token,
+                                                         "generate_bytes": params * 2 / cfg.plan.decode_batch},
+                                       gpus))
 
     def hours(stage_tokens: float, rate: float | None) -> float | None:
         return round(stage_tokens / rate / 3600, 1) if rate else None
@@ -152,6 +197,7 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     recommended = "offline" if fits else ("streaming" if window <= (budget or 0) else "none fits")
     plan = {
         "target": cfg.target.model, "layer_ids": ids, "num_layers": layers, "hidden_size": hidden,
+        "target_geometry": target_section,
         "samples": samples, "tokens_per_sample": tps, "total_tokens": tokens,
         "bytes_per_token": int(cfg.features.num_features * hidden * 2),  # the naive bf16 reference layout
         "codecs": codecs, "codec": cfg.features.codec,
@@ -197,6 +243,7 @@ def plan_markdown(plan: dict[str, Any]) -> str:
     """The plan as a Markdown table (a KFP Markdown artifact and the report's planner section)."""
     lines = [f"### Plan: {plan['target']} ({plan['samples']:,} samples x {plan['tokens_per_sample']} tokens)", "",
              f"Feature layers {plan['layer_ids']}, naive bf16 layout {plan['bytes_per_token']:,} B/token.", "",
+             *target_lines(plan), "",
              "| codec | lossless | bytes/token | x bf16 | at rest |", "|---|---|---:|---:|---:|"]
     for codec, v in plan["codecs"].items():
         mark = " (selected)" if codec == plan["codec"] else ""
@@ -216,6 +263,29 @@ def plan_markdown(plan: dict[str, Any]) -> str:
     if plan["gate"]:
         lines += ["", f"**Gate: {plan['gate']}**"]
     return "\n".join(lines) + "\n"
+
+
+def target_lines(plan: dict[str, Any]) -> list[str]:
+    """What the plan took the target to be, and which figures did not come from the model's own config."""
+    t = plan.get("target_geometry")
+    if not t:
+        return []
+    line = (f"Target: {t['num_layers']} layers x {t['hidden_size']}, vocabulary {t['vocab_size']:,}, "
+            f"{t['params'] / 1e9:,.2f}B parameters")
+    if t["experts"]:
+        line += (f" ({t['active_params'] / 1e9:,.2f}B active: MoE, {t['experts_per_token']} of {t['experts']} "
+                 "experts a token; all experts resident on the inference GPUs, active parameters for FLOPs)")
+    if t.get("layer_types"):
+        line += "; layers " + ", ".join(f"{v} {k}" for k, v in t["layer_types"].items())
+    if t.get("sliding_window"):
+        line += f", window {t['sliding_window']}"
+    if t.get("attention_sinks"):
+        line += ", attention sinks"
+    out = [line + "."]
+    if t["hinted"]:
+        out += ["", "Not from the model's config (its files are not on this machine): " + "; ".join(
+            f"{k} from {t['sources'][k]}" for k in t["hinted"]) + "."]
+    return out
 
 
 def memory_markdown(plan: dict[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ from flashdraft.components.plan.memory import (
     trainer_memory,
 )
 from flashdraft.config import RunConfig
+from flashdraft.target import DEFAULT_VOCAB
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the GPU; the generate stage does not change it
 
@@ -61,12 +62,13 @@ def train_shape(cfg: RunConfig, **changes: Any) -> tuple[TrainShape, list[str]]:
     per_row = max(1, tokens // tps)
     per_sample = min(max_anchors, max(0, int(min(tps, tokens) * cfg.plan.response_fraction) - d.block_size))
     windows = {w for w in [d.sliding_window] if "sliding_attention" in d.resolved_layer_types()}
-    vocab = changes.get("vocab_size", d.draft_vocab_size or cfg.plan.target_vocab)
+    target_vocab = cfg.plan.target_vocab or cfg.target.vocab_size or DEFAULT_VOCAB  # planner.py fills it in
+    vocab = changes.get("vocab_size", d.draft_vocab_size or target_vocab)
     strategy = changes.get("strategy", t.strategy)
     world = changes.get("world_size", t.world_size)
     shape = TrainShape(
         hidden_size=H, num_layers=d.num_layers, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-        intermediate_size=inter, vocab_size=min(vocab, cfg.plan.target_vocab), target_vocab_size=cfg.plan.target_vocab,
+        intermediate_size=inter, vocab_size=min(vocab, target_vocab), target_vocab_size=target_vocab,
         num_features=cfg.features.num_features, block_size=d.block_size, max_anchors=max_anchors,
         tokens_per_step=tokens, anchors_per_row=per_row * per_sample, sliding_window=min(windows) if windows else None,
         strategy=strategy if world > 1 else "none", world_size=world,
@@ -92,9 +94,10 @@ def inference_shape(cfg: RunConfig, params: float) -> InferenceShape:
         target_params=params, hidden_size=H, intermediate_size=p.target_intermediate_size or 4 * H,
         tensor_parallel=cfg.generation.tensor_parallel,
         kv_bytes_per_token=p.target_kv_bytes_per_token or 4 * L * H,
-        state_bytes_per_sequence=p.target_state_bytes_per_sequence, batch=p.decode_batch,
+        state_bytes_per_sequence=p.target_state_bytes_per_sequence or 0.0, batch=p.decode_batch,
         max_model_len=cfg.generation.max_model_len or cfg.data.max_prompt_tokens + cfg.data.max_response_tokens,
-        prefill_tokens=cfg.features.batch_tokens, num_features=cfg.features.num_features, vocab_size=p.target_vocab,
+        prefill_tokens=cfg.features.batch_tokens, num_features=cfg.features.num_features,
+        vocab_size=p.target_vocab or cfg.target.vocab_size or DEFAULT_VOCAB,
         gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION)
 
 
@@ -228,7 +231,8 @@ def _train_levers(cfg: RunConfig, gpu: GpuSpec, entry: dict[str, Any]) -> list[s
 def calibrate_rates(cfg: RunConfig, cal: Calibration, rates: dict[str, float | None],
                     flops_per_token: dict[str, float | None], gpus: dict[str, GpuSpec | None]) -> dict[str, str]:
     """Replace `rates` in place with the calibration's (unless plan.measured_tokens_per_s set them); returns
-    stage -> where the figure came from."""
+    stage -> where the figure came from. `flops_per_token`: this plan's FLOPs a token per stage, and under
+    "generate_bytes" its weight bytes read per generated token (the decode model's weights / decode_batch)."""
     sources = {}
     cal_peak = cal.gpu.bf16_tflops_peak or (GPUS[cal.gpu.gpu_type].bf16_tflops if cal.gpu.gpu_type in GPUS else None)
     for stage in ("generate", "extract", "train"):
@@ -239,7 +243,18 @@ def calibrate_rates(cfg: RunConfig, cal: Calibration, rates: dict[str, float | N
         same_gpu = cal.gpu.gpu_type is not None and gpu.name == GPUS.get(cal.gpu.gpu_type, gpu).name \
             and cal.gpu.gpu_type in GPUS
         plan_flops = flops_per_token.get(stage)
-        if rate.flops_per_token and cal_peak and plan_flops:
+        bandwidth = cal.gpu.memory_bandwidth_gbs or (GPUS[cal.gpu.gpu_type].bandwidth_gbs
+                                                     if cal.gpu.gpu_type in GPUS else None)
+        plan_bytes = flops_per_token.get("generate_bytes") if stage == "generate" else None
+        if stage == "generate" and getattr(rate, "bytes_per_token", None) and bandwidth and plan_bytes:
+            # decode reads the weights once a step: the measured share of the bandwidth carries (the planner's
+            # decode_efficiency, measured)
+            efficiency = rate.tokens_per_s_per_gpu * rate.bytes_per_token / (bandwidth * 1e9)
+            rates[stage] = efficiency * gpu.bandwidth_gbs * 1e9 / plan_bytes
+            sources[stage] = (f"measured {rate.tokens_per_s_per_gpu:,.0f} tokens/s on {cal.origin()}: "
+                              f"{efficiency:.1%} of the memory bandwidth, carried to this target and batch on "
+                              f"{gpu.name}")
+        elif rate.flops_per_token and cal_peak and plan_flops:
             efficiency = rate.tokens_per_s_per_gpu * rate.flops_per_token / (cal_peak * 1e12)
             rates[stage] = efficiency * gpu.bf16_tflops * 1e12 / plan_flops
             sources[stage] = (f"measured {rate.tokens_per_s_per_gpu:,.0f} tokens/s on {cal.origin()}: "

@@ -180,7 +180,7 @@ def test_production_preset_matches_the_real_target_class():
 
     cfg = load_config(preset="qwen3.6-27b")
     real = Qwen3_5TextConfig(num_hidden_layers=64, hidden_size=5120)
-    assert cfg.plan.target_vocab == real.vocab_size == 248320
+    assert cfg.target.vocab_size == real.vocab_size == 248320 and cfg.plan.target_vocab is None  # follows the target
     assert (cfg.target.num_layers, cfg.target.hidden_size) == (64, 5120)
     assert cfg.layer_ids() == [1, 16, 31, 46, 61]
     assert {real.layer_types[i] for i in cfg.layer_ids()} == {"linear_attention", "full_attention"}
