@@ -68,12 +68,35 @@ def run_stage(cfg: RunConfig, stage: str, shard: int | None = None, *, body: Cal
     (flashdraft/runner.py), as a pipeline runs it. A store that cannot be used, a refused change
     (StageInputsChanged), a config error or one of the stage's own `errors` ends in one red line, exit 1."""
     from flashdraft.runner import run_task
+    from flashdraft.store import StoreError
 
     check_store(cfg)  # before the stage works: a bad store fails in seconds, in one line
+    known = (ConfigError, StoreError, *errors)
+    quiet = _KnownFailureFilter(known)
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(quiet)
     try:
         return run_task(cfg, stage, shard, body=body, force=force)
     except (ConfigError, *errors) as exc:
         raise fail(exc, 1) from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
+class _KnownFailureFilter(logging.Filter):
+    """Keeps the runner's "<task> failed" record and its traceback off the terminal when the failure is a known
+    one (a setting or the environment to fix): the command ends with that error in one red line, and `main`
+    saves the traceback of a StoreError to a file. A pipeline pod runs the task without this filter, so its log
+    keeps the traceback."""
+
+    def __init__(self, known: tuple[type[BaseException], ...]):
+        super().__init__()
+        self.known = known
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], self.known))
 
 
 def run_config(config: Path | None, preset: str | None, sets: list[str] | None) -> RunConfig:

@@ -272,8 +272,10 @@ class ObjectStore:
                     raise self._permanent(op, key, exc) from exc
                 if attempt == retries:
                     _COUNTERS.add("gave_up")
-                    if kind == "checksum":
-                        raise
+                    if kind == "checksum":  # the same mismatch on every read: corrupt at rest
+                        reads = f"all {attempt + 1} reads" if attempt else "its one read"
+                        raise ChecksumError(f"{exc}; the stored bytes are corrupt (mismatched on {reads})"
+                                            f"{corrupt_remedy(key)}") from exc
                     advice = ("check the store (storage.endpoint_url, the network) and run the command again once it "
                               "answers" if self.read_only else "Nothing was committed by this operation; rerun the "
                               "stage once the store is back: it resumes from its committed outputs")
@@ -451,7 +453,7 @@ class ObjectStore:
             if len(data) != record.size or sha256_hex(data) != record.sha256:
                 raise ChecksumError(
                     f"checksum mismatch for {self.url(key)}: expected sha256 {record.sha256[:12]}… size "
-                    f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}{corrupt_remedy(key)}")
+                    f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}")
             return data
 
         return self._retry("get_verified", key, read, retries=min(self.retries, 3))
@@ -471,15 +473,14 @@ class ObjectStore:
 
 def corrupt_remedy(key: str) -> str:
     """What to do about an object whose bytes stay wrong on every re-read (corrupt at rest): recompute it from
-    the stage that wrote it (its declared `outputs`), as `; ...` to end a message; "" for a key no stage owns."""
+    the stage that wrote it (its declared `outputs`), as `: ...` to end a message; "" for a key no stage owns."""
     from flashdraft.stages import stages  # here: stages imports the summaries, which a store does not need
 
     stage = next((s.name for s in stages() if any(key.startswith(o) for o in s.outputs)), None)
     if stage is None:
         return ""
-    return (f"; the stored bytes are corrupt (every re-read differs from the commit record): recompute them with "
-            f"`flashdraft run-local --from {stage}` (deletes {stage}'s results and those of the stages after it), "
-            "or start a new run_id")
+    return (f": recompute them with `flashdraft run-local --from {stage}` (deletes {stage}'s results and those of "
+            "the stages after it), or start a new run_id")
 
 
 def open_store(storage: StorageConfig, run_id: str | None = None, *, read_only: bool = False) -> ObjectStore:

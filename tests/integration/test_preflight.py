@@ -136,3 +136,11 @@ def test_submit_to_a_dead_kfp_endpoint_is_one_line(tmp_path):
                                  f"http://127.0.0.1:{_closed_port()}"], dict(os.environ), tmp_path))
     assert time.monotonic() - t0 < 30
     assert line.startswith("the KFP API at http://127.0.0.1:") and "does not answer" in line and "--host" in line
+
+
+def test_a_stage_failing_on_a_known_error_is_one_line(tmp_path):
+    """The runner logs a failed task's traceback for its task log; a hand-run stage command keeps it off the
+    terminal when the failure is one a person fixes (here: generate before prep), so the red line stands alone."""
+    line = _one_line_error(_run(["generate", "--shard", "0", "--preset", "tiny", "--set",
+                                 f"storage.root=file://{tmp_path}/runs"], dict(os.environ), tmp_path))
+    assert line == f"file://{tmp_path}/runs/tiny/prompts/manifest.json is missing: run `flashdraft prep` first"
