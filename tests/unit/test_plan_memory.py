@@ -140,7 +140,7 @@ def test_calibrate_bad_file_names_it(tmp_path):
     bad = tmp_path / "cal.json"
     bad.write_text(json.dumps({"schema_version": 1}))
     res = CliRunner().invoke(app, ["plan", "--preset", "qwen3.6-27b", "--calibrate", str(bad)])
-    assert res.exit_code == 2 and "cal.json" in res.output and "source" in res.output
+    assert res.exit_code == 1 and "cal.json" in res.output and "source" in res.output  # a setting to fix: 1
 
 
 def test_bench_memory_child_runs_the_trainer_step_on_a_tiny_shape():
