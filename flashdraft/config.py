@@ -801,7 +801,7 @@ def drop_stale_target_facts(data: dict[str, Any], model_before: Any, overrides: 
     """Unset the TARGET_FACTS the overrides leave over from a model they replaced (in place)."""
     if not isinstance(data.get("target"), dict) or data["target"].get("model") == model_before:
         return
-    keys = {parse_override(o)[0] if isinstance(o, str) else o for o in overrides}
+    keys = set(overrides) if isinstance(overrides, dict) else {parse_override(o)[0] for o in overrides}
     for fact in TARGET_FACTS:
         section, name = fact.split(".")
         if fact not in keys and isinstance(data.get(section), dict):

@@ -272,9 +272,10 @@ def target_lines(plan: dict[str, Any]) -> list[str]:
         return []
     line = (f"Target: {t['num_layers']} layers x {t['hidden_size']}, vocabulary {t['vocab_size']:,}, "
             f"{t['params'] / 1e9:,.2f}B parameters")
-    if t["experts"]:
-        line += (f" ({t['active_params'] / 1e9:,.2f}B active: MoE, {t['experts_per_token']} of {t['experts']} "
-                 "experts a token; all experts resident on the inference GPUs, active parameters for FLOPs)")
+    if t["active_params"] < t["params"]:
+        routed = f", {t['experts_per_token']} of {t['experts']} experts a token" if t["experts"] else ""
+        line += (f" ({t['active_params'] / 1e9:,.2f}B active: MoE{routed}; every expert resident on the inference "
+                 "GPUs, the active parameters for FLOPs)")
     if t.get("layer_types"):
         line += "; layers " + ", ".join(f"{v} {k}" for k, v in t["layer_types"].items())
     if t.get("sliding_window"):
