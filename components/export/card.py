@@ -75,6 +75,8 @@ def _geometry_rows(g: dict[str, Any], dtype: str) -> list[tuple[str, str]]:
             ("mask", f"trained embedding in mask_embedding.pt (read by vLLM; row {g['mask_token_id']} is the "
                      "placeholder it replaces)" if g.get("trainable_mask")
              else f"the target's embedding of token {g['mask_token_id']}"),
+            ("tokenizer", f"the target's ({g.get('target', {}).get('model') or 'see base_model'}); none in this "
+                          "folder: the server tokenizes with the target's"),
             ("weights dtype", dtype)]
     return rows
 

@@ -7,10 +7,11 @@ must end the run with a clear error instead of a trainer waiting forever.
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 
 from flashdraft import layout
 from flashdraft.config import load_config
-from flashdraft.pipelines.local import run_local
+from flashdraft.pipelines.local import print_outcome, run_local
 from flashdraft.store import open_store
 
 # One tiny-target sample is ~100-150 KB of features and a part holds one extraction batch, so 128-token batches
@@ -27,7 +28,7 @@ def _cfg(tmp_path, **extra):
 @pytest.mark.slow
 def test_streaming_peak_stored_bytes_stay_within_the_window(tmp_path):
     cfg = _cfg(tmp_path)
-    result = run_local(cfg, str(tmp_path / "kfp"))
+    result = run_local(cfg, str(tmp_path / "kfp"), exports_dir=tmp_path / "exports")
     assert result["state"] == "SUCCEEDED", result["error"]
     stats = result["streaming"]
     assert stats["produced_parts"] > cfg.mode.window_shards, "the run must produce more than the window holds"
@@ -37,6 +38,14 @@ def test_streaming_peak_stored_bytes_stay_within_the_window(tmp_path):
     assert result["tau"] is not None and result["tau"] >= 1.0
     store = open_store(cfg.storage, cfg.run_id)
     assert store.get_json_verified(layout.metrics_key("stream")) == stats
+    # the export, copied where run-local says: the store's folder as is (model card included, no commit records)
+    zlab = tmp_path / "exports" / cfg.run_id / "zlab"
+    assert result["exports"] == {"zlab": str(zlab)}
+    assert [f"export/zlab/{f.name}" for f in sorted(zlab.iterdir())] == store.list("export/zlab/")
+    assert (zlab / "README.md").is_file() and not any(f.name.endswith(".commit") for f in zlab.iterdir())
+    console = Console(record=True, width=200)
+    print_outcome(console, result)
+    assert f"drafter (zlab, serve the folder as is; its README.md has the command): {zlab}" in console.export_text()
 
 
 @pytest.mark.slow
