@@ -82,7 +82,7 @@ def test_help_lists_every_packaged_preset():
     (["--set", "training.max_step=10"], "training.max_step: Extra inputs are not permitted (did you mean "
                                         "training.max_steps?)"),
     (["--set", "trainig.lr=1e-4"], "trainig: Extra inputs are not permitted (did you mean training?)"),
-    (["--preset", "tyni"], "unknown preset 'tyni' (did you mean tiny?); available: qwen3.6-27b"),
+    (["--preset", "tyni"], "unknown preset 'tyni' (did you mean tiny?); available: gpt-oss-20b"),
     (["--set", "pools.trainer.gpu_type=h10"], "unknown GPU 'h10' (did you mean h100?); known: a100"),
 ])
 def test_mistyped_names_get_a_suggestion_and_exit_1(args, line):
