@@ -86,6 +86,18 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
 
 
+def eval_table(ev: EvaluateSummary, target: str) -> list[list[str]]:
+    """The paper-layout table without timings (the card's bytes stay the same for the same evaluation), with each
+    suite's lossless verdict."""
+    rows = ev.suite_table(target)
+    drop = rows[0].index("speedup vs target")
+    out = [[c for i, c in enumerate(r) if i != drop] for r in rows]
+    out[0].insert(4, "lossless")
+    for row, s in zip(out[1:], ev.suites, strict=True):
+        row.insert(4, {True: "passed", False: "FAILED"}.get(s.lossless_passed, "not checked"))
+    return out
+
+
 def lossless_line(ev: EvaluateSummary | None) -> str:
     """The lossless verdict in words (the card and the report's verdict share it)."""
     ll = ev.lossless if ev is not None else None
@@ -108,8 +120,8 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
     ev = _metrics(store, "evaluate", EvaluateSummary)
     tokens = extracted_tokens(store)
     folder = local_folder(cfg.run_id, fmt)
-    suites = {s.name: {k: v for k, v in (("tau", s.tau), ("speedup", s.speedup), ("prompts", s.prompts),
-                                          ("lossless", s.lossless_passed)) if v is not None}
+    suites = {s.name: {k: v for k, v in (("tau", s.tau), ("prompts", s.prompts), ("lossless", s.lossless_passed))
+                       if v is not None}
               for s in (ev.suites if ev else [])}
     meta = {
         "base_model": target,
@@ -159,8 +171,9 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
     if ev is None or not ev.suites:
         lines += ["Not evaluated before this export (`flashdraft evaluate`, then export again).", ""]
     else:
-        lines += [f"flashdraft's own speculative decoder (greedy, {ev.device}, up to {ev.max_new_tokens} new tokens); "
-                  "tau = tokens per target forward, bonus token included:", "", *_table(ev.suite_table(target)), "",
+        lines += [f"flashdraft's own speculative decoder (greedy, up to {ev.max_new_tokens} new tokens); tau = tokens "
+                  "per target forward, bonus token included; speed depends on the serving hardware, so the run's "
+                  "report has it, not this card:", "", *_table(eval_table(ev, target)), "",
                   f"Lossless check: {lossless_line(ev)}.", ""]
     lines += ["## Files", "", *_table([["file", "bytes"], *[[f"`{n}`", f"{len(d):,}"] for n, d in files.items()],
                                         [f"`{CARD_FILE}`", "this card"]]), "",

@@ -542,7 +542,8 @@ def _absent(data: dict[str, Any], stage: str) -> str:
 _CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
 th{background:#f3f3f3}.note{color:#555}tr.failed td{color:#b00020;font-weight:600}tr.not-run td{color:#888}
-img{max-width:100%;margin:.5em 1em 1em 0}code{background:#f6f6f6}"""
+img{max-width:100%;margin:.5em 1em 1em 0}code{background:#f6f6f6}.verdict{font-size:1.1em;font-weight:600}
+.flags{color:#b00020;font-weight:600}"""
 
 
 def _html_table(rows: list[list[str]]) -> str:
@@ -570,7 +571,8 @@ def render_html(data: dict[str, Any], images: dict[str, str]) -> str:
              f"<style>{_CSS}</style></head><body><h1>flashdraft run report</h1>"]
     for title, body in sections(data):
         parts.append(f"<h2>{html.escape(title)}</h2>")
-        parts.append(_html_table(body) if isinstance(body, list) else f"<p class='note'>{html.escape(body)}</p>")
+        note = {"Verdict": "verdict", "Flags": "flags"}.get(title, "note")  # the first line and warnings stand out
+        parts.append(_html_table(body) if isinstance(body, list) else f"<p class='{note}'>{html.escape(body)}</p>")
     if images:
         parts.append("<h2>Charts</h2>")
         parts += [f"<img id='chart-{name}' alt='{html.escape(chart_titles.get(name, name))}' "

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from flashdraft import layout
+from flashdraft.components.export.card import CARD_FILE
+from flashdraft.components.export.export import exported_formats, read_export
 from flashdraft.config import RunConfig, load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.store import ObjectStore, StoreUnavailableError, open_store
@@ -106,7 +108,9 @@ def committed_outputs(store: ObjectStore, cfg: RunConfig) -> dict[str, str]:
     latest = latest_checkpoint(store)
     assert latest and latest["final"]
     out["weights"] = sha(store.get_verified(f"{latest['prefix']}/model.safetensors"))
-    out.update({k: sha(store.get_verified(k)) for k in store.list_committed(f"{layout.EXPORT}/")})
+    for fmt in exported_formats(store):  # the served files, verified; the model card names its run, which differs
+        out.update({f"{layout.export_prefix(fmt)}{n}": sha(d) for n, d in read_export(store, fmt).items()
+                    if n != CARD_FILE})
     return out
 
 

@@ -245,6 +245,8 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
     assert f"speedup {evaluated.drafter.speedup:.2f}x" in verdict and "wall time " in verdict
     assert re.search(r"\| \d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC \|", verdict), verdict
     assert verdict.endswith(f"commit {current().short_commit}")
+    page = Path(result.html_path).read_text()
+    assert page.index("<h2>Verdict</h2>") < page.index("<h2>Run</h2>") and "<p class='verdict'>tau " in page
     # the train metrics of the fixture: slot-1 accuracy 0.70 in training, 0.50 held out (71% < 75%)
     assert "held-out slot-1 accuracy 0.50 vs 0.70 in training (71%)" in summary.split("## Flags", 1)[1]
     # the shipped 5.94 is the 27B's drafter: in the table marked as another model's, and off the chart

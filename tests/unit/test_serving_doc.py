@@ -120,7 +120,8 @@ def test_the_model_card_carries_the_run(exported):
     heldout = evaluated.suites[0]
     assert fd["eval"]["suites"]["heldout"]["tau"] == heldout.tau
     assert fd["eval"]["lossless"] == f"passed on {evaluated.lossless.prompts} prompts"
-    assert f"| heldout | 1 | default | {heldout.tau:.2f} |" in card
+    assert f"| heldout | 1 | default | {heldout.tau:.2f} | passed |" in card
+    assert "speedup" not in card, "no timings: the same evaluation gives the same card bytes"
     assert "Lossless check: passed on" in card and "builtin:demo" in card and "license" in card.lower()
     spec = card_meta((cwd / "exports" / cfg.run_id / "speculators" / "README.md").read_text())["flashdraft"]
     assert spec["format"] == "speculators"
