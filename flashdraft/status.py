@@ -220,15 +220,15 @@ def find_runs(store: ObjectStore, max_probes: int = 100) -> list[str]:
     return found
 
 
-def no_run_message(store: ObjectStore, root: ObjectStore | None = None) -> str:
+def no_run_message(store: ObjectStore, root: ObjectStore | None = None, command: str = "status") -> str:
     """One line for a store that holds no run: say so, then list the runs below it (or below `root`, the
-    storage.root of a configured run that has not started), with the command that shows one."""
+    storage.root of a configured run that has not started), with the `flashdraft <command>` for one of them."""
     where = root or store
     runs = find_runs(where)
     line = f"no run at {store.url()}: no task records (status/) or metrics (metrics/) committed there"
     if runs:
         shown = ", ".join(runs[:20]) + (f" and {len(runs) - 20} more" if len(runs) > 20 else "")
-        return f"{line}; runs under {where.url()}: {shown} (flashdraft status --run {where.url(runs[0])})"
+        return f"{line}; runs under {where.url()}: {shown} (flashdraft {command} --run {where.url(runs[0])})"
     return f"{line}, and no run under {where.url()}"
 
 

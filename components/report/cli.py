@@ -15,6 +15,7 @@ from flashdraft.cli_options import (
     RunOpt,
     SetOpt,
     check_store,
+    fail,
     run_config,
     run_store,
 )
@@ -34,7 +35,12 @@ def report(
     from flashdraft.components.report.report import build_report, run_report
 
     if run:
-        result = build_report(run_store(run, endpoint_url), out_dir=out)
+        from flashdraft.status import is_run, no_run_message
+
+        store = run_store(run, endpoint_url)
+        if not is_run(store):  # a store root or a typo: never commit a report of nothing there
+            raise fail(no_run_message(store, command="report"), 1)
+        result = build_report(store, out_dir=out)
     elif config or preset:
         cfg = run_config(config, preset, set_)
         check_store(cfg)  # it commits reports/: the write preflight, one line in seconds for a bad store

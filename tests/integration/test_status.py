@@ -125,6 +125,9 @@ def test_status_on_a_path_without_a_run_says_so_and_lists_the_runs(backend, tmp_
     assert out.exit_code == 1, out.output
     assert out.output.strip() == (f"no run at {root}: no task records (status/) or metrics (metrics/) committed "
                                   f"there; runs under {root}: tiny (flashdraft status --run {root}/tiny)")
+    report = CliRunner().invoke(app, ["report", "--run", root, *endpoint], terminal_width=400)
+    assert report.exit_code == 1 and f"(flashdraft report --run {root}/tiny)" in report.output
+    assert not open_store(cfg.storage).list("reports/"), "no report of nothing committed at the root"
     not_started = CliRunner().invoke(app, ["status", "--preset", "tiny-qwen35", *(
         f"--set={k}={v}" for k, v in overrides.items())], terminal_width=400)
     assert not_started.exit_code == 1 and f"no run at {root}/tiny-qwen35" in not_started.output
