@@ -56,7 +56,12 @@ def dflash_layer_ids(num_layers: int, num_features: int) -> list[int]:
     if num_features == 1:
         return [num_layers // 2]
     start, end = 1, num_layers - 3
-    return [round(start + i * (end - start) / (num_features - 1)) for i in range(num_features)]
+    ids = [round(start + i * (end - start) / (num_features - 1)) for i in range(num_features)]
+    if len(set(ids)) < len(ids):  # layers 1..L-3 hold fewer than num_features distinct ids
+        raise ConfigError(f"features.num_features={num_features}: the DFlash rule over a {num_layers}-layer target "
+                          f"repeats ids {ids} (it needs >= {num_features + 3} layers); set features.layer_ids or "
+                          "fewer features")
+    return ids
 
 
 def default_gamma(block_size: int) -> float:

@@ -26,14 +26,15 @@ def _tokenizer():
 
 
 def build_family(family: str, out: Path) -> Path:
-    """Save a seeded tiny random `family` checkpoint (6 decoder layers, 64 wide) with a tokenizer to `out`."""
+    """Save a seeded tiny random `family` checkpoint (8 decoder layers: the fewest with 5 distinct DFlash ids,
+    64 wide) with a tokenizer to `out`."""
     import torch
     import transformers as tf
 
     if (out / "config.json").is_file():
         return out
     tok = _tokenizer()
-    common = dict(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=6,
+    common = dict(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                   tie_word_embeddings=False)
@@ -52,12 +53,12 @@ def build_family(family: str, out: Path) -> Path:
         oss = {**common, "intermediate_size": 32, "max_position_embeddings": 131072}  # the yarn rope's own length
         cfg = tf.GptOssConfig(**oss, num_local_experts=4, num_experts_per_tok=2,
                               sliding_window=SLIDING_WINDOW,
-                              layer_types=["sliding_attention", "full_attention"] * 3)
+                              layer_types=["sliding_attention", "full_attention"] * 4)
         cls = tf.GptOssForCausalLM
     elif family == "qwen3_5":
-        text = dict(common, num_hidden_layers=6, linear_num_key_heads=2, linear_num_value_heads=2,
+        text = dict(common, linear_num_key_heads=2, linear_num_value_heads=2,
                     linear_key_head_dim=16, linear_value_head_dim=16,
-                    layer_types=["linear_attention", "full_attention"] * 3,
+                    layer_types=["linear_attention", "full_attention"] * 4,
                     rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
                                      "mrope_section": [2, 1, 1], "mrope_interleaved": True})
         vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=HIDDEN)

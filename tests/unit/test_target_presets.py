@@ -108,8 +108,8 @@ def test_plan_reads_the_model_config_where_its_files_are_and_refuses_contradicti
     target = resolve_target(cfg, hints=True)
     geo = target.geometry
     assert target.from_files and not target.hinted
-    assert (geo.num_layers, geo.hidden_size, geo.num_experts, geo.experts_per_token) == (6, 64, 4, 2)
-    assert geo.active_params < geo.params and target.layer_ids == tuple(dflash_layer_ids(6, 5))
+    assert (geo.num_layers, geo.hidden_size, geo.num_experts, geo.experts_per_token) == (8, 64, 4, 2)
+    assert geo.active_params < geo.params and target.layer_ids == tuple(dflash_layer_ids(8, 5))
     plan = make_plan(cfg)
     assert (plan["hidden_size"], plan["bytes_per_token"]) == (64, 5 * 64 * 2)
     assert plan["target_geometry"]["vocab_size"] == geo.vocab_size and plan["target_geometry"]["experts"] == 4
