@@ -43,6 +43,8 @@ def test_config_reference_command_prints_one_section_and_writes_the_doc(tmp_path
     assert res.exit_code == 0 and "## export" in (tmp_path / "ref.md").read_text()
     res = runner.invoke(app, ["config-reference", "nope"])
     assert res.exit_code == 2 and "no config section 'nope'" in res.output
+    res = runner.invoke(app, ["config-reference", "trainig"])  # a command-line argument: usage error, exit 2
+    assert res.exit_code == 2 and "no config section 'trainig' (did you mean training?)" in res.output
 
 
 def test_export_cli_flags_override_the_config_before_any_work():
