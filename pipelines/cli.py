@@ -141,6 +141,13 @@ def register(app: typer.Typer) -> None:
         from_stage: Annotated[str | None, typer.Option("--from", help="Recompute from this stage: its committed "
                                                                       "results and those of every stage after it "
                                                                       "are deleted, then the run starts.")] = None,
+        runner: Annotated[str, typer.Option(help="`subprocess`: each task in a subprocess of this Python; "
+                                                 "`docker`: each task in its pool's image on this machine's "
+                                                 "Docker engine, the way to test images before `make push`.")]
+        = "subprocess",
+        image: Annotated[str | None, typer.Option(help="--runner docker: this image for every pool (else each "
+                                                       "pool's image from --registry/--tag).")] = None,
+        registry: RegistryOpt = None, tag: TagOpt = None,
     ) -> None:
         """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store.
 
@@ -151,8 +158,12 @@ def register(app: typer.Typer) -> None:
 
         from rich.console import Console
 
+        from flashdraft.pipelines.containers import ContainerError, ContainerRun
         from flashdraft.pipelines.local import print_outcome, run_local
 
+        if runner not in ("subprocess", "docker"):
+            raise fail(f"--runner must be subprocess or docker, got {runner!r}", 1)
+        container = ContainerRun.resolve(image, registry, tag) if runner == "docker" else None
         cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
         check_store(cfg)  # before kfp.local starts anything: a bad store fails in seconds, in one line
         if not verbose:
@@ -161,8 +172,11 @@ def register(app: typer.Typer) -> None:
 
         console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
         try:
-            result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage)
+            result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage,
+                               container=container)
         except ConfigError as exc:  # a refused change (runner.StageInputsChanged), an unknown --from stage
+            raise fail(exc, 1) from None
+        except ContainerError as exc:  # no engine, a missing image, an image of another version
             raise fail(exc, 1) from None
         print_outcome(console, result)
         if result.get("state") != "SUCCEEDED":

@@ -23,10 +23,15 @@ from urllib.parse import urlparse
 from pydantic import BaseModel
 
 from flashdraft.config import RunConfig
+from flashdraft.pipelines.containers import ContainerRun
 from flashdraft.summaries import EvaluateSummary, PlanSummary, StreamStats, TrainSummary
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+# What a container task gets from this process's environment besides the console's settings: the S3 credentials
+# and endpoint (never in the image; on a cluster they come from the Secret).
+CONTAINER_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+                 "AWS_ENDPOINT_URL", "HF_HUB_OFFLINE")
 
 
 def localize(cfg: RunConfig) -> RunConfig:
@@ -84,7 +89,8 @@ def _kfp_output_to(path: Path) -> Iterator[None]:
 
 
 def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False,
-              from_stage: str | None = None, exports_dir: str | Path = "exports") -> dict[str, Any]:
+              from_stage: str | None = None, exports_dir: str | Path = "exports",
+              container: ContainerRun | None = None) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
     planned vs stored bytes, the local export folders and the log folder.
 
@@ -94,6 +100,8 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     console: a rich Console for the live view (task start/end lines, a progress line on a terminal); None shows
     nothing. verbose: leave kfp's and every task's output on the terminal too, as kfp.local prints it.
     from_stage: recompute that stage and every stage after it (their committed results are deleted first).
+    container: run every task in its pool's image under kfp.local's DockerRunner (pipelines/containers.py)
+    instead of a subprocess of this Python; the engine, images and versions are checked before anything runs.
     Before anything runs, a change of settings that a committed stage cannot carry on from raises
     StageInputsChanged (one line naming the fields; flashdraft/runner.py)."""
     _hide_shadowing_docker()
@@ -112,16 +120,26 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     root = Path(workdir).expanduser().resolve()
     log_dir = root / "logs" / f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
-    pipeline = build_pipeline(cfg, local=True, parallelism=1)
+    env = {LOG_DIR_ENV: str(log_dir), TASK_LOGS_ENV: "0" if verbose else "1"}
+    if container is None:
+        runner = local.SubprocessRunner(use_venv=False)
+    else:
+        images = container.preflight()
+        passed = {k: v for k, v in os.environ.items() if k in CONTAINER_ENV}
+        runner = container.kfp_runner(cfg, root, {**passed, **env})
+    local.init(runner=runner, pipeline_root=str(root), raise_on_error=True)
+    pipeline = build_pipeline(cfg, local=True, parallelism=1, images=container.images if container else None)
     if console is not None:
         console.print(f"flashdraft run-local: run {cfg.run_id}, mode {cfg.mode.kind}, store {cfg.storage.root}",
                       highlight=False, markup=False, soft_wrap=True)
+        if container is not None:
+            console.print(f"in containers ({images}): " + ", ".join(f"{pool} {image}" for pool, image in
+                                                             container.images.items()),
+                          highlight=False, markup=False, soft_wrap=True)
         console.print(f"logs: {log_dir}", highlight=False, markup=False, soft_wrap=True)
     view = ConsoleView(console, log_dir) if console is not None else None
     state, error = "SUCCEEDED", ""
     t0 = time.monotonic()
-    env = {LOG_DIR_ENV: str(log_dir), TASK_LOGS_ENV: "0" if verbose else "1"}
     quiet = contextlib.nullcontext() if verbose else _kfp_output_to(log_dir / "kfp-local.log")
     with _environ(env), quiet:
         if view is not None:

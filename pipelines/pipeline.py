@@ -58,7 +58,7 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
 
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
-                   local: bool = False, parallelism: int = 0) -> Any:
+                   local: bool = False, parallelism: int = 0, images: dict[str, str] | None = None) -> Any:
     """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode and num_nodes.
 
     local: the build for kfp.local, which differs in three honest ways. It runs sibling tasks one after another,
@@ -66,8 +66,9 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     concurrent extract loop. GPU counts are literals: kfp.local cannot resolve a pipeline parameter used as a
     resource inside a ParallelFor (and ignores resources anyway). No retries: a local failure is not a preemption.
     parallelism: shards in flight per ParallelFor (0 = all; KFP needs a literal).
+    images: pool -> image, instead of the images of `registry`/`tag` (`run-local --runner docker --image`).
     """
-    images = stage_images(registry, tag)
+    images = images or stage_images(registry, tag)
     c = _components(images, cfg)
     streaming = cfg.mode.kind == "streaming"
     multinode = cfg.training.num_nodes > 1

@@ -108,7 +108,7 @@ def _threads():
 
 # Test tiers are folders: every test under tests/integration, tests/vllm or tests/k8s carries that tier's marker
 # (so `-m "not integration"` can never pick up a test that needs a service), and tests/unit uses no real service.
-TIER_FOLDERS = ("integration", "vllm", "k8s")
+TIER_FOLDERS = ("integration", "vllm", "k8s", "containers")
 SERVICE_FIXTURES = {"s3_server"}  # every real-S3 fixture (s3_env, s3_storage, any_store's s3 case) depends on it
 
 

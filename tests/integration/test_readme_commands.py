@@ -40,6 +40,11 @@ NOT_HERE = {
                                                                      "production-shape paths run at CI size in "
                                                                      "tests/integration/test_rehearsal.py)",
     "make images push": "docker builds and a registry push",
+    "make images REGISTRY=": "docker builds behind a proxy (the containers tier builds the images with these build "
+                             "args: tests/containers)",
+    "flashdraft run-local --preset tiny --runner docker": "a Docker engine and the built image (the containers tier "
+                                                          "runs it: tests/containers/test_images.py)",
+    "make test-containers": "the containers tier itself (.ci/run runs it)",
     "make helm-install": "a Kubernetes cluster (the chart is installed into a real API server by tests/k8s)",
     "make compile": "`make install` first, which pip-installs whenever pyproject.toml changed; `flashdraft "
                     "compile` is tested in tests/unit/test_pipeline_compile.py",

@@ -1,0 +1,166 @@
+"""The images as built from docker/*/Dockerfile: they run the CLI as their non-root user, hold no credential, and
+run the tiny preset's whole DAG under kfp.local's DockerRunner with the results of an in-process run.
+
+Only build args differ from a registry build (the stand-in base, the wheel index, its CA; tests/containers/
+container_engine.py says why). What only a real registry and GPU can check is listed in docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from container_engine import build
+
+from flashdraft import layout
+from flashdraft.config import load_config
+from flashdraft.pipelines.containers import versions_match
+from flashdraft.status import read_records
+from flashdraft.store import open_store
+
+FLASHDRAFT = str(Path(sys.executable).parent / "flashdraft")
+APP_UID = "10001"
+MAX_BASE_BYTES = 2 * 1024**3
+# What must never be in an image's history, env or labels: credentials in a URL, keys, the tests' S3 secret.
+CREDENTIAL = re.compile(r"://[^/@\s:]+:[^/@\s]+@|PRIVATE KEY|AWS_SECRET_ACCESS_KEY=\S|flashdraft-test-secret", re.I)
+
+
+def _run(engine, image: str, *args: str, user: str | None = None) -> subprocess.CompletedProcess:
+    return engine.docker("run", "--rm", "--network", "none", *(["--user", user] if user else []), image, *args,
+                         check=False, timeout=300)
+
+
+def _host_version() -> str:
+    return subprocess.run([FLASHDRAFT, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _check_cli(engine, image: str) -> None:
+    """--version (this checkout's), --help, no arguments, and a program on PATH, all as the image's own user."""
+    version = _run(engine, image, "--version")
+    assert version.returncode == 0, version.stderr
+    assert versions_match(_host_version(), version.stdout.strip()), (version.stdout, _host_version())
+    helped = _run(engine, image, "--help")
+    assert helped.returncode == 0 and "run-local" in helped.stdout, helped.stderr
+    bare = _run(engine, image)
+    assert bare.returncode == 0 and "run-local" in bare.stdout, bare.stderr
+    uid = _run(engine, image, "id", "-u")
+    assert uid.stdout.strip() == APP_UID, uid.stdout + uid.stderr
+
+
+def _check_hygiene(engine, image: str) -> int:
+    """No credential in any layer's command, the env or the labels; a non-root user. Returns the size."""
+    history = engine.docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
+    config = json.loads(engine.docker("image", "inspect", "--format", "{{json .Config}}", image).stdout)
+    seen = "\n".join([history, *(config.get("Env") or []), json.dumps(config.get("Labels") or {})])
+    leaks = sorted({m.group(0)[:40] for m in CREDENTIAL.finditer(seen)})
+    assert not leaks, f"{image}: credentials in history/env/labels: {leaks}"
+    assert config["User"] == APP_UID, f"{image} runs as {config['User']!r}"
+    size = engine.image_size(image)
+    print(f"\n{image}: {size / 1e9:.2f} GB", flush=True)
+    return size
+
+
+def test_base_image_runs_the_cli_as_its_non_root_user(engine, base_image):
+    _check_cli(engine, base_image)
+
+
+def test_base_image_holds_no_credential_and_fits_its_size(engine, base_image):
+    assert _check_hygiene(engine, base_image) <= MAX_BASE_BYTES
+
+
+def test_trainer_image_builds_on_a_standin_base(engine, standin, proxy_args):
+    """Every step after FROM of docker/trainer/Dockerfile, on a Debian stand-in with CPU torch (a CUDA base and
+    CUDA torch cannot be had here), including its import checks."""
+    tag = "flashdraft-trainer:containers-test"
+    seconds = build(engine, "docker/trainer/Dockerfile", tag,
+                    {"CUDA_IMAGE": standin, "PYTHON": "python3.11", **proxy_args})
+    print(f"\nbuilt {tag} in {seconds:.0f} s", flush=True)
+    _check_cli(engine, tag)
+    _check_hygiene(engine, tag)
+    torchrun = _run(engine, tag, "python", "-m", "torch.distributed.run", "--help")
+    assert torchrun.returncode == 0, torchrun.stderr
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _committed(root: Path, run_id: str) -> tuple[dict, dict, dict]:
+    """(task -> fingerprint, stage -> summary without timings, committed object -> sha256) of a finished run."""
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{root}", "run_id": run_id})
+    store = open_store(cfg.storage, cfg.run_id)
+    records = read_records(store)
+    assert records and all(r.state == "done" for r in records), [(r.task, r.state, r.error) for r in records]
+    fingerprints = {r.task: r.fingerprint for r in records}
+    summaries = {}
+    for key in store.list_committed(f"{layout.METRICS}/"):
+        summaries[key] = _untimed(store.get_json_verified(key))
+    objects = {}
+    for prefix in (layout.RESPONSES, layout.FEATURES, layout.CHECKPOINTS, layout.EXPORT):
+        for key in store.list_committed(f"{prefix}/"):
+            if not key.endswith(("README.md", ".json")) or key.endswith(("config.json", "manifest.json")):
+                objects[key] = _sha(store.get_verified(key))
+    return fingerprints, summaries, objects
+
+
+TIMING = re.compile(r"(^|_)(s|seconds|time|wall|elapsed|started|ended|at|per_s|per_second|throughput|rss|peak_memory"
+                    r"|memory|date|provenance|commit|python|libraries|log|device_name|mfu|flops)($|_)")
+
+
+def _untimed(value):
+    """A summary without what differs between two runs of the same inputs: timings, rates, provenance."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if not TIMING.search(k) and "tokens_per" not in k}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def test_tiny_dag_in_the_image_equals_an_in_process_run(docker_env, base_image, tmp_path):
+    """`run-local --runner docker --image BASE` runs every task in the image and commits what the same command
+    without --runner commits: the same fingerprints, summaries and bytes (responses, feature parts, checkpoints,
+    export weights)."""
+    results = {}
+    for runner in ("subprocess", "docker"):
+        store = tmp_path / runner / "runs"
+        args = [FLASHDRAFT, "run-local", "--preset", "tiny", "--workdir", str(tmp_path / runner / "kfp"),
+                "--set", f"storage.root=file://{store}", "--set", "run_id=containers"]
+        if runner == "docker":
+            args += ["--runner", "docker", "--image", base_image]
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=1500)
+        assert proc.returncode == 0, f"{runner}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        if runner == "docker":
+            assert f"cpu {base_image}" in proc.stdout, proc.stdout[:2000]
+        results[runner] = _committed(store, "containers")
+    (fp_a, sum_a, obj_a), (fp_b, sum_b, obj_b) = results["subprocess"], results["docker"]
+    assert fp_a == fp_b
+    assert sum_a == sum_b
+    assert any(k.startswith(f"{layout.FEATURES}/") for k in obj_a) and any("safetensors" in k for k in obj_a)
+    assert obj_a == obj_b, {k for k in obj_a.keys() | obj_b.keys() if obj_a.get(k) != obj_b.get(k)}
+
+
+def test_run_local_docker_refuses_a_missing_image_and_another_version_in_one_line(docker_env, base_image, tmp_path):
+    def run_local(image: str) -> subprocess.CompletedProcess:
+        return subprocess.run([FLASHDRAFT, "run-local", "--preset", "tiny", "--runner", "docker", "--image", image,
+                               "--workdir", str(tmp_path / "kfp"), "--set", f"storage.root=file://{tmp_path}/runs"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+    missing = run_local("flashdraft-base:never-built")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == ("image flashdraft-base:never-built not found on this Docker engine: build it "
+                                      "(`make images`) or pull it"), missing.stderr
+    # The same image with another flashdraft version: its package's __version__ edited, committed as a new image.
+    engine = docker_env
+    engine.docker("run", "--name", "other-version", "--user", "0", "--network", "none", base_image, "sh", "-c",
+                  "sed -i 's/^__version__ = .*/__version__ = \"0.0.1\"/' "
+                  "$(python3 -c 'import flashdraft; print(flashdraft.__file__)')")
+    engine.docker("commit", "other-version", "flashdraft-base:other-version")
+    other = run_local("flashdraft-base:other-version")
+    assert other.returncode == 1
+    lines = other.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has flashdraft 0.0.1" in lines[0] and "rebuild the image" in lines[0], other.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("status")), "nothing may run"
