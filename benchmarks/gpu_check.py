@@ -63,15 +63,14 @@ Q4_DEFER_TOL = 1e-4  # q4 decodes to the same bits on host and device: only run-
 TIE_MARGIN = 1e-3    # fp32 target: a divergence where its top-2 logits are closer than this is a numerical tie
 
 
-def bootstrap() -> None:
-    """Make the repository importable as installed (flashdraft, flashdraft.components) with the carried wheels."""
+def carried_wheels(wheels: Path = WHEELS, label: str = "gpu-check") -> Path | None:
+    """Unpack every carried wheel whose distribution is missing here or at another version into a fresh folder
+    put first on sys.path; returns that folder (None when nothing was needed). `make gpu-e2e` reuses it and also
+    hands the folder to its subprocesses (PYTHONPATH)."""
     from importlib import metadata
 
-    for folder in (REPO, REPO / "benchmarks"):  # flashdraft itself; bench_codecs (section 6)
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
     wanted = []
-    for wheel in sorted(WHEELS.glob("*.whl")):
+    for wheel in sorted(wheels.glob("*.whl")):
         dist, version = wheel.name.split("-")[:2]
         try:
             installed = metadata.version(dist)
@@ -79,12 +78,22 @@ def bootstrap() -> None:
             installed = None
         if installed != version:
             wanted.append(wheel)
-    if wanted:
-        site = Path(tempfile.mkdtemp(prefix="gpu-check-wheels-"))
-        for wheel in wanted:
-            zipfile.ZipFile(wheel).extractall(site)
-        sys.path.insert(0, str(site))
-        print(f"gpu-check: using carried {', '.join(w.name.split('-')[0] for w in wanted)}", file=sys.stderr)
+    if not wanted:
+        return None
+    site = Path(tempfile.mkdtemp(prefix=f"{label}-wheels-"))
+    for wheel in wanted:
+        zipfile.ZipFile(wheel).extractall(site)
+    sys.path.insert(0, str(site))
+    print(f"{label}: using carried {', '.join(w.name.split('-')[0] for w in wanted)}", file=sys.stderr)
+    return site
+
+
+def bootstrap() -> None:
+    """Make the repository importable as installed (flashdraft, flashdraft.components) with the carried wheels."""
+    for folder in (REPO, REPO / "benchmarks"):  # flashdraft itself; bench_codecs (section 6)
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    carried_wheels()
     if importlib.util.find_spec("pydantic") is None:
         raise SystemExit(f"gpu-check: pydantic is not installed and {WHEELS} has no wheels: run `make gpu-wheels` "
                          "on a machine with network access and carry benchmarks/gpu_wheels")

@@ -8,7 +8,9 @@ which figures are measured, which assumed, and where each measured one came from
 Why rates come with their shape: a rate holds only at the shape it was measured at (anchors a sample and tokens a
 step change the drafted positions per data token several-fold). With `flops_per_token` (the model FLOPs of one
 data token at that shape) the planner turns a rate into a fraction of the GPU's dense bf16 peak, and that fraction
-carries to another shape or another GPU; without it the rate is used as it is, only on the same GPU type.
+carries to another shape or another GPU; a generate rate with `bytes_per_token` likewise becomes a fraction of the
+memory bandwidth (decoding reads the weights once a step); without either the rate is used as it is, only on the
+same GPU type. `make gpu-check` and `make gpu-e2e` write these files.
 
 JSON, one object, `schema_version` 1; unknown keys are an error (a misspelt field must not silently do nothing).
 """
@@ -53,6 +55,9 @@ class GpuInfo(_Strict):
     memory_bytes: int | None = Field(None, ge=1, description="total device memory as the driver reports it")
     bf16_tflops_peak: float | None = Field(None, gt=0, description="dense bf16 datasheet peak used for efficiency")
     bf16_matmul_tflops: float | None = Field(None, gt=0, description="a measured large bf16 matmul, for reference")
+    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="memory bandwidth (GB/s) a generate rate "
+                                               "with bytes_per_token is a fraction of (default: the planner's "
+                                               "figure for gpu_type)")
 
 
 class TrainShape(_Strict):
@@ -124,7 +129,13 @@ class ExtractRate(_Rate):
 
 
 class GenerateRate(_Rate):
+    """Decoding is bound by reading the weights once a step for the whole batch, so with `bytes_per_token` (weight
+    bytes a step / sequences in the batch) the planner turns the rate into a fraction of the GPU's memory
+    bandwidth, which carries to another GPU, batch and target as the planner's own decode model does."""
+
     shape: GenerateShape
+    bytes_per_token: float | None = Field(None, gt=0, description="weight bytes read per generated token: the "
+                                          "weights one decode step reads over the concurrent sequences")
 
 
 class StageRates(_Strict):

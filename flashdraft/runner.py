@@ -286,8 +286,10 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                                                               "error_type": type(exc).__name__, "error": message}))
             raise
         figures = summary.figures()
-        done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures,
-                                         "headline": status.headline(spec.name, figures)})
+        device = getattr(summary, "device", None)  # generate, extract, train, evaluate say where they ran
+        done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures, "device": device,
+                                         "headline": status.headline(spec.name, figures)
+                                         + (f" (on {device})" if device else "")})
         _emit_and_commit(store, done)
     _log_metrics(metrics, spec.name, figures, done.duration_s or 0.0)
     return summary

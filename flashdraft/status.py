@@ -53,6 +53,8 @@ class StageRecord(BaseModel):
     error_type: str | None = Field(default=None, description="exception class name of a failed task")
     error: str | None = Field(default=None, description="exception message (truncated), for a failed task")
     log: str | None = Field(default=None, description="where the task's full log is (file or pod)")
+    device: str | None = Field(default=None, description="the device the stage's model work ran on (cuda:0, cpu), "
+                               "from its summary; None for a stage without one")
     fingerprint: str | None = Field(default=None, description="digest of what the result depends on: the config "
                                     "fields the stage reads and its upstream results' fingerprints (runner.py)")
     inputs: dict[str, Any] = Field(default_factory=dict, description="those config fields' values, by dotted name")

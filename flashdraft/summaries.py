@@ -162,6 +162,7 @@ class GenerateSummary(StageSummary):
     tokens_per_s: float | None = Field(None, description="generated tokens per second")
     backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
     backend: str | None = Field(None, description="generation.backend")
+    device: str | None = Field(None, description="device the hf backend ran the target on (this attempt's)")
     fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also in every "
                                     "chunk's commit record")
 
@@ -250,6 +251,7 @@ class TrainSummary(StageSummary):
         default_factory=list, description="the held-out curve: {step, acc_by_pos, tau, blocks} every "
                                           "training.heldout_every steps (components/train/heldout.py)")
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
+    device: str | None = Field(None, description="rank 0's device (cuda:0, cpu)")
     resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
                                      "or retried task, or training.preempt_after); None = trained from step 0")
     peak_memory_bytes: int | None = Field(None, description="rank 0's peak memory in this launch: CUDA peak "

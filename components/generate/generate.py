@@ -122,12 +122,13 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     todo = [i for i in range(len(chunks)) if i not in chunk_meta]
     log.info("shard %d: %d prompts in %d chunks, %d already committed", shard, len(rows), len(chunks),
              len(chunks) - len(todo))
-    startup_s = 0.0
+    startup_s, device = 0.0, None
     if todo:
         t0 = time.time()
         max_len = max(r["prompt_tokens"] + len(r["regenerate_turns"]) * cfg.data.max_response_tokens for r in rows)
         backend = make_backend(cfg, tok, max_model_len=max_len + 64)
         startup_s = round(time.time() - t0, 2)
+        device = getattr(backend, "device", None)  # hf: cuda or cpu; vllm runs in its own worker
         try:
             for i in tqdm(todo, desc=f"generate shard {shard}", unit="chunk"):
                 t = time.time()
@@ -149,7 +150,8 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     done = {"shard": shard, "num_chunks": len(chunks), "chunks_generated_now": len(todo), **totals,
             "generation_seconds": round(seconds, 3), "tokens_per_s": round(totals["generated_tokens"] /
                                                                            max(seconds, 1e-9), 2),
-            "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint}
+            "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint,
+            **({"device": str(device)} if device else {})}
     store.commit_json(done_key, done)
     log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated", shard,
              totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],

@@ -50,14 +50,17 @@ def run_ranks(command: list[str], cfg) -> TrainSummary:
 
 
 def launch_training(cfg, config=None, preset=None, sets=None) -> TrainSummary:
-    """The train task's body on one node: the ranks under torchrun (world size > 1; `config`/`preset`/`sets` say
-    how they load the run's config) or in this process. With `training.preempt_after` (rehearsals) the ranks are
-    launched twice: the first launch stops after that many steps without a final checkpoint, as a preempted pod
-    would, and the second resumes from the checkpoint through the same code a restarted pod runs."""
+    """The train task's body on one node: the ranks under torchrun (world size > 1, or FSDP2 on any number of
+    ranks; `config`/`preset`/`sets` say how they load the run's config) or in this process. With
+    `training.preempt_after` (rehearsals) the ranks are launched twice: the first launch stops after that many
+    steps without a final checkpoint, as a preempted pod would, and the second resumes from the checkpoint through
+    the same code a restarted pod runs."""
     from flashdraft.components.train.trainer import TrainError, run_train
 
     stop = cfg.training.preempt_after
-    if cfg.training.world_size > 1:
+    # FSDP2 goes through torchrun even on one rank: a one-GPU run (make gpu-e2e) then runs the process group, the
+    # sharded wrappers and their checkpoints as the cluster does.
+    if cfg.training.world_size > 1 or cfg.training.strategy == "fsdp2":
         if stop is not None and (rc := subprocess.call(torchrun_command(cfg, config, preset, sets, stop))) != 0:
             raise TrainError(f"torchrun (the launch preempted after step {stop}) exited with status {rc}")
         return run_ranks(torchrun_command(cfg, config, preset, sets), cfg)

@@ -23,18 +23,21 @@ class DistEnv:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Several ranks, or one rank that torchrun launched (a one-GPU FSDP2 run keeps the process group and the
+        sharded wrappers, so it runs the code a multi-GPU run does)."""
+        return self.world_size > 1 or (dist.is_available() and dist.is_initialized())
 
 
 def setup_distributed() -> DistEnv:
-    """Read the torchrun environment; NCCL on CUDA, gloo on CPU."""
+    """Read the torchrun environment; NCCL on CUDA, gloo on CPU (a process group whenever torchrun launched us)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    launched = world > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun sets it, even for one rank
+    if launched and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     return DistEnv(rank, world, local, device)
 

@@ -38,3 +38,31 @@ def test_missing_and_malformed_files(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(CalibrationError, match="x.json: invalid JSON"):
         load_calibration(tmp_path / "x.json")
+
+
+def test_a_generate_rate_with_bytes_per_token_carries_as_a_share_of_the_memory_bandwidth(tmp_path):
+    """Decode reads the weights once a step: a measured rate x its bytes a token is a share of the measuring GPU's
+    bandwidth, which the plan applies to its own target, batch and inference GPU (make gpu-e2e's generate rate)."""
+    from flashdraft.components.plan.gpus import GPUS
+    from flashdraft.components.plan.planner import make_plan
+    from flashdraft.config import load_config
+
+    data = json.loads(EXAMPLE.read_text())
+    data["rates"]["generate"] = {"tokens_per_s_per_gpu": 480.0, "bytes_per_token": 1e9,
+                                 "shape": {"model": "stand-in", "batch": 4}}
+    path = tmp_path / "gen.json"
+    path.write_text(json.dumps(data))
+    cfg = load_config(preset="qwen3.6-27b")
+    plan = make_plan(cfg.with_overrides({"plan.calibration": str(path)}))
+    gen = plan["gpu_hours"]["generate"]
+    assert gen["rate_source"].startswith("measured 480 tokens/s")
+    assert "10.0% of the memory bandwidth" in gen["rate_source"]
+    # 480 x 1e9 B / 4.8 TB/s (H200) = 10%; the plan's GPU (RTX PRO 6000) at 10% over its 27B bf16 weights / batch
+    weights = plan["target_geometry"]["params"] * 2 / cfg.plan.decode_batch
+    expected = 0.10 * GPUS["rtx-pro-6000"].bandwidth_gbs * 1e9 / weights
+    assert gen["tokens_per_s_per_gpu"] == pytest.approx(expected, rel=1e-3)
+    # without bytes_per_token a rate from another GPU type is not used
+    del data["rates"]["generate"]["bytes_per_token"]
+    path.write_text(json.dumps(data))
+    plain = make_plan(cfg.with_overrides({"plan.calibration": str(path)}))
+    assert plain["gpu_hours"]["generate"]["rate_source"] == "assumed (model)"

@@ -1,0 +1,95 @@
+"""The two runs and their settings: `flashdraft run-local` as a user types it, in a subprocess, with its stage lines
+streamed here and its whole output kept in a log file.
+
+GPU mode: the `tiny` preset (with the gpu_check rows that never ran on a GPU folded in: DFlash2 at layer recompute,
+q4 shards decoded on the trainer's device), then `qwen3.6-27b-rehearsal` (the full-width random 5-layer
+Qwen3.6-27B target built on the GPU, HF generate and extract, FSDP2 through torchrun on one rank with NCCL,
+preempted after step 1 and resumed, evaluate, export, report). Dry mode (CPU, CI): the same two runs at tiny
+shapes; the rehearsal's stand-in is `tiny-qwen35` (the same hybrid architecture at width 128) with the rehearsal's
+recipe (`REHEARSAL_RECIPE`: FSDP2 through torchrun on one rank, gloo on CPU, a checkpoint every step, preempted
+and resumed, fp8-zstd shards), so the code path is the GPU run's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# The gpu_check rows never run on a GPU (README): the trainer decoding q4 shards on its device, DFlash2 at layer
+# recompute. Folded into the tiny run.
+TINY_EXTRAS = ("drafter.kind=dflash2", "training.activation_checkpointing=layer", "features.codec=q4",
+               "training.feature_decode=device")
+# What makes the rehearsal the production DAG on one machine, in both modes.
+REHEARSAL_RECIPE = ("training.strategy=fsdp2", "training.nproc_per_node=1", "training.checkpoint_every=1",
+                    "training.preempt_after=1", "features.codec=fp8-zstd", "features.fp8_scale=token")
+# Dry mode: few prompts and tokens, one shard (each task is a process start on a 2-core CI machine).
+DRY_SMALL = ("data.num_shards=1", "eval.num_prompts=1", "eval.max_new_tokens=8", "eval.baseline_prompts=0")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    preset: str
+    sets: tuple[str, ...]
+    timeout_s: int
+    production_width: bool   # its rates go into the calibration file
+
+    def args(self) -> list[str]:
+        return ["--preset", self.preset, *[a for s in self.sets for a in ("--set", s)]]
+
+
+def run_specs(dry: bool, work: Path, only: tuple[str, ...] = ()) -> list[RunSpec]:
+    """The runs of this mode, in order."""
+    def store(name: str) -> tuple[str, ...]:
+        return (f"storage.root=file://{work}/runs", f"run_id=gpu-e2e-{name}")
+
+    if dry:
+        specs = [
+            RunSpec("tiny", "tiny", (*store("tiny"), *TINY_EXTRAS, *DRY_SMALL, "data.max_samples=6",
+                                     "data.eval_count=1", "data.max_response_tokens=12", "training.epochs=1"),
+                    300, False),
+            RunSpec("rehearsal", "tiny-qwen35", (*store("rehearsal"), *REHEARSAL_RECIPE, *DRY_SMALL,
+                                                 "data.max_samples=4", "data.eval_count=1",
+                                                 "data.max_response_tokens=16", "training.epochs=2"), 300, True)]
+    else:
+        specs = [
+            RunSpec("tiny", "tiny", (*store("tiny"), *TINY_EXTRAS), 240, False),
+            RunSpec("rehearsal", "qwen3.6-27b-rehearsal", (*store("rehearsal"), *REHEARSAL_RECIPE,
+                                                           "training.num_threads=8"), 420, True)]
+    return [s for s in specs if not only or s.name in only]
+
+
+def run_local(spec: RunSpec, work: Path, environ: dict[str, str], log_dir: Path) -> tuple[int, float, str]:
+    """`python -m flashdraft.cli run-local` for `spec` from `work` (not the repository root, whose `flashdraft/`
+    folder would shadow the installed package in the tasks); its stage lines are printed as they come. Returns
+    (exit status, wall seconds, error line). Past `spec.timeout_s` the whole process group is killed."""
+    log = log_dir / f"run-local-{spec.name}.log"
+    cmd = [sys.executable, "-m", "flashdraft.cli", "run-local", *spec.args(), "--workdir", str(work / "kfp")]
+    print(f"== {spec.name}: flashdraft run-local {' '.join(spec.args())}", flush=True)
+    t0 = time.monotonic()
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, cwd=work, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+
+        def pump() -> None:
+            for line in proc.stdout:
+                out.write(line)
+                print(f"   {line.rstrip()}", flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=spec.timeout_s)
+            error = "" if rc == 0 else f"run-local exited with status {rc} (log: {log})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
+            error = f"run-local ran past {spec.timeout_s} s and was killed (log: {log})"
+        reader.join(timeout=5)
+    return rc, round(time.monotonic() - t0, 1), error
