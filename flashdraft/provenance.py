@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -51,7 +50,6 @@ def git_commit() -> str | None:
     return _git_head(str(Path(__file__).resolve().parent))
 
 
-@lru_cache(maxsize=4)
 def _git_head(folder: str) -> str | None:
     try:
         head = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True,
