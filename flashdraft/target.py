@@ -548,10 +548,10 @@ class Target:
 _GEOMETRY_CACHE: dict[str, TargetGeometry] = {}
 
 
-def _geometry_from_files(target: TargetConfig) -> TargetGeometry:
-    key = target.model_dump_json()
+def _geometry_from_files(target: TargetConfig, count: bool) -> TargetGeometry:
+    key = f"{count}:{target.model_dump_json()}"
     if key not in _GEOMETRY_CACHE:
-        _GEOMETRY_CACHE[key] = geometry_of(load_hf_config(target), target.model, count=True)
+        _GEOMETRY_CACHE[key] = geometry_of(load_hf_config(target), target.model, count=count)
     return _GEOMETRY_CACHE[key]
 
 
@@ -584,14 +584,18 @@ def check_target_settings(cfg: RunConfig, geo: TargetGeometry, where: str, assum
 def resolve_target(cfg: RunConfig, hints: bool = False) -> Target:
     """The target of `cfg`, resolved once from the model's own config (loading or building it as the stages do)
     and checked against the settings that must agree with it. `hints=True` (plan): where the model's files are
-    not on this machine, from the config's hints instead, with every such figure named in `sources`."""
+    not on this machine, from the config's hints instead, with every such figure named in `sources`; it also
+    counts the parameters (a meta-device model), which the other stages do not need."""
     if hints and not model_files_here(cfg.target):
         geo, sources = geometry_from_hints(cfg)
         check_target_settings(cfg, geo, "the target hints", {k for k, v in sources.items() if "hint" not in v})
         return Target(cfg.target, geo, tuple(cfg.layer_ids(geo.num_layers)), False, sources)
-    geo = _geometry_from_files(cfg.target)
+    geo = _geometry_from_files(cfg.target, count=hints)
     check_target_settings(cfg, geo, f"{cfg.target.model}'s config")
     sources = dict.fromkeys(("num_layers", "hidden_size", "vocab_size", "params", "active_params"), "model config")
+    if not hints:
+        return Target(cfg.target, geo, tuple(cfg.layer_ids(geo.num_layers)), True,
+                      {k: v for k, v in sources.items() if "params" not in k})
     if geo.params is None:  # transformers cannot build the class on the meta device (remote code)
         params = cfg.target.params or estimated_params(geo.num_layers, geo.hidden_size, geo.vocab_size)
         geo = replace(geo, params=int(params), active_params=int(cfg.target.active_params or params))

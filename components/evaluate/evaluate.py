@@ -108,11 +108,11 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
     the difference is exactly what training bought; None when no prompt uses it). Both keep the frozen
     embedding/LM head in the target checkpoint's dtype, memory-mapped (a full-width fp32 copy is 10 GB)."""
     from flashdraft.drafter.model import DFlashDrafter, build_drafter
-    from flashdraft.target import load_hf_config
+    from flashdraft.target import resolve_target
 
     prefix = trained_drafter_prefix(store)
     trained = DFlashDrafter.from_pretrained(store, prefix=prefix, target=cfg.target, device=device).eval()
-    untrained = build_drafter(cfg, load_hf_config(cfg.target), init="random", seed=cfg.training.seed,
+    untrained = build_drafter(cfg, resolve_target(cfg).hf_config(), init="random", seed=cfg.training.seed,
                               tokenizer=tok, device=device, frozen_dtype=None).eval() if baseline else None
     return trained, store.url(prefix), untrained
 
@@ -224,17 +224,18 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     so the report shows where the outputs diverged."""
     import torch
 
-    from flashdraft.target import load_causal_lm, load_tokenizer, set_cpu_threads, target_num_layers
+    from flashdraft.target import resolve_target, set_cpu_threads
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
     device = _device()
     set_cpu_threads(cfg, device)
-    tok = load_tokenizer(cfg.target)
+    target = resolve_target(cfg)  # the model's own geometry and layer ids; contradicting settings refused here
+    tok = target.tokenizer()
     suites = load_suites(cfg, store, tok)  # every suite read and checked before any model is loaded
     reference = load_reference(cfg.eval.reference, cfg.storage)
-    model = load_causal_lm(cfg.target, device)
-    layer_ids = cfg.layer_ids(target_num_layers(cfg))
+    model = target.causal_lm(device)
+    layer_ids = list(target.layer_ids)
     first = suites[0].prompts
     n_base0 = len(first) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(first))
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)

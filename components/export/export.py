@@ -172,7 +172,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     other setting; `flashdraft export --dtype/--speculators` override them)."""
     from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.drafter.model import DFlashDrafter
-    from flashdraft.target import load_hf_config
+    from flashdraft.target import resolve_target
 
     dtype = cfg.export.dtype
     io0 = io_counters()
@@ -197,7 +197,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
         if name == "zlab":
             formats[name] = _files_zlab(drafter, dtype)
         else:
-            archs = list(getattr(load_hf_config(cfg.target), "architectures", None) or [])
+            archs = list(getattr(resolve_target(cfg).hf_config(), "architectures", None) or [])
             formats[name] = _files_speculators(drafter, dtype, archs)
     provenance = current_provenance()
     g = drafter.config_dict()

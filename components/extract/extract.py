@@ -277,17 +277,14 @@ def run_extract(cfg: RunConfig, shard: int) -> ExtractSummary:
 def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> ExtractSummary:
     from tqdm import tqdm
 
-    from flashdraft.target import load_tokenizer, set_cpu_threads, target_geometry, tokenizer_fingerprint
+    from flashdraft.target import resolve_target, set_cpu_threads, tokenizer_fingerprint
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)
-    geo = target_geometry(cfg.target)  # from the text config (nested under text_config in Qwen3.5/3.6)
-    layer_ids = cfg.layer_ids(geo.num_layers)
-    if max(layer_ids) >= geo.num_layers:
-        raise ExtractionError(f"features.layer_ids {layer_ids}: {cfg.target.model} has {geo.num_layers} decoder "
-                              f"layers (ids 0..{geo.num_layers - 1})")
+    target = resolve_target(cfg)  # the model's own config (text_config of a multimodal one); ids checked in range
+    geo, layer_ids = target.geometry, list(target.layer_ids)
     hidden = geo.hidden_size
-    provenance = make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), hidden, layer_ids)
+    provenance = make_provenance(cfg, tokenizer_fingerprint(target.tokenizer()), hidden, layer_ids)
     rows, empty = load_rows(store, shard, geo.vocab_size)
     first_part, skip = _resume_point(store, shard, rows)
     if skip:

@@ -60,13 +60,13 @@ def lr_at(step: int, total: int, cfg: RunConfig) -> float:
 
 def build_model(cfg: RunConfig, env: DistEnv):
     from flashdraft.drafter.model import build_drafter
-    from flashdraft.target import load_hf_config
+    from flashdraft.target import resolve_target
 
     head = cfg.drafter.head_dtype
     bf16 = head == "bfloat16" or (head == "auto" and env.device.type == "cuda")
     # frozen vocab-sized tensors in bf16: half the memory, bf16 logits GEMMs on CUDA (fp32 accumulate, fp32
     # softmax); from a bf16 target checkpoint they stay memory-mapped, one copy shared by every rank on the node
-    model = build_drafter(cfg, load_hf_config(cfg.target), seed=cfg.training.seed, device=env.device,
+    model = build_drafter(cfg, resolve_target(cfg).hf_config(), seed=cfg.training.seed, device=env.device,
                           frozen_dtype=torch.bfloat16 if bf16 else torch.float32)
     model.set_activation_checkpointing(cfg.training.activation_checkpointing)
     return model

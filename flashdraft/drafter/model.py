@@ -141,8 +141,8 @@ def geometry_from_hf(hf_config, *, num_layers: int, block_size: int, target_laye
 
     c = text_config(hf_config)
     if hidden_size is not None and hidden_size != int(c.hidden_size):
-        raise ConfigError(f"drafter.hidden_size={hidden_size}: must equal the target's hidden size "
-                          f"{c.hidden_size} (the drafter uses the target's embedding and LM head)")
+        raise ConfigError(f"drafter.hidden_size {hidden_size} != target hidden size {c.hidden_size} (the drafter "
+                          "uses the target's embedding and LM head: unset it to follow the target)")
     target_heads = int(c.num_attention_heads)
     heads = int(num_heads or target_heads)
     kv_heads = int(num_kv_heads or getattr(c, "num_key_value_heads", None) or target_heads)

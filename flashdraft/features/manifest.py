@@ -55,11 +55,11 @@ def make_provenance(cfg: RunConfig, fingerprint: dict[str, str], hidden_size: in
 
 def expected_provenance(cfg: RunConfig) -> dict:
     """What the training config expects (loads the tokenizer and the model config, not the weights)."""
-    from flashdraft.target import load_tokenizer, target_geometry, tokenizer_fingerprint
+    from flashdraft.target import resolve_target, tokenizer_fingerprint
 
-    geo = target_geometry(cfg.target)
-    ids = cfg.layer_ids(geo.num_layers)
-    return make_provenance(cfg, tokenizer_fingerprint(load_tokenizer(cfg.target)), geo.hidden_size, ids)
+    target = resolve_target(cfg)
+    return make_provenance(cfg, tokenizer_fingerprint(target.tokenizer()), target.geometry.hidden_size,
+                           list(target.layer_ids))
 
 
 def check_provenance(expected: dict, found: dict, where: str) -> None:

@@ -99,7 +99,7 @@ def test_drafter_config_fields_and_errors(tiny_cfg):
     # default: the target's layout, full attention
     d = build_drafter(tiny_cfg, hf, seed=0).geometry
     assert (d.num_heads, d.num_kv_heads, d.head_dim, d.layer_types) == (4, 2, 64, ["full_attention"])
-    with pytest.raises(ConfigError, match="drafter.hidden_size=512: must equal the target's hidden size 256"):
+    with pytest.raises(ConfigError, match="drafter.hidden_size 512 != target hidden size 256"):
         geometry_from_hf(hf, num_layers=1, block_size=8, target_layer_ids=[1], mask_token_id=0,
                          trainable_mask=False, hidden_size=512)
     with pytest.raises(ConfigError, match="drafter.layer_types"):
