@@ -82,11 +82,14 @@ def stored_codec(metrics: dict[str, dict[str, Any]]) -> str | None:
 
 def drafter_uris(store: ObjectStore) -> list[str]:
     """Exported drafter folders (export/<format>/, each committed by its manifest) and the newest checkpoint."""
-    uris = []
+    folders = set()
     for key in store.list_committed(layout.EXPORT + "/"):
         fmt = layout.export_format_of(key)
         if fmt is not None:
-            uris.append(store.url(layout.export_prefix(fmt)))
+            folders.add(layout.export_prefix(fmt))
+        elif key.count("/") >= 2:  # a run exported by an older flashdraft: a record beside every file
+            folders.add(key.rsplit("/", 1)[0] + "/")
+    uris = [store.url(f) for f in sorted(folders)]
     ckpts = sorted({k.rsplit("/", 1)[0] for k in store.list_committed(layout.CHECKPOINTS + "/")})
     if ckpts:
         uris.append(store.url(ckpts[-1]))

@@ -24,6 +24,7 @@ from flashdraft.components.export.export import (
     download_export,
     read_export,
 )
+from flashdraft.components.report.report import drafter_uris
 from flashdraft.config import load_config
 from flashdraft.provenance import current
 from flashdraft.runner import run_task
@@ -92,6 +93,7 @@ def test_the_docs_paths_file_table_and_serve_command_match_a_real_export(exporte
         assert read_export(store, fmt) == {f.name: f.read_bytes() for f in folder.iterdir()}
     manifest = re.search(r"`(export/<format>\.manifest\.json)`", DOC.read_text()).group(1)
     assert store.is_committed(manifest.replace("<format>", "zlab")), "the manifest the doc names is committed"
+    assert drafter_uris(store)[:2] == [store.url("export/speculators"), store.url("export/zlab")], "the report's"
 
     # the doc's vLLM command and the card's take the same speculative config; the card's names this folder
     doc_cmd = next(c for c in doc_blocks() if "--speculative-config" in c)
