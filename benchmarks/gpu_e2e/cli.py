@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gpu_e2e import env as envmod
@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=("tiny", "rehearsal"), default=None,
                         help="run only this one (repeatable)")
     parser.add_argument("--commit", default=os.environ.get("FLASHDRAFT_COMMIT"), help="git commit, for the file")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="wall seconds for the whole script (default 540 on a GPU, none with --dry): a run gets "
+                             "what is left, so the table of what finished still comes back inside the device "
+                             "tool's 600 s")
     args = parser.parse_args(argv)
+    budget = args.budget_s if args.budget_s is not None else (None if args.dry else 540.0)
     t0 = time.monotonic()
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-e2e-")).resolve()
     out = Path(args.out).resolve() if args.out else work / "out"
@@ -90,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-e2e: {env.gpu['device']}; work {work}; setup {time.monotonic() - t0:.0f} s", flush=True)
     results, checks = [], []
     for spec in run_specs(args.dry, work, tuple(args.only or ())):
+        if budget is not None:  # what is left, less ~30 s for reading the records, the plan and the table
+            left = int(budget - (time.monotonic() - t0) - 30)
+            if left < 60:
+                checks.append(Check(f"{spec.name}: run-local succeeded", False, f"not started: {left + 30} s left"))
+                continue
+            spec = replace(spec, timeout_s=min(spec.timeout_s, left))
         with MemorySampler(env.device) as sampler:
             rc, wall, error = run_local(spec, work, env.environ, out)
         result = RunResult(spec.name, spec.preset, spec.sets, rc, wall, error=error)
@@ -113,16 +124,25 @@ def main(argv: list[str] | None = None) -> int:
             check, lines = plan_reads(cal_file, env.environ, work)
             checks.append(check)
             print("plan --calibrate " + str(cal_file) + ":\n  " + "\n  ".join(lines), flush=True)
+        write_report(out, env, args.dry, commit, t0, results, checks, final=False)  # kept if the next run dies
+    return write_report(out, env, args.dry, commit, t0, results, checks, final=True)
+
+
+def write_report(out: Path, env, dry: bool, commit: str | None, t0: float, results: list[RunResult],
+                 checks: list[Check], final: bool) -> int:
+    """gpu-e2e.txt (the table, the checks, the verdict) and gpu-e2e.json under `out`; printed when final."""
     rows = [r for res in results for r in res.rows]
     text = table(rows)
     verdict = all(c.ok for c in checks) and bool(checks)
     check_lines = [f"{'ok  ' if c.ok else 'FAIL'}  {c.name}{f'  ({c.detail})' if c.detail else ''}" for c in checks]
+    state = ("PASS" if verdict else "FAIL") if final else "RUNNING"
     report = (f"{text}\n\n" + "\n".join(check_lines) +
-              f"\n\ngpu-e2e {'PASS' if verdict else 'FAIL'} in {time.monotonic() - t0:.0f} s on {env.gpu['device']}")
-    print(report, flush=True)
+              f"\n\ngpu-e2e {state} in {time.monotonic() - t0:.0f} s on {env.gpu['device']}")
+    if final:
+        print(report, flush=True)
     (out / "gpu-e2e.txt").write_text(report + "\n")
     (out / "gpu-e2e.json").write_text(json.dumps({
-        "device": env.gpu, "dry": args.dry, "commit": commit, "wall_s": round(time.monotonic() - t0, 1),
+        "device": env.gpu, "dry": dry, "commit": commit, "wall_s": round(time.monotonic() - t0, 1), "final": final,
         "pass": verdict, "checks": [asdict(c) for c in checks],
         "runs": [{"name": r.name, "preset": r.preset, "sets": list(r.sets), "rc": r.rc, "wall_s": r.wall_s,
                   "error": r.error} for r in results],

@@ -137,6 +137,7 @@ def prepare(dry: bool, work: Path) -> Env:
     if paths:
         environ["PYTHONPATH"] = os.pathsep.join(paths + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
     environ["PYTHONUNBUFFERED"] = "1"
+    environ["HF_HUB_OFFLINE"] = "1"  # every target is a local folder; a GPU machine has no network to time out on
     if dry:
         tflops, gbs = _cpu_rates()
         gpu = {"name": f"CPU ({os.cpu_count()} cores, dry run)", "gpu_type": None, "peak_tflops": tflops,

@@ -92,4 +92,19 @@ def run_local(spec: RunSpec, work: Path, environ: dict[str, str], log_dir: Path)
             rc = proc.wait()
             error = f"run-local ran past {spec.timeout_s} s and was killed (log: {log})"
         reader.join(timeout=5)
+    collect_task_logs(work / "kfp" / "logs", spec, log_dir / f"tasks-{spec.name}.log")
     return rc, round(time.monotonic() - t0, 1), error
+
+
+def collect_task_logs(logs: Path, spec: RunSpec, dest: Path, tail: int = 300) -> None:
+    """The last `tail` lines of every task log of this run's newest log folder, in one file (a device run brings
+    back a few files, not folders of them): where a failed task says why."""
+    run_id = next((s.split("=", 1)[1] for s in spec.sets if s.startswith("run_id=")), spec.name)
+    folders = sorted(logs.glob(f"{run_id}-*"), key=lambda f: f.stat().st_mtime)
+    if not folders:
+        return
+    with open(dest, "w", encoding="utf-8") as out:
+        for log in sorted(folders[-1].glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()
+            out.write(f"===== {log.name} ({len(lines)} lines, last {min(tail, len(lines))})\n")
+            out.write("\n".join(lines[-tail:]) + "\n")
