@@ -120,10 +120,13 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     """The whole estimate as a JSON-able dict (the `--json` output and metrics/plan.json)."""
     cfg, target, target_section = planning_target(cfg)
     layers, hidden = target.geometry.num_layers, target.geometry.hidden_size
-    samples = cfg.data.expected_samples or cfg.data.max_samples
-    if samples is None:
+    d = cfg.data
+    if d.expected_samples is None and d.max_samples is None:
         raise ConfigError("plan needs data.expected_samples (or data.max_samples)")
-    tps = cfg.data.expected_tokens_per_sample
+    # max_samples counts the held-out eval prompts too, which are never generated or extracted; and no sample is
+    # longer than the prompt and response limits (the tiny preset planned 800-token samples of at most 152)
+    samples = d.expected_samples or max(1, d.max_samples - d.eval_count)
+    tps = min(d.expected_tokens_per_sample, d.max_prompt_tokens + d.max_response_tokens)
     tokens = samples * tps
     ids = cfg.layer_ids(layers)
 
