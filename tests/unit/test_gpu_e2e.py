@@ -27,11 +27,12 @@ def test_without_a_gpu_it_stops_in_one_line_before_any_stage(tmp_path):
 
 def test_dry_and_gpu_rehearsals_share_the_recipe_and_the_gpu_one_is_full_width(tmp_path):
     gpu, dry = run_specs(False, tmp_path), run_specs(True, tmp_path)
-    assert [s.name for s in gpu] == [s.name for s in dry] == ["tiny", "rehearsal"]
-    assert gpu[1].preset == "qwen3.6-27b-rehearsal" and dry[1].preset == "tiny-qwen35"
-    for spec in (gpu[1], dry[1]):
+    assert [s.name for s in gpu] == [s.name for s in dry] == ["rehearsal", "tiny"]  # calibration first
+    assert gpu[0].preset == "qwen3.6-27b-rehearsal" and dry[0].preset == "tiny-qwen35"
+    for spec in (gpu[0], dry[0]):
         assert set(REHEARSAL_RECIPE) <= set(spec.sets) and spec.production_width
-    assert "training.feature_decode=device" in gpu[0].sets and "drafter.kind=dflash2" in dry[0].sets
+    assert "training.feature_decode=device" in gpu[1].sets and "drafter.kind=dflash2" in dry[1].sets
+    assert [s.name for s in run_specs(False, tmp_path, ("tiny",))] == ["tiny"]
 
 
 def _result(**figures) -> RunResult:
