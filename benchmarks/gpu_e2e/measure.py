@@ -94,7 +94,7 @@ class StageRow:
     tokens: float | None = None
     tokens_per_s: float | None = None
     peak_bytes: int | None = None            # sampled (device memory in use, or process-tree RSS)
-    predicted_bytes: int | None = None       # the plan's peak per GPU for the stage's pool
+    predicted_bytes: int | None = None       # the plan's peak per GPU (train: at the rows the run trained)
     allocated_bytes: int | None = None       # train: rank 0's own peak (cuda allocated / RSS)
     mfu: float | None = None                 # train: model FLOPs / s over the bf16 peak
     note: str = ""
@@ -239,7 +239,12 @@ def stage_rows(run: str, cfg, sampler: MemorySampler, gpu_name: str, peak_tflops
             row.predicted_bytes = _predicted(plan, "trainer")
             row.note = f"resumed from step {train.resumed_from}" if train.resumed_from else "not resumed"
             if train.history and train.tokens_per_s:
+                from flashdraft.components.plan.memory import trainer_memory
+
                 fpt, shape = train_step_flops(cfg, train.history, vocab)
+                # the plan's memory model at the rows this run trained (its config's row is a planning figure)
+                device = "cuda" if any(d.startswith("cuda") for d in devices) else "cpu"
+                row.predicted_bytes = trainer_memory(shape, device).peak_bytes
                 row.mfu = train.tokens_per_s * fpt / (peak_tflops * 1e12) if peak_tflops else None
                 figures["train"] = {"tokens_per_s": train.tokens_per_s, "flops_per_token": fpt, "shape": shape,
                                     "resumed_from": train.resumed_from, "steps": train.steps}
