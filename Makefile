@@ -116,7 +116,7 @@ gpu-check:
 
 # The whole DAG (run-local tiny, then the full-width rehearsal through torchrun/NCCL/FSDP2, preempted and resumed)
 # on one GPU, measured; writes OUT/calibration.json and checks `flashdraft plan --calibrate` reads it as measured
-# (docs/testing.md). gpu-e2e-dry: the same script on CPU at tiny shapes (tests/integration/test_gpu_e2e.py).
+# (docs/testing.md). gpu-e2e-dry: the same script on CPU at tiny shapes (tests/integration/test_gpu_e2e_dry.py).
 GPU_E2E_OUT ?= gpu-e2e-out
 gpu-e2e:
 	$(GPU_PY) benchmarks/gpu_e2e --out $(GPU_E2E_OUT)

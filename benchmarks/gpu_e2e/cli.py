@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             result.error = result.error or f"reading its records: {type(exc).__name__}: {exc}"
         results.append(result)
         checks += run_checks(result, env.device)
-        if spec.production_width and result.ok and result.figures.get("train"):
+        if spec.production_width and not (result.ok and result.figures.get("train")):
+            checks.append(Check("calibration file written", False, f"the {spec.name} run did not finish training"))
+        elif spec.production_width:
             note = ("dry run on CPU at tiny shapes: the 'GPU' peak and bandwidth are this CPU's measured fp32 matmul "
                     "and copy rates, stand-ins that exercise the file and the planner's arithmetic; calibrates "
                     "nothing" if args.dry else

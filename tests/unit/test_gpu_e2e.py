@@ -1,6 +1,6 @@
 """`make gpu-e2e`'s parts that need no run (benchmarks/gpu_e2e): it fails fast in one line without a GPU, and its
 checks fail a run that did not show what the GPU run must show. The whole script on CPU (`make gpu-e2e-dry`) is
-tests/integration/test_gpu_e2e.py."""
+tests/integration/test_gpu_e2e_dry.py."""
 
 from __future__ import annotations
 
