@@ -2,9 +2,9 @@
 streamed here and its whole output kept in a log file.
 
 GPU mode: `qwen3.6-27b-rehearsal` (the full-width random 5-layer Qwen3.6-27B target built on the GPU, HF generate
-and extract, FSDP2 through torchrun on one rank with NCCL, preempted after step 1 and resumed, evaluate, export,
-report), then the `tiny` preset (with the gpu_check rows that never ran on a GPU folded in: DFlash2 at layer
-recompute, q4 shards decoded on the trainer's device). Dry mode (CPU, CI): the same two runs at tiny
+and extract, the production drafter (DFlash2 at layer recompute) trained with FSDP2 through torchrun on one rank
+with NCCL, preempted after step 1 and resumed, evaluate, export, report), then the `tiny` preset with q4 shards
+decoded on the trainer's device (a gpu_check row that never ran on a GPU). Dry mode (CPU, CI): the same two runs at tiny
 shapes; the rehearsal's stand-in is `tiny-qwen35` (the same hybrid architecture at width 128) with the rehearsal's
 recipe (`REHEARSAL_RECIPE`: FSDP2 through torchrun on one rank, gloo on CPU, a checkpoint every step, preempted
 and resumed, fp8-zstd shards), so the code path is the GPU run's.
@@ -21,13 +21,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# The gpu_check rows never run on a GPU (README): the trainer decoding q4 shards on its device, DFlash2 at layer
-# recompute. Folded into the tiny run.
-TINY_EXTRAS = ("drafter.kind=dflash2", "training.activation_checkpointing=layer", "features.codec=q4",
-               "training.feature_decode=device")
-# What makes the rehearsal the production DAG on one machine, in both modes.
-REHEARSAL_RECIPE = ("training.strategy=fsdp2", "training.nproc_per_node=1", "training.checkpoint_every=1",
-                    "training.preempt_after=1", "features.codec=fp8-zstd", "features.fp8_scale=token")
+# The gpu_check rows never run on a GPU (README): the trainer decoding q4 shards on its device (folded into the tiny
+# run, which keeps the embedded default, DFlash) and DFlash2 at layer recompute (the rehearsal's drafter below).
+TINY_EXTRAS = ("features.codec=q4", "training.feature_decode=device")
+# What makes the rehearsal the production DAG on one machine, in both modes: the production drafter (qwen3.6-27b
+# trains DFlash2 at layer recompute; the rehearsal preset itself still trains DFlash), FSDP2 through torchrun on one
+# rank, a checkpoint every step, preempted after step 1 and resumed, fp8-zstd shards.
+REHEARSAL_RECIPE = ("drafter.kind=dflash2", "training.activation_checkpointing=layer", "training.strategy=fsdp2",
+                    "training.nproc_per_node=1", "training.checkpoint_every=1", "training.preempt_after=1",
+                    "features.codec=fp8-zstd", "features.fp8_scale=token")
 # Dry mode: few prompts and tokens, one shard (each task is a process start on a 2-core CI machine).
 DRY_SMALL = ("data.num_shards=1", "eval.num_prompts=1", "eval.max_new_tokens=8", "eval.baseline_prompts=0")
 
@@ -52,7 +54,9 @@ def run_specs(dry: bool, work: Path, only: tuple[str, ...] = ()) -> list[RunSpec
     # The rehearsal first: its rates are the calibration file, so a run cut short by the budget loses tiny instead.
     if dry:
         specs = [
+            # DFlash2 needs the full vocabulary (tiny-qwen35 drafts over 4,096); rank 16 keeps its codebooks small
             RunSpec("rehearsal", "tiny-qwen35", (*store("rehearsal"), *REHEARSAL_RECIPE, *DRY_SMALL,
+                                                 "drafter.draft_vocab_size=null", "drafter.selector_rank=16",
                                                  "data.max_samples=4", "data.eval_count=1",
                                                  "data.max_response_tokens=16", "training.epochs=2"), 300, True),
             RunSpec("tiny", "tiny", (*store("tiny"), *TINY_EXTRAS, *DRY_SMALL, "data.max_samples=6",

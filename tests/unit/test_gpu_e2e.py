@@ -31,7 +31,8 @@ def test_dry_and_gpu_rehearsals_share_the_recipe_and_the_gpu_one_is_full_width(t
     assert gpu[0].preset == "qwen3.6-27b-rehearsal" and dry[0].preset == "tiny-qwen35"
     for spec in (gpu[0], dry[0]):
         assert set(REHEARSAL_RECIPE) <= set(spec.sets) and spec.production_width
-    assert "training.feature_decode=device" in gpu[1].sets and "drafter.kind=dflash2" in dry[1].sets
+    assert "training.feature_decode=device" in gpu[1].sets and "training.feature_decode=device" in dry[1].sets
+    assert "drafter.kind=dflash2" in gpu[0].sets  # the production drafter, at full width
     assert [s.name for s in run_specs(False, tmp_path, ("tiny",))] == ["tiny"]
 
 
