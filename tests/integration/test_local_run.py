@@ -39,7 +39,9 @@ def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path)
     that error and every later stage not run; the console stays short and holds no kfp executor dump."""
     missing = tmp_path / "no-such-target"
     args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp"), "--set",
-            f"storage.root=file://{tmp_path}/store", "--set", "target.source=hf", "--set", f"target.model={missing}"]
+            f"storage.root=file://{tmp_path}/store", "--set", "target.source=hf", "--set", f"target.model={missing}",
+            # planning hints for the new model (the preset's describe tiny-qwen3 and are dropped with it)
+            "--set", "target.num_layers=8", "--set", "target.hidden_size=256"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 1, out.output[-3000:]
     lines = out.output.splitlines()
