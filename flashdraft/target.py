@@ -13,8 +13,12 @@
   is built in (`RANDOM_ARCHITECTURES`), the weights are written one shard per decoder layer / embedding / head,
   each materialised alone from a meta-device model, so building a 9 GB bf16 checkpoint holds ~2.5 GB at a time.
 
-Target geometry (layer count, width, vocab, layer types) is read in one place, `text_config` / `target_geometry`:
-multimodal checkpoints keep it under `text_config`, plain decoders at the top level. The stages load every target
+The target is resolved once, `resolve_target(cfg)` -> `Target`: its geometry (layer count and kinds, width,
+vocabulary, heads, sliding window, sinks, experts, total and active parameters) from the model's own config, read
+in one place (`text_config`: multimodal checkpoints keep it under `text_config`, plain decoders at the top level),
+the DFlash layer ids over it, and its tokenizer / model / embedding and LM head. Plan, extract, train, evaluate and
+export read it; the config's target hints stand in only where the model's files are not on the machine (`plan`),
+and a setting the target contradicts is refused naming the field (`check_target_settings`). The stages load every target
 through `AutoModelForCausalLM`, which for `qwen3_5` checkpoints builds the text-only `Qwen3_5ForCausalLM` from the
 same weights (the vision tower is never loaded).
 
