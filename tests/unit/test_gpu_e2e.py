@@ -52,3 +52,22 @@ def test_checks_pass_a_complete_run_and_name_what_a_broken_one_lacks():
     assert set(failed) == {"r: every stage done", "r: model stages on cuda", "r: lossless",
                            "r: preempted and resumed"}
     assert "export" in failed["r: every stage done"] and "generate" in failed["r: model stages on cuda"]
+
+
+def test_stage_records_and_their_console_line_name_the_device(tmp_path):
+    """What `make gpu-e2e` checks per stage: the runner copies a summary's `device` into the task's record and its
+    line; a stage that reports none (prep) has neither."""
+    from flashdraft.config import load_config
+    from flashdraft.pipelines.console import record_line
+    from flashdraft.runner import run_task
+    from flashdraft.status import read_records
+    from flashdraft.store import open_store
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
+    run_task(cfg, "generate", body=lambda: {"samples": 2, "generated_tokens": 40, "generation_seconds": 2.0,
+                                            "device": "cuda"}, shard=0)
+    run_task(cfg, "prep", body=lambda: {"kept": 3, "num_train": 2, "num_eval": 1})
+    records = {r.stage: r for r in read_records(open_store(cfg.storage, cfg.run_id))}
+    gen, prep = records["generate"], records["prep"]
+    assert gen.device == "cuda" and gen.headline.endswith("(on cuda)") and record_line(gen).endswith("(on cuda)")
+    assert prep.device is None and "(on " not in prep.headline
