@@ -131,3 +131,16 @@ def test_storage_plan_counts_only_extracted_samples_of_at_most_the_length_limits
     long = make_plan(cfg.with_overrides({"data.expected_tokens_per_sample": 800}))
     assert long["tokens_per_sample"] == 128 + 24
     assert make_plan(cfg.with_overrides({"data.expected_samples": 100}))["samples"] == 100  # stated: as is
+
+
+def test_a_depth_cut_random_target_may_plan_the_published_parameter_count():
+    """qwen3.6-27b-rehearsal builds 5 random layers of the 27B (source=random) and plans the 27B's 2.7e10
+    parameters on purpose; the same statement about a checkpoint (source=hf) that counts 4.6e9 is refused."""
+    from flashdraft.target import TargetGeometry, check_target_settings
+
+    cfg = load_config(preset="qwen3.6-27b-rehearsal")
+    built = TargetGeometry(num_layers=5, hidden_size=5120, vocab_size=248320, layer_types=None, model_type="qwen3_5",
+                           params=4_600_000_000)
+    check_target_settings(cfg, built, "the built rehearsal target")
+    with pytest.raises(ConfigError, match=r"^plan.target_params 2.7e\+10 != the 4.6e\+09 parameters"):
+        check_target_settings(cfg.with_overrides({"target.source": "hf"}), built, "a checkpoint")
