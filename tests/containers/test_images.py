@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from container_engine import build
@@ -152,8 +153,10 @@ def test_tiny_dag_in_the_image_equals_an_in_process_run(docker_env, base_image, 
                 "--set", f"storage.root=file://{store}", "--set", "run_id=containers"]
         if runner == "docker":
             args += ["--runner", "docker", "--image", base_image]
+        t0 = time.monotonic()
         proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=1500)
         assert proc.returncode == 0, f"{runner}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        print(f"\ntiny run-local --runner {runner}: {time.monotonic() - t0:.0f} s", flush=True)
         if runner == "docker":
             assert f"cpu {base_image}" in proc.stdout, proc.stdout[:2000]
         results[runner] = _committed(store, "containers")
