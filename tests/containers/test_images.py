@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from container_engine import build
+from container_engine import build, image_requirements, vllm_standin
 
 from flashdraft import layout
 from flashdraft.config import load_config
@@ -84,6 +84,20 @@ def test_trainer_image_builds_on_a_standin_base(engine, standin, proxy_args):
     _check_hygiene(engine, tag)
     torchrun = _run(engine, tag, "python", "-m", "torch.distributed.run", "--help")
     assert torchrun.returncode == 0, torchrun.stderr
+
+
+def test_inference_image_builds_on_a_vllm_standin(engine, standin, wheel_index, proxy_args):
+    """Every step after FROM of docker/inference/Dockerfile (the torch pin check, CA, user, dependency layer with
+    everything the base image has pinned, import checks of kfp, torch and vllm) on a stand-in for the vLLM image
+    (container_engine.vllm_standin says what it is and is not)."""
+    torch_req = next(r for r in image_requirements()[0] if r.startswith("torch=="))
+    base = vllm_standin(engine, standin, torch_req, *wheel_index)
+    tag = "flashdraft-inference:containers-test"
+    args = {k: v for k, v in proxy_args.items() if k != "TORCH_INDEX_URL"}  # the vLLM image brings its torch
+    seconds = build(engine, "docker/inference/Dockerfile", tag, {"VLLM_IMAGE": base, **args})
+    print(f"\nbuilt {tag} in {seconds:.0f} s", flush=True)
+    _check_cli(engine, tag)
+    _check_hygiene(engine, tag)
 
 
 def _sha(data: bytes) -> str:
