@@ -110,7 +110,10 @@ class DockerEngine:
                 proc.kill()
                 proc.wait()
             log.close()
-            subprocess.run(["umount", "-R", str(root / "data")], capture_output=True)
+            # dockerd can leave mounts below its roots (overlays, the network namespace in exec/netns): deepest first
+            mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+            for target in sorted((m for m in mounts if m.startswith(f"{root}/")), key=len, reverse=True):
+                subprocess.run(["umount", "-l", target], capture_output=True)
             shutil.rmtree(root, ignore_errors=True)
 
     def image_size(self, tag: str) -> int:
