@@ -19,6 +19,11 @@ from typing import Any
 
 from flashdraft.config import RunConfig
 
+# What a task's container gets from this process's environment besides the console's settings: the S3 credentials
+# and endpoint (never in the image; on a cluster they come from the Secret).
+PASSED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+              "AWS_ENDPOINT_URL", "HF_HUB_OFFLINE")
+
 
 class ContainerError(RuntimeError):
     """A container run cannot start: no engine, a missing image, an image of another flashdraft version."""
@@ -94,7 +99,8 @@ class ContainerRun:
         return host
 
     def kfp_runner(self, cfg: RunConfig, workdir: Path, env: dict[str, str]) -> Any:
-        """kfp.local's DockerRunner with this module's decisions (user, network, store mount, environment)."""
+        """kfp.local's DockerRunner with this module's decisions (user, network, store mount, environment: `env`
+        plus PASSED_ENV from this process)."""
         import docker
         from kfp import local
 
@@ -105,5 +111,6 @@ class ContainerRun:
             store.mkdir(parents=True, exist_ok=True)
             if not store.is_relative_to(workdir):
                 mounts.append(docker.types.Mount(target=str(store), source=str(store), type="bind"))
-        return local.DockerRunner(user=f"{os.getuid()}:{os.getgid()}", network_mode="host", environment=env,
-                                  mounts=mounts)
+        passed = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        return local.DockerRunner(user=f"{os.getuid()}:{os.getgid()}", network_mode="host",
+                                  environment={**passed, **env}, mounts=mounts)

@@ -28,10 +28,6 @@ from flashdraft.summaries import EvaluateSummary, PlanSummary, StreamStats, Trai
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
-# What a container task gets from this process's environment besides the console's settings: the S3 credentials
-# and endpoint (never in the image; on a cluster they come from the Secret).
-CONTAINER_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
-                 "AWS_ENDPOINT_URL", "HF_HUB_OFFLINE")
 
 
 def localize(cfg: RunConfig) -> RunConfig:
@@ -111,6 +107,8 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     from flashdraft.pipelines.pipeline import build_pipeline
     from flashdraft.runner import check_run, clear_from
 
+    # images first: a missing engine or image must not cost a --from its cleared results
+    version = container.preflight() if container is not None else None
     cfg = localize(cfg)
     if from_stage:
         cleared = clear_from(cfg, from_stage)
@@ -121,19 +119,14 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     log_dir = root / "logs" / f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {LOG_DIR_ENV: str(log_dir), TASK_LOGS_ENV: "0" if verbose else "1"}
-    if container is None:
-        runner = local.SubprocessRunner(use_venv=False)
-    else:
-        images = container.preflight()
-        passed = {k: v for k, v in os.environ.items() if k in CONTAINER_ENV}
-        runner = container.kfp_runner(cfg, root, {**passed, **env})
+    runner = local.SubprocessRunner(use_venv=False) if container is None else container.kfp_runner(cfg, root, env)
     local.init(runner=runner, pipeline_root=str(root), raise_on_error=True)
     pipeline = build_pipeline(cfg, local=True, parallelism=1, images=container.images if container else None)
     if console is not None:
         console.print(f"flashdraft run-local: run {cfg.run_id}, mode {cfg.mode.kind}, store {cfg.storage.root}",
                       highlight=False, markup=False, soft_wrap=True)
         if container is not None:
-            console.print(f"in containers ({images}): " + ", ".join(f"{pool} {image}" for pool, image in
+            console.print(f"in containers ({version}): " + ", ".join(f"{pool} {image}" for pool, image in
                                                              container.images.items()),
                           highlight=False, markup=False, soft_wrap=True)
         console.print(f"logs: {log_dir}", highlight=False, markup=False, soft_wrap=True)
