@@ -1,4 +1,4 @@
-"""The `flashdraft` command: one sub-command per declared stage (flashdraft/stages.py), plus the pipeline and
+"""The `flashdraft` command: one sub-command per registered stage (flashdraft/registry.py), plus the pipeline and
 inspection commands."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flashdraft import registry
 from flashdraft.cli_options import (
     ConfigOpt,
     EndpointOpt,
@@ -25,7 +26,7 @@ from flashdraft.cli_options import (
     run_store,
 )
 from flashdraft.config import ConfigError
-from flashdraft.stages import StageSpec, load_ref, stages
+from flashdraft.stage import StageSpec, load_ref
 
 # Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
 # run-local). Each module's `register(app)` adds them; importing them is cheap (heavy imports sit in the bodies).
@@ -78,12 +79,12 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 
 
 def build_app() -> typer.Typer:
-    """The `flashdraft` command from the declared stages (flashdraft/stages.py) and the other command modules.
+    """The `flashdraft` command from the registered stages (flashdraft/registry.py) and the other command modules.
     Built when called, so a stage declared later (a plugin, a test's toy stage) gets its command too."""
     app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       context_settings=CONTEXT)  # sub-commands and `features` inherit -h
     app.callback()(_root)
-    for spec in stages():
+    for spec in registry.current():
         if spec.command:
             app.command(spec.name, help=spec.doc or None)(load_ref(spec.cli) if spec.cli else stage_command(spec))
     for ref in _OTHER_COMMANDS:
@@ -132,15 +133,18 @@ def config_reference(
         typer.echo(f"wrote {output}")
 
 
-def evaluate_suite_table(store) -> str:
-    """The per-suite table of a committed metrics/evaluate.json, as text; "" when there is none."""
+def status_details(store) -> list[str]:
+    """What each stage's committed summary adds below the status table (`StageSummary.status_detail`: evaluate's
+    per-suite table), in pipeline order."""
     from flashdraft import layout
-    from flashdraft.summaries import EvaluateSummary
 
-    key = layout.metrics_key("evaluate")
-    if not store.is_committed(key):
-        return ""
-    return EvaluateSummary.model_validate(store.get_json_verified(key)).suite_table_text()
+    out = []
+    for spec in registry.current():
+        key = layout.metrics_key(spec.name)
+        if not spec.per_shard and store.is_committed(key):
+            detail = spec.summary.model_validate(store.get_json_verified(key)).status_detail()
+            out += [detail] if detail else []
+    return out
 
 
 def status(
@@ -192,10 +196,8 @@ def status(
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     console.print(f"run {store.root}", highlight=False, markup=False, soft_wrap=True)
     console.print(summary_table(statuses))
-    suites = evaluate_suite_table(store)
-    if suites:
-        console.print("evaluation suites (metrics/evaluate.json):\n" + suites, highlight=False, markup=False,
-                      soft_wrap=True)
+    for detail in status_details(store):
+        console.print(detail, highlight=False, markup=False, soft_wrap=True)
     for s in statuses:  # the detail a table cell cannot hold: errors and where to read more
         for t in s.tasks:
             if t.state == "failed":

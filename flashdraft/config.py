@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flashdraft import registry
 from flashdraft.features.codec_registry import (
     CODECS,
     Q4_BLOCKS,
@@ -665,28 +666,20 @@ class PoolsConfig(_Section):
                                   "generate, extract, evaluate")
     trainer: PoolConfig = Field(default_factory=PoolConfig, description="GPU pool for train")
     stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
-        default_factory=lambda: _default_pools(),
-        description="stage -> pool; defaults to each stage's declared pool (flashdraft/stages.py)")
+        default_factory=lambda: dict(registry.current().default_pools()),
+        description="stage -> pool; defaults to each stage's declared pool (components/<stage>/stage.py)")
 
     def pool_name(self, stage: str) -> str:
         """The pool `stage` runs on: this table's entry, else the stage's declared pool."""
         if stage in self.stage_pool:
             return self.stage_pool[stage]
-        from flashdraft.stages import stage as declared
-
         try:
-            return declared(stage).pool
+            return registry.current().get(stage).pool
         except ValueError:
             raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}") from None
 
     def for_stage(self, stage: str) -> PoolConfig:
         return getattr(self, self.pool_name(stage))
-
-
-def _default_pools() -> dict[str, str]:
-    from flashdraft.stages import default_pools
-
-    return dict(default_pools())
 
 
 class PlanConfig(_Section):

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from flashdraft import layout, status
+from flashdraft import layout, registry, status
 from flashdraft.config import ConfigError, RunConfig
-from flashdraft.stages import StageSpec, downstream, stage, stages
+from flashdraft.stage import StageSpec, StageSummary
 from flashdraft.status import REUSED
-from flashdraft.summaries import StageSummary, summary_of
 
 if TYPE_CHECKING:
     from flashdraft.store import ObjectStore
@@ -116,7 +115,7 @@ def upstream_fingerprints(store: ObjectStore, spec: StageSpec, cfg: RunConfig,
     per-shard stage reading a per-shard one, all shards' together for a fan-in; None when not committed."""
     out: dict[str, str | None] = {}
     for name in spec.upstream_for(cfg):
-        up = stage(name)
+        up = registry.current().get(name)
         if up.per_shard and shard is not None:
             record = status.read_record(store, name, shard)
             out[name] = record.fingerprint if record and record.state == "done" else None
@@ -146,7 +145,7 @@ def task_fingerprint(cfg: RunConfig, stage_name: str, shard: int | None = None,
                      store: ObjectStore | None = None) -> Fingerprint:
     from flashdraft.store import open_store
 
-    spec = stage(stage_name)
+    spec = registry.current().get(stage_name)
     store = store or open_store(cfg.storage, cfg.run_id)
     return Fingerprint(config_inputs(spec, cfg), upstream_fingerprints(store, spec, cfg, shard))
 
@@ -185,17 +184,14 @@ def refusal(task: str, spec: StageSpec, changes: dict[str, tuple[Any, Any]]) -> 
     """The one-line refusal: the changed fields, then the choices."""
     fields = [k for k in changes if not k.startswith("upstream ")]
     upstream = [k.removeprefix("upstream ") for k in changes if k.startswith("upstream ")]
-    start = spec.name if fields else next((s for s in stage_names_in_order() if s in upstream), spec.name)
+    start = spec.name if fields else next((s for s in registry.current().names() if s in upstream), spec.name)
     detail = ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in changes.items()
                        if not k.startswith("upstream "))
     what = detail if detail else f"the result of {', '.join(upstream)}"
+    cleared = ", ".join(registry.current().downstream(start))
     return StageInputsChanged(
         f"{task}: changed since its committed result: {what}; keep the old settings, use a new run_id "
-        f"(--set run_id=NEW), or recompute with `--from {start}` ({', '.join(downstream(start))})")
-
-
-def stage_names_in_order() -> list[str]:
-    return [s.name for s in stages()]
+        f"(--set run_id=NEW), or recompute with `--from {start}` ({cleared})")
 
 
 # -- running a task -----------------------------------------------------------------------------------------
@@ -219,7 +215,7 @@ def _committed_result(store: ObjectStore, spec: StageSpec, shard: int | None) ->
     key = layout.metrics_key(status.task_name(spec.name, shard))
     if not store.is_committed(key):
         return None
-    return summary_of(spec.name, {**store.get_json_verified(key), "skipped": True})
+    return registry.current().summary_of(spec.name, {**store.get_json_verified(key), "skipped": True})
 
 
 def _call(spec: StageSpec, cfg: RunConfig, shard: int | None) -> Any:
@@ -239,7 +235,7 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     from flashdraft.pipelines.console import task_output
     from flashdraft.store import open_store
 
-    spec = stage(stage_name)
+    spec = registry.current().get(stage_name)
     store = open_store(cfg.storage, cfg.run_id)
     task = status.task_name(spec.name, shard)
     previous = status.read_record(store, spec.name, shard)
@@ -256,7 +252,7 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                 _emit_and_commit(store, previous.model_copy(update={
                     "reused": True, "reused_at": status.now(), "attempt": attempt,
                     "log": status.task_log_location()}))
-                _log_metrics(metrics, spec.name, previous.figures, 0.0)
+                _log_metrics(metrics, spec, previous.figures, 0.0)
                 return result
         refused = {k: v for k, v in changes.items() if not _continues(spec, cfg, k)}
         if refused:
@@ -274,7 +270,8 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                                     fingerprint=fp.digest, inputs=fp.inputs, upstream=fp.upstream)
         _emit_and_commit(store, record)
         try:
-            summary = summary_of(spec.name, body() if body is not None else _call(spec, cfg, shard))
+            result = body() if body is not None else _call(spec, cfg, shard)
+            summary = registry.current().summary_of(spec.name, result)
             if spec.reuse and not spec.commits_result:
                 store.commit_json(layout.metrics_key(task), summary.dump())
         except BaseException as exc:
@@ -288,17 +285,17 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
         figures = summary.figures()
         device = getattr(summary, "device", None)  # generate, extract, train, evaluate say where they ran
         done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures, "device": device,
-                                         "headline": status.headline(spec.name, figures)
+                                         "headline": spec.summary.headline(figures)
                                          + (f" (on {device})" if device else "")})
         _emit_and_commit(store, done)
-    _log_metrics(metrics, spec.name, figures, done.duration_s or 0.0)
+    _log_metrics(metrics, spec, figures, done.duration_s or 0.0)
     return summary
 
 
-def _log_metrics(metrics: Any, stage_name: str, figures: dict[str, float], duration_s: float) -> None:
+def _log_metrics(metrics: Any, spec: StageSpec, figures: dict[str, float], duration_s: float) -> None:
     if metrics is None:
         return
-    for key, value in {**status.derive(stage_name, figures), "duration_s": duration_s}.items():
+    for key, value in {**spec.summary.derive(figures), "duration_s": duration_s}.items():
         metrics.log_metric(key, float(value))
 
 
@@ -313,7 +310,7 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
     from flashdraft.store import open_store
 
     store = store or open_store(cfg.storage, cfg.run_id)
-    for spec in stages():
+    for spec in registry.current():
         if not spec.reuse:
             continue
         inputs = config_inputs(spec, cfg)
@@ -334,12 +331,12 @@ def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None
 
     store = store or open_store(cfg.storage, cfg.run_id)
     try:
-        names = downstream(stage(stage_name).name)
+        names = registry.current().downstream(registry.current().get(stage_name).name)
     except ValueError as exc:
         raise ConfigError(f"--from {stage_name}: {exc}") from None
     records = store.list(layout.STATUS + "/") + store.list(layout.METRICS + "/")
     for name in names:
-        spec = stage(name)
+        spec = registry.current().get(name)
         own = {k for k in records if _task_key_of(k, name)}
         for out in spec.outputs:
             own.update(store.list(out) if out.endswith("/") else

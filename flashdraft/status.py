@@ -11,15 +11,13 @@ a run a person did not start in this terminal. Stages without a record but with 
 from __future__ import annotations
 
 import os
-import string
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from flashdraft import layout
-from flashdraft.stages import stages
+from flashdraft import layout, registry
 from flashdraft.store import ObjectStore
 
 NOT_RUN = "not run"
@@ -121,57 +119,6 @@ def combine(per_task: Iterable[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def derive(stage: str, figs: dict[str, float]) -> dict[str, float]:
-    """Add the rates: generation tokens/s, extraction tokens/s and stored bytes/token."""
-    out = dict(figs)
-    if stage == "generate" and figs.get("generation_seconds"):
-        out["tokens_per_s"] = round(figs.get("generated_tokens", 0) / figs["generation_seconds"], 1)
-    if stage == "extract":
-        if figs.get("extract_seconds"):
-            out["tokens_per_s"] = round(figs.get("new_tokens", 0) / figs["extract_seconds"], 1)
-        if figs.get("tokens"):
-            out["bytes_per_token"] = round(figs.get("bytes", 0) / figs["tokens"], 1)
-    return out
-
-
-# Per stage: the figure that must exist for a headline, and the line; `{name:spec}` formats a figure of
-# `derive`, "-" when the stage did not report it.
-_HEADLINES = {
-    "plan": ("planned_bytes_per_token",
-             "{planned_bytes_per_token:,.0f} bytes/token planned, {planned_total_mb:,.1f} MB at rest"),
-    "prep": ("prompts_kept", "{prompts_kept:,.0f} prompts kept, {quarantined:,.0f} quarantined; used "
-                             "{prompts_train:,.0f} train, {prompts_eval:,.0f} eval"),
-    "generate": ("samples", "{samples:,.0f} samples, {generated_tokens:,.0f} tokens, {tokens_per_s:,.1f} tokens/s"),
-    "extract": ("samples", "{samples:,.0f} samples, {tokens:,.0f} tokens, {bytes_per_token:,.1f} bytes/token, "
-                           "{tokens_per_s:,.0f} tokens/s"),
-    "train": ("steps", "{steps:,.0f} steps, loss {final_loss:,.3f}, slot-1 accuracy {slot1_accuracy:,.3f}, "
-                       "{tokens_per_s:,.0f} tokens/s"),
-    "evaluate": ("tau", "tau {tau:,.2f} (untrained {baseline_tau:,.2f}), lossless {lossless}"),
-    "export": ("step", "drafter of step {step:,.0f} exported"),
-}
-
-
-class _FigureFormatter(string.Formatter):
-    """str.format over a figures dict where a missing figure reads "-"."""
-
-    def get_value(self, key: int | str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        return kwargs.get(str(key))
-
-    def format_field(self, value: Any, format_spec: str) -> str:
-        return "-" if value is None else format(value, format_spec)
-
-
-def headline(stage: str, figs: dict[str, float]) -> str:
-    """One line of a stage's key figures (empty for stages without any)."""
-    f = derive(stage, figs)
-    required, line = _HEADLINES.get(stage, ("", ""))
-    if required not in f:
-        return ""
-    lossless = {1.0: "passed", 0.0: "FAILED"}.get(f.get("lossless_passed", -1.0), "not checked")
-    return _FigureFormatter().vformat(line, (), {**f, "lossless": lossless,
-                                                "planned_total_mb": f.get("planned_total_bytes", 0) / 1e6})
-
-
 # -- reading ------------------------------------------------------------------------------------------------
 
 
@@ -256,7 +203,7 @@ def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] 
         by_stage.setdefault(r.stage, []).append(r)
     with_metrics = {n.split("-shard-", 1)[0] for n in metrics_names}
     out = []
-    for spec in stages():
+    for spec in registry.current():
         stage = spec.name  # a pipeline-only step (stream-end) shows only when it ran
         if stage == "report" or (not spec.command and stage not in by_stage):
             continue
@@ -275,7 +222,7 @@ def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] 
         duration = round(max(ends) - min(t.started for t in ran), 2) if ends and state != "running" else None
         figs = combine(t.figures for t in tasks if t.state == "done")
         out.append(StageStatus(stage=stage, state=state, tasks=tasks, duration_s=duration,
-                               headline=headline(stage, figs), figures=derive(stage, figs)))
+                               headline=spec.summary.headline(figs), figures=spec.summary.derive(figs)))
     return out
 
 

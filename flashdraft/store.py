@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
+from flashdraft import registry
 from flashdraft.config import STORAGE_SCHEMES, StorageConfig, split_uri
 
 log = logging.getLogger(__name__)
@@ -474,9 +475,7 @@ class ObjectStore:
 def corrupt_remedy(key: str) -> str:
     """What to do about an object whose bytes stay wrong on every re-read (corrupt at rest): recompute it from
     the stage that wrote it (its declared `outputs`), as `: ...` to end a message; "" for a key no stage owns."""
-    from flashdraft.stages import stages  # here: stages imports the summaries, which a store does not need
-
-    stage = next((s.name for s in stages() if any(key.startswith(o) for o in s.outputs)), None)
+    stage = next((s.name for s in registry.current() if any(key.startswith(o) for o in s.outputs)), None)
     if stage is None:
         return ""
     return (f": recompute them with `flashdraft run-local --from {stage}` (deletes {stage}'s results and those of "

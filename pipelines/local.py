@@ -22,9 +22,11 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel
 
+from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.plan.summary import PlanSummary
+from flashdraft.components.train.summary import StreamStats, TrainSummary
 from flashdraft.config import RunConfig
 from flashdraft.pipelines.containers import ContainerRun
-from flashdraft.summaries import EvaluateSummary, PlanSummary, StreamStats, TrainSummary
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

@@ -17,11 +17,11 @@ from typing import Any
 
 from kfp import compiler, dsl
 
+from flashdraft import registry as stage_registry
 from flashdraft.config import RunConfig
 from flashdraft.pipelines import stages
 from flashdraft.pipelines.placement import PoolParams, place
-from flashdraft.stages import load_ref
-from flashdraft.stages import stages as declared_stages
+from flashdraft.stage import load_ref
 
 PIPELINE_NAME = "flashdraft"
 DEFAULT_REGISTRY = "ghcr.io/flashdraft"
@@ -52,7 +52,7 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
         return dsl.component(func, base_image=images[pool], install_kfp_package=False)
 
     out = {spec.name: comp(load_ref(spec.component) if spec.component else stages.stage_task,
-                           cfg.pools.pool_name(spec.name)) for spec in declared_stages()}
+                           cfg.pools.pool_name(spec.name)) for spec in stage_registry.current()}
     out["train-launcher"] = comp(stages.train_multinode, "cpu")
     return out
 
@@ -136,7 +136,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             export = placed("export", c["export"](**cfg_args, evaluated=evaluate.outputs["Output"]))
             tasks = {"plan": gate, "prep": prep, "generate": gen, "train": train, "evaluate": evaluate,
                      "export": export, **({"extract": ext} if not (streaming and local) else {})}
-            for spec in declared_stages():
+            for spec in stage_registry.current():
                 if spec.name in WIRED:
                     continue
                 if spec.per_shard:

@@ -12,8 +12,8 @@ from typing import Any
 
 from kfp import kubernetes
 
+from flashdraft import registry
 from flashdraft.config import PoolConfig
-from flashdraft.stages import stage as declared_stage
 
 RETRIES = {"num_retries": 3, "backoff_duration": "120s", "backoff_factor": 2.0, "backoff_max_duration": "3600s"}
 # The multi-node training launcher is a pipeline task, not a stage: it waits as long as training may run.
@@ -22,7 +22,7 @@ LAUNCHER = "train-launcher"
 
 def timeout_s(task_name: str) -> int:
     """Wall-clock limit of a task's pod (activeDeadlineSeconds): the stage's declared timeout."""
-    return declared_stage("train" if task_name == LAUNCHER else task_name).timeout_s
+    return registry.current().get("train" if task_name == LAUNCHER else task_name).timeout_s
 
 
 # Keys of the Kubernetes Secret (created by the Helm chart) mapped to the env names boto3/s3fs read.

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from flashdraft.config import load_config
-from flashdraft.pipelines.runtime import end_stream
+from flashdraft.components.stream_end.stream_end import end_stream
 
 
 def main(config_path: str) -> int:

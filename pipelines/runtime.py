@@ -16,15 +16,10 @@ import threading
 from pathlib import Path
 from typing import Any, cast
 
+from flashdraft.components.report.summary import ReportSummary
+from flashdraft.components.train.summary import StreamStats, TrainSummary
 from flashdraft.config import ConfigError, RunConfig, dump_config, load_config
-from flashdraft.summaries import (
-    ReportSummary,
-    StageSummary,
-    StreamEndSummary,
-    StreamStats,
-    TrainSummary,
-    numbers,
-)
+from flashdraft.stage import StageSummary, numbers
 
 log = logging.getLogger(__name__)
 
@@ -200,25 +195,6 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
              stats["produced_bytes"], stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes,
              stats["failed_listings"])
     return TrainSummary.model_validate({**summary.dump(), "streaming": StreamStats.model_validate(stats)})
-
-
-def end_stream(cfg: RunConfig) -> StreamEndSummary:
-    """After the streaming extract loop: EOS when every shard is extracted, else FAILED naming the missing ones.
-
-    Runs even when extract tasks failed (after their retries), so the trainer never waits for a dead producer.
-    """
-    from flashdraft import layout
-    from flashdraft.features.window import WindowProducer
-    from flashdraft.store import open_store
-
-    store = open_store(cfg.storage, cfg.run_id)
-    producer = WindowProducer(store, cfg.mode)
-    missing = [s for s in range(cfg.data.num_shards) if not store.is_committed(layout.features_done_key(s))]
-    if missing:
-        producer.fail(f"extraction did not complete shard(s) {missing}")
-        raise RuntimeError(f"streaming: extraction did not complete shard(s) {missing}; the trainer was told")
-    producer.finish()
-    return StreamEndSummary(shards=cfg.data.num_shards, state="EOS")
 
 
 def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:

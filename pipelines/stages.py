@@ -4,7 +4,7 @@ KFP embeds each function's source in the compiled spec and runs it in the stage 
 the body and each body is a thin call into the same entry function the `flashdraft <stage>` CLI uses (via
 `flashdraft.runner.run_task`, which owns reuse, continuation and the status records). They are plain functions
 here; `pipelines/pipeline.py` turns them into components with the right base image. A declared stage without a
-component of its own (flashdraft/stages.py `component=None`) runs through `stage_task`. Only small things leave a
+component of its own (its `StageSpec.component` is None) runs through `stage_task`. Only small things leave a
 body: a JSON summary string, metrics, Markdown/HTML reports.
 """
 

@@ -195,7 +195,9 @@ def stage_rows(run: str, cfg, sampler: MemorySampler, gpu_name: str, peak_tflops
     from flashdraft import layout
     from flashdraft.status import combine, read_records
     from flashdraft.store import open_store
-    from flashdraft.summaries import EvaluateSummary, GenerateSummary, TrainSummary
+    from flashdraft.components.evaluate.summary import EvaluateSummary
+    from flashdraft.components.generate.summary import GenerateSummary
+    from flashdraft.components.train.summary import TrainSummary
     from flashdraft.target import load_hf_config, text_config
 
     store = open_store(cfg.storage, cfg.run_id)

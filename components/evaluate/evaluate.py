@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flashdraft import layout
+from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.config import RunConfig
 from flashdraft.store import ObjectStore, io_counters, open_store
-from flashdraft.summaries import EvaluateSummary
 
 from .prompts import EvalPrompt
 from .reference import load_reference, published_for

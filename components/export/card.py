@@ -15,10 +15,13 @@ from typing import Any
 import yaml
 
 from flashdraft import layout
+from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.prep.summary import PrepSummary
+from flashdraft.components.train.summary import TrainSummary
 from flashdraft.config import RunConfig
 from flashdraft.provenance import Provenance
+from flashdraft.stage import StageSummary
 from flashdraft.store import ObjectStore
-from flashdraft.summaries import EvaluateSummary, PrepSummary, StageSummary, TrainSummary
 
 CARD_FILE = "README.md"
 

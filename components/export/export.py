@@ -23,10 +23,10 @@ from safetensors.torch import save as save_bytes
 
 from flashdraft import layout
 from flashdraft.components.export.card import CARD_FILE, render_card
+from flashdraft.components.export.summary import ExportSummary
 from flashdraft.config import RunConfig
 from flashdraft.provenance import current as current_provenance
 from flashdraft.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
-from flashdraft.summaries import ExportSummary
 from flashdraft.zlab import (
     MASK_PT,
     MASK_ST,

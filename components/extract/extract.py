@@ -35,6 +35,7 @@ import torch
 
 from flashdraft import layout
 from flashdraft.components.extract.source import FeatureSource
+from flashdraft.components.extract.summary import ExtractSummary
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
 from flashdraft.features.manifest import (
@@ -48,7 +49,6 @@ from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, 
 from flashdraft.features.window import WindowProducer, released_part
 from flashdraft.records import iter_responses
 from flashdraft.store import ObjectStore, io_counters, open_store
-from flashdraft.summaries import ExtractSummary
 
 log = logging.getLogger(__name__)
 

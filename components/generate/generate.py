@@ -23,6 +23,7 @@ from typing import Any
 
 from flashdraft import layout
 from flashdraft.chat import Reply, build_turn
+from flashdraft.components.generate.summary import GenerateSummary
 from flashdraft.config import RunConfig
 from flashdraft.records import (
     PROMPT_SCHEMA,
@@ -32,7 +33,6 @@ from flashdraft.records import (
     table_to_parquet_bytes,
 )
 from flashdraft.store import NotCommittedError, ObjectStore, io_counters, open_store
-from flashdraft.summaries import GenerateSummary
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.memory import trainer_flops
 from flashdraft.components.plan.resources import calibrate_rates, memory_gate, memory_section, train_shape, window_keys
+from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
-from flashdraft.summaries import PlanSummary
 from flashdraft.target import Target, resolve_target
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features

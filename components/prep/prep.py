@@ -19,10 +19,10 @@ from typing import Any
 
 from flashdraft import layout
 from flashdraft.chat import prompt_token_count
+from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.config import RunConfig
 from flashdraft.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.store import io_counters, open_store
-from flashdraft.summaries import PrepSummary
 
 from .formats import BAD_REASONS, BadRow, content_key, normalize_row
 from .sources import SourceError, iter_source

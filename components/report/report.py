@@ -17,22 +17,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashdraft import layout, status
+from flashdraft import layout, registry, status
+from flashdraft.components.evaluate.summary import DecodeStats, EvaluateSummary, LosslessCheck, same_model
+from flashdraft.components.export.summary import ExportSummary
+from flashdraft.components.plan.summary import PlanSummary
+from flashdraft.components.report.summary import ReportSummary
+from flashdraft.components.train.summary import TrainSummary
 from flashdraft.config import RunConfig
 from flashdraft.provenance import Provenance
 from flashdraft.provenance import current as current_provenance
+from flashdraft.stage import numbers
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
-from flashdraft.summaries import (
-    DecodeStats,
-    EvaluateSummary,
-    ExportSummary,
-    LosslessCheck,
-    PlanSummary,
-    ReportSummary,
-    TrainSummary,
-    numbers,
-    same_model,
-)
 
 log = logging.getLogger(__name__)
 NOT_RUN = status.NOT_RUN
@@ -221,15 +216,13 @@ def projection(plan: PlanSummary | None) -> str | None:
     the whole planned dataset; None for a CPU run (no GPU-hours to project)."""
     if plan is None or not plan.gpu_hours:
         return None
-    from flashdraft.stages import stage as declared
-
     pools: dict[str, list[float | str]] = {}
     for name, est in plan.gpu_hours.items():
         hours = est.get("gpu_hours")
         if hours is None:
             continue
         try:
-            pool = declared(name).pool
+            pool = registry.current().get(name).pool
         except ValueError:
             pool = name
         entry = pools.setdefault(pool, [0.0, est.get("gpu") or "GPU"])

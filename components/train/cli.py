@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config, run_stage
-from flashdraft.summaries import TrainSummary
+from flashdraft.components.train.summary import TrainSummary
 
 
 def torchrun_command(cfg, config, preset, sets, stop_after: int | None = None) -> list[str]:

@@ -34,6 +34,7 @@ from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_d
 from flashdraft.components.train.heldout import HeldOutProbe
 from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
 from flashdraft.components.train.stats import StepStats
+from flashdraft.components.train.summary import TrainSummary
 from flashdraft.config import DrafterConfig, RunConfig
 from flashdraft.drafter.batch import PackedBatch, pack
 from flashdraft.drafter.dflash2 import selector_loss, selector_scale
@@ -41,7 +42,6 @@ from flashdraft.drafter.loss import LossOutput, dflash_loss
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.features.shard import Sample
 from flashdraft.store import io_counters, open_store
-from flashdraft.summaries import TrainSummary
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from flashdraft.stages import stages
+from flashdraft import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("base", "inference", "trainer")
-# Where each component folder's stage runs: its declared pool's image (flashdraft/stages.py; cpu -> base). Files
+# Where each component folder's stage runs: its declared pool's image (components/<stage>/stage.py; cpu -> base). Files
 # named after a stage (e.g. components/<stage>/<other stage>.py) follow that stage instead of their folder.
 POOL_IMAGE = {"cpu": "base", "inference": "inference", "trainer": "trainer"}
-STAGE_IMAGE = {spec.name: POOL_IMAGE[spec.pool] for spec in stages()}
+STAGE_IMAGE = {spec.name: POOL_IMAGE[spec.pool] for spec in registry.current()}
 # What each image must provide for the stages it runs, beyond the base dependencies.
 REQUIRED = {"base": {"kfp", "torch"}, "inference": {"vllm", "torch", "kfp"}, "trainer": {"torch", "kfp"}}
 

@@ -15,10 +15,10 @@ from evaluate_fixtures import commit_drafter
 from flashdraft import layout
 from flashdraft.components.evaluate.reference import ReferenceError, load_reference, published_for
 from flashdraft.components.evaluate.suites import SuiteError, humaneval_rows, load_suites
+from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import ConfigError, StorageConfig, load_config
 from flashdraft.store import open_store
-from flashdraft.summaries import EvaluateSummary
 
 
 def _cfg(tmp_path, **overrides):

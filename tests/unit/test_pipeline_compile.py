@@ -5,11 +5,11 @@ from __future__ import annotations
 import yaml
 from typer.testing import CliRunner
 
+from flashdraft import registry
 from flashdraft.cli import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import RETRIES
-from flashdraft.stages import stage
 
 POOL_OF_EXECUTOR = {
     "exec-plan-gate": "cpu", "exec-prep": "cpu", "exec-report": "cpu", "exec-export": "cpu",
@@ -56,7 +56,7 @@ def test_compiled_spec_places_every_stage_on_its_pool(tmp_path, monkeypatch):
             f"{pool_name}_node_selector"), exe
         assert k8s["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith(
             f"{pool_name}_tolerations"), exe
-        assert k8s["activeDeadlineSeconds"] == str(stage(STAGE_OF_EXECUTOR[exe]).timeout_s)
+        assert k8s["activeDeadlineSeconds"] == str(registry.current().get(STAGE_OF_EXECUTOR[exe]).timeout_s)
         secret = k8s["secretAsEnv"][0]
         assert secret["secretNameParameter"]["componentInputParameter"].endswith("s3_secret_name")
         assert {e["envVar"] for e in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}

@@ -258,8 +258,8 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
 
 
 def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_named():
+    from flashdraft.components.plan.summary import PlanSummary
     from flashdraft.components.report.report import projection, stored_codec
-    from flashdraft.summaries import PlanSummary
 
     def plan_of(preset: str) -> PlanSummary:
         cfg = load_config(preset=preset, overrides={"storage.root": "memory://report-projection"})

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from flashdraft import layout, status
+from flashdraft import layout, registry, status
 from flashdraft.config import EvalConfig, load_config, preset_names
 from flashdraft.runner import StageInputsChanged, check_run, clear_from, config_inputs, run_task
-from flashdraft.stages import stage, stages
 from flashdraft.store import open_store
 
 
@@ -156,13 +155,13 @@ def test_from_clears_the_stage_and_everything_after_it_only(cfg):
 
 
 def test_a_section_is_fingerprinted_whole_less_its_declared_exclusions(cfg):
-    inputs = config_inputs(stage("evaluate"), cfg)
+    inputs = config_inputs(registry.current().get("evaluate"), cfg)
     assert {k for k in inputs if k.startswith("eval.")} == {f"eval.{name}" for name in EvalConfig.model_fields}
-    train = config_inputs(stage("train"), cfg)
+    train = config_inputs(registry.current().get("train"), cfg)
     assert "training.lr" in train and "training.num_threads" not in train and "training.checkpoint_every" not in train
     for preset in preset_names():  # every declared path resolves on every preset
         loaded = load_config(preset=preset)
-        for spec in stages():
+        for spec in registry.current():
             assert config_inputs(spec, loaded) is not None
 
 

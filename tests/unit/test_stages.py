@@ -1,6 +1,6 @@
-"""A stage is declared once: a toy stage declared here, and nowhere else, gets a `flashdraft` command that runs it
-through the runner, a task in the compiled pipeline (after its upstream, on its pool, with its timeout) and a row
-in `flashdraft status`."""
+"""A stage is declared once: a toy stage declared here, and nowhere else, added to a registry built from the
+built-in one, gets a `flashdraft` command that runs it through the runner, a task in the compiled pipeline (after
+its upstream, on its pool, with its timeout) and a row in `flashdraft status`; the built-in registry is untouched."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from flashdraft import registry
 from flashdraft.cli import build_app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
-from flashdraft.stages import StageSpec, declare, stage_names, undeclare
-from flashdraft.summaries import StageSummary, numbers
+from flashdraft.registry import StageRegistry
+from flashdraft.stage import StageSpec, StageSummary, numbers
 
 TOY_TIMEOUT_S = 1234
 
@@ -31,17 +32,20 @@ def run_toy(cfg) -> ToySummary:
     return ToySummary(checked=cfg.eval.num_prompts)
 
 
+TOY = StageSpec("toy", ToySummary, "cpu", TOY_TIMEOUT_S, run=f"{__name__}:run_toy",
+                doc="A toy stage declared by a test.", upstream=("train",), reads=("eval",))
+
+
 @pytest.fixture()
 def toy():
-    spec = declare(StageSpec("toy", ToySummary, "cpu", TOY_TIMEOUT_S, run=f"{__name__}:run_toy",
-                             doc="A toy stage declared by a test.", upstream=("train",), reads=("eval",)))
-    yield spec
-    undeclare("toy")
-    assert "toy" not in stage_names()
+    with registry.active(registry.builtin().with_stage(TOY)) as with_toy:
+        yield with_toy
+    assert "toy" not in registry.current().names() and "toy" not in registry.builtin().names()
 
 
 def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
-    assert stage_names().index("toy") == stage_names().index("export") + 1, "after the last stage, before report"
+    names = toy.names()
+    assert names.index("toy") == names.index("export") + 1, "after the last stage, before report"
     app, runner = build_app(), CliRunner()
     assert "A toy stage declared by a test." in runner.invoke(app, ["--help"]).output
     args = ["--preset", "tiny", "--set", f"storage.root=file://{tmp_path}/store"]
@@ -70,7 +74,18 @@ def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
     assert k8s[task["componentRef"]["name"].replace("comp-", "exec-")]["activeDeadlineSeconds"] == str(TOY_TIMEOUT_S)
 
 
-def test_a_declaration_must_name_declared_upstream_stages():
-    with pytest.raises(ValueError, match="upstream stage 'nope' is not declared"):
-        declare(StageSpec("bad", StageSummary, "cpu", 60, upstream=("nope",)))
-    assert "bad" not in stage_names()
+def test_a_registry_refuses_an_undeclared_upstream_stage_and_a_duplicate():
+    with pytest.raises(ValueError, match="upstream stage 'nope' is not declared before it"):
+        registry.builtin().with_stage(StageSpec("bad", StageSummary, "cpu", 60, upstream=("nope",)))
+    with pytest.raises(ValueError, match="stage 'plan' is declared twice"):
+        StageRegistry((*registry.builtin().specs, registry.builtin().get("plan")))
+    assert "bad" not in registry.current().names()
+
+
+def test_the_builtin_registry_is_built_from_each_stage_package():
+    """Every built-in stage is declared in its own package's stage.py, and its summary type lives beside it."""
+    for spec in registry.builtin():
+        package = spec.name.replace("-", "_")
+        assert spec.summary.__module__ == f"flashdraft.components.{package}.summary", spec.name
+        if spec.run is not None:
+            assert spec.run.startswith(f"flashdraft.components.{package}."), spec.run

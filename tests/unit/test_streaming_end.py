@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from flashdraft import layout
+from flashdraft.components.stream_end.stream_end import end_stream
 from flashdraft.config import load_config
 from flashdraft.features.window import WindowConsumer
-from flashdraft.pipelines.runtime import end_stream
 from flashdraft.store import open_store
 
 

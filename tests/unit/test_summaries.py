@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.train.summary import TrainSummary
 from flashdraft.pipelines.runtime import to_json
-from flashdraft.summaries import EvaluateSummary, TrainSummary
 
 
 def test_a_long_training_history_stays_out_of_the_task_output():

@@ -1,0 +1,12 @@
+"""The evaluate stage's declaration (read by the registry, flashdraft/registry.py)."""
+
+from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
+
+SPEC = StageSpec(
+    "evaluate", EvaluateSummary, "inference", 6 * HOUR, run="flashdraft.components.evaluate.evaluate:run_evaluate",
+    upstream=("train",), continue_on=("*",),
+    doc="Speculative decoding on every eval suite: tau, per-position acceptance, tokens/s, lossless check.",
+    reads=("target", "eval", "features.layer_ids", "features.num_features", "data.chat_template_kwargs"),
+    ignores=TARGET_HINTS, cli="flashdraft.components.evaluate.cli:evaluate",
+    component="flashdraft.pipelines.stages:evaluate")

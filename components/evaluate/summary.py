@@ -1,0 +1,153 @@
+"""The evaluate stage's summary (metrics/evaluate.json): decoders, suites, the lossless check."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flashdraft.stage import StageSummary, numbers
+
+
+class DecodeStats(BaseModel):
+    """One decoder's figures over the held-out prompts (components/evaluate/spec.py summarize)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tau: float | None = Field(None, description="tokens per verification cycle (speculative decoders)")
+    tokens_per_s: float | None = Field(None, description="decode throughput")
+    speedup: float | None = Field(None, description="tokens_per_s over the target alone's")
+    acceptance_per_position: list[float] | None = Field(None, description="fraction accepted per draft position")
+    block_size: int | None = Field(None, description="the drafter's block size")
+    prompts: int | None = Field(None, description="prompts this decoder ran (the baseline: eval.baseline_prompts)")
+
+
+class LosslessCheck(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    checked: bool = Field(description="greedy decoding, so the check ran")
+    passed: bool = Field(description="speculative output equals the target's greedy output")
+    prompts: int = Field(0, description="prompts compared")
+    mismatches: list[dict[str, Any]] = Field(default_factory=list, description="divergences beyond ties")
+    ties: list[dict[str, Any]] = Field(default_factory=list, description="divergences at numerical ties")
+    tie_margin: float | None = Field(None, description="eval.lossless_tie_margin")
+
+
+class PublishedFigure(BaseModel):
+    """A published figure for the same suite (eval.reference; components/evaluate/reference.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    label: str = Field(description="whose drafter, on which target")
+    tau: float = Field(description="published acceptance length")
+    speedup: float | None = Field(None, description="published speedup over the target alone")
+    source: str | None = Field(None, description="where the figure comes from")
+    thinking: bool | None = Field(None, description="thinking mode of the published run, when stated")
+    target: str | None = Field(None, description="the target model of the published drafter")
+
+
+class SuiteResult(BaseModel):
+    """One row of the paper-layout table: one eval suite (components/evaluate/evaluate.py suite_row)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="suite name (eval.suites)")
+    source: str | None = Field(None, description="heldout, humaneval or the URI")
+    prompts: int | None = Field(None, description="prompts decoded")
+    thinking: bool | None = Field(None, description="enable_thinking as rendered (None: the template's default)")
+    max_new_tokens: int | None = Field(None, description="tokens decoded per prompt at most")
+    tau: float | None = Field(None, description="the trained drafter's acceptance length")
+    acceptance_per_position: list[float] | None = Field(None, description="fraction accepted per draft position")
+    speedup: float | None = Field(None, description="speculative tokens/s over the target alone's, same prompts")
+    target_tokens_per_s: float | None = Field(None, description="the target alone")
+    drafter_tokens_per_s: float | None = Field(None, description="speculative decoding")
+    lossless_passed: bool | None = Field(None, description="greedy outputs equal (None: sampling, not checked)")
+    wall_seconds: float | None = Field(None, description="the suite's decoding wall time (all decoders, warm-up)")
+    published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
+
+
+def same_model(a: str | None, b: str | None) -> bool:
+    """Whether two model ids name the same model (`Qwen/Qwen3.6-27B` = `qwen3.6-27b`); an unstated one never does."""
+    def name(m: str) -> str:
+        return m.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return bool(a and b) and name(a) == name(b)
+
+
+SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
+                      "published tau"]
+
+
+class EvaluateSummary(StageSummary):
+    """components/evaluate/evaluate.py: metrics/evaluate.json."""
+
+    HEADLINE: ClassVar[tuple[str, str] | None] = (
+        "tau",
+        "tau {tau:,.2f} (untrained {baseline_tau:,.2f}), lossless {lossless}")
+
+    num_prompts: int | None = Field(None, description="held-out prompts decoded")
+    max_new_tokens: int | None = Field(None, description="tokens decoded per prompt")
+    temperature: float | None = Field(None, description="sampling temperature (0: greedy)")
+    device: str | None = Field(None, description="device")
+    threads: int | None = Field(None, description="torch threads")
+    layer_ids: list[int] | None = Field(None, description="target layers the drafter reads")
+    target: DecodeStats | None = Field(None, description="the target alone")
+    drafter: DecodeStats | None = Field(None, description="the trained drafter")
+    baseline: DecodeStats | None = Field(None, description="an untrained drafter of the same shape")
+    lossless: LosslessCheck | None = Field(None, description="the lossless check")
+    prompts: list[dict[str, Any]] = Field(default_factory=list, description="per-prompt figures")
+    drafter_uri: str | None = Field(None, description="the evaluated checkpoint")
+    baseline_init: str | None = Field(None, description="how the untrained baseline was initialised")
+    host_cpus: int | None = Field(None, description="CPUs of the host (load makes CPU timings noisy)")
+    host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
+
+    suites: list[SuiteResult] = Field(default_factory=list, description="one row per eval suite (paper layout)")
+
+    def figures(self) -> dict[str, float]:
+        """The headline (first suite) figures, and per suite `tau_<suite>`, `speedup_<suite>`,
+        `acceptance_<k>_<suite>` (the KFP Metrics of the evaluate step and the status record)."""
+        ll, drafter, target = self.lossless, self.drafter or DecodeStats(), self.target or DecodeStats()
+        passed = (1.0 if ll.passed else 0.0) if ll and ll.checked else None
+        out = numbers({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
+                       "target_tokens_per_s": target.tokens_per_s,
+                       "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
+        for s in self.suites:
+            key = s.name.replace("-", "_").replace(".", "_")
+            out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
+            out.update({f"acceptance_{k + 1}_{key}": float(a) for k, a in enumerate(s.acceptance_per_position or [])})
+        return out
+
+    @classmethod
+    def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:
+        lossless = {1.0: "passed", 0.0: "FAILED"}.get(figures.get("lossless_passed", -1.0), "not checked")
+        return {**figures, "lossless": lossless}
+
+    def suite_table(self, target: str | None = None) -> list[list[str]]:
+        """The paper-layout table (header first), one row per suite, as the report, `flashdraft status` and the
+        evaluate log show it. With `target` (this run's), a published figure for another target is marked so."""
+        def num(v: float | None, spec: str = ".2f") -> str:
+            return "-" if v is None else format(v, spec)
+
+        def whose(p: PublishedFigure) -> str:
+            return "" if target is None or same_model(p.target, target) else " [another model's]"
+
+        rows = [list(SUITE_TABLE_HEADER)]
+        for s in self.suites:
+            published = "; ".join(f"{p.tau:.2f}" + (f" ({p.speedup:.2f}x)" if p.speedup else "") + f" {p.label}"
+                                  + whose(p) for p in s.published)
+            rows.append([s.name, num(s.prompts, "d"), {True: "on", False: "off"}.get(s.thinking, "default"),
+                         num(s.tau), " ".join(f"{a:.2f}" for a in s.acceptance_per_position or []) or "-",
+                         "-" if s.speedup is None else f"{s.speedup:.2f}x", published or "-"])
+        return rows
+
+    def status_detail(self) -> str:
+        table = self.suite_table_text()
+        return f"evaluation suites (metrics/evaluate.json):\n{table}" if table else ""
+
+    def suite_table_text(self) -> str:
+        """`suite_table` as aligned plain text (logs and terminals)."""
+        rows = self.suite_table()
+        if len(rows) == 1:
+            return ""
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

@@ -1,0 +1,45 @@
+"""The generate stage's summary: one shard's DONE record."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from flashdraft.stage import StageSummary, numbers
+
+
+class GenerateSummary(StageSummary):
+    """components/generate/generate.py: one shard's DONE record (responses/shard-K/DONE)."""
+
+    HEADLINE: ClassVar[tuple[str, str] | None] = (
+        "samples",
+        "{samples:,.0f} samples, {generated_tokens:,.0f} tokens, {tokens_per_s:,.1f} tokens/s")
+
+    shard: int | None = Field(None, description="generation shard")
+    num_chunks: int | None = Field(None, description="response chunks of the shard")
+    chunks_generated_now: int | None = Field(None, description="chunks this attempt generated (others were committed)")
+    samples: int | None = Field(None, description="samples (prompts) generated")
+    turns: int | None = Field(None, description="assistant turns generated")
+    prompt_tokens: int | None = Field(None, description="prompt tokens")
+    generated_tokens: int | None = Field(None, description="response tokens generated")
+    empty: int | None = Field(None, description="empty responses")
+    truncated: int | None = Field(None, description="responses cut at the length limit")
+    generation_seconds: float | None = Field(None, description="generation time summed over chunks")
+    tokens_per_s: float | None = Field(None, description="generated tokens per second")
+    backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
+    backend: str | None = Field(None, description="generation.backend")
+    device: str | None = Field(None, description="device the hf backend ran the target on (this attempt's)")
+    fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also in every "
+                                    "chunk's commit record")
+
+    def figures(self) -> dict[str, float]:
+        return numbers({"samples": self.samples, "generated_tokens": self.generated_tokens,
+                        "generation_seconds": self.generation_seconds})
+
+    @classmethod
+    def derive(cls, figures: dict[str, float]) -> dict[str, float]:
+        out = dict(figures)
+        if figures.get("generation_seconds"):
+            out["tokens_per_s"] = round(figures.get("generated_tokens", 0) / figures["generation_seconds"], 1)
+        return out

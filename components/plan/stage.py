@@ -1,0 +1,13 @@
+"""The plan stage's declaration (read by the registry, flashdraft/registry.py)."""
+
+from flashdraft.components.plan.summary import PlanSummary
+from flashdraft.stage import StageSpec
+
+SPEC = StageSpec(
+    "plan", PlanSummary, "cpu", 900, run="flashdraft.components.plan.planner:run_plan", reuse=False,
+    doc="Storage, GPU-hour and per-GPU memory plan; on a cluster the gate that refuses an over-budget run, a "
+        "config whose predicted peak memory exceeds a pool's GPU, or changed settings.",
+    reads=("target", "data", "features", "mode", "plan", "pools", "training", "storage.budget_bytes", "drafter",
+           "generation.tensor_parallel", "generation.max_model_len"),
+    cli="flashdraft.components.plan.cli:plan",
+    component="flashdraft.pipelines.stages:plan_gate")

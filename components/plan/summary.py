@@ -1,0 +1,69 @@
+"""The plan stage's summary: storage and GPU-hour plan, per-GPU memory, the gate."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flashdraft.stage import StageSummary, numbers
+
+
+class CodecPlan(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    lossless: bool = Field(description="the codec reproduces bf16 features exactly")
+    bytes_per_token: float = Field(description="stored bytes per token, all feature layers")
+    total_bytes: float = Field(description="bytes at rest for the whole run with this codec")
+
+
+class PlanSummary(StageSummary):
+    """components/plan/planner.py: storage and GPU-hour plan, and the offline budget gate."""
+
+    HEADLINE: ClassVar[tuple[str, str] | None] = (
+        "planned_bytes_per_token",
+        "{planned_bytes_per_token:,.0f} bytes/token planned, {planned_total_mb:,.1f} MB at rest")
+
+    target: str | None = Field(None, description="target model id")
+    layer_ids: list[int] | None = Field(None, description="target layers whose hidden states are extracted")
+    num_layers: int | None = Field(None, description="target decoder layers")
+    hidden_size: int | None = Field(None, description="target hidden size")
+    samples: int | None = Field(None, description="planned training samples")
+    tokens_per_sample: float | None = Field(None, description="planned tokens per sample (prompt + response)")
+    total_tokens: float | None = Field(None, description="samples x tokens_per_sample")
+    bytes_per_token: int | None = Field(None, description="the naive bf16 layout's bytes per token (reference)")
+    codecs: dict[str, CodecPlan] | None = Field(None, description="every codec's cost")
+    codec: str | None = Field(None, description="the selected codec (features.codec)")
+    total_bytes_at_rest: float | None = Field(None, description="offline: bytes stored at once with the selected codec")
+    peak_bytes_streaming: int | None = Field(None, description="streaming: the window's peak bytes")
+    objects: int | None = Field(None, description="objects the offline run stores")
+    shards: int | None = Field(None, description="feature shards")
+    tokens_to_generate: float | None = Field(None, description="response tokens the target generates")
+    tokens_to_extract: float | None = Field(None, description="tokens extraction runs through the target")
+    gpu_hours: dict[str, dict[str, Any]] | None = Field(None, description="per GPU stage: gpu, tokens, rate, GPU-hours")
+    streaming_bandwidth_bytes_per_s: float | None = Field(None, description="streaming: store bandwidth needed")
+    inference_per_trainer_gpu: float | None = Field(None, description="streaming: extract GPUs per trainer GPU")
+    trainer_gpus: int | None = Field(None, description="training world size")
+    mode: str | None = Field(None, description="mode.kind of the run")
+    recommended_mode: str | None = Field(None, description="offline, streaming or 'none fits'")
+    budget_bytes: int | None = Field(None, description="storage.budget_bytes")
+    fits_budget: bool | None = Field(None, description="the offline data fits the budget")
+    memory: dict[str, dict[str, Any]] | None = Field(
+        None, description="per pool: peak_bytes_per_gpu, usable_bytes_per_gpu, fits, phase, parts, peak_source")
+    train_flops_per_step: dict[str, float] | None = Field(None, description="one rank's step FLOPs by part")
+    calibration: str | None = Field(None, description="where the calibration's measured figures come from")
+    gate: str | None = Field(None, description="why the run may not start (storage or memory); None when it may")
+
+    @property
+    def selected(self) -> CodecPlan | None:
+        """The selected codec's cost."""
+        return (self.codecs or {}).get(self.codec or "")
+
+    def figures(self) -> dict[str, float]:
+        sel = self.selected
+        return numbers({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
+                        "planned_total_bytes": sel.total_bytes if sel else None})
+
+    @classmethod
+    def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:
+        return {**figures, "planned_total_mb": figures.get("planned_total_bytes", 0) / 1e6}

@@ -1,0 +1,43 @@
+"""The prep stage's summary (also stored in prompts/manifest.json)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from flashdraft.stage import StageSummary, numbers
+
+
+class PrepSummary(StageSummary):
+    """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json)."""
+
+    HEADLINE: ClassVar[tuple[str, str] | None] = (
+        "prompts_kept",
+        "{prompts_kept:,.0f} prompts kept, {quarantined:,.0f} quarantined; used {prompts_train:,.0f} train, "
+        "{prompts_eval:,.0f} eval")
+
+    num_shards: int | None = Field(None, description="generation shards (the pipeline's fan-out)")
+    num_train: int | None = Field(None, description="train prompts")
+    num_eval: int | None = Field(None, description="held-out prompts")
+    shard_rows: list[int] | None = Field(None, description="prompts per shard")
+    rows_read: int | None = Field(None, description="rows read from all sources")
+    kept: int | None = Field(None, description="unique, valid rows within the length limit")
+    duplicates: int | None = Field(None, description="exact duplicates removed")
+    quarantined: int | None = Field(None, description="rejected rows (prompts/quarantine.jsonl)")
+    bad_rows: dict[str, int] | None = Field(None, description="quarantined rows by reason")
+    multi_turn: int | None = Field(None, description="prompts with more than one turn to regenerate")
+    prompt_tokens: dict[str, Any] | None = Field(None, description="token count statistics of the used prompts")
+    sources: dict[str, dict[str, Any]] | None = Field(None, description="per source: rows read, kept, rejected")
+    tokenizer_sha: str | None = Field(None, description="tokenizer fingerprint")
+    chat_template_sha: str | None = Field(None, description="chat template fingerprint")
+    seed: int | None = Field(None, description="data.seed of the shuffle")
+    seconds: float | None = Field(None, description="wall time")
+    shard_keys: list[str] | None = Field(None, description="store keys of the train shards")
+    eval_key: str | None = Field(None, description="store key of the held-out prompts")
+    quarantine_key: str | None = Field(None, description="store key of the quarantine file")
+    markdown: str = Field("", description="the summary as a Markdown table")
+
+    def figures(self) -> dict[str, float]:
+        return numbers({"prompts_kept": self.kept, "prompts_train": self.num_train, "prompts_eval": self.num_eval,
+                        "quarantined": self.quarantined, "duplicates": self.duplicates})

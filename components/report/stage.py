@@ -1,0 +1,9 @@
+"""The report stage's declaration (read by the registry, flashdraft/registry.py)."""
+
+from flashdraft.components.report.summary import ReportSummary
+from flashdraft.stage import StageSpec
+
+SPEC = StageSpec(
+    "report", ReportSummary, "cpu", 1800, reuse=False, doc="Render the run report.",
+    outputs=("reports/",), cli="flashdraft.components.report.cli:report",
+    component="flashdraft.pipelines.stages:report")

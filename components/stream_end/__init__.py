@@ -1,0 +1,1 @@
+"""Stage (streaming only): the end marker of the extract loop, EOS or FAILED, for the trainer."""
