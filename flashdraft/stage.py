@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
+    from flashdraft.provenance import Provenance
+    from flashdraft.reporting import RunView, StageReport
 
 Pool = Literal["cpu", "inference", "trainer"]
 HOUR = 3600
@@ -93,6 +95,16 @@ class StageSummary(BaseModel):
     def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:
         """What the HEADLINE line formats: the derived figures, plus any wording a stage adds."""
         return cls.derive(figures)
+
+    def recorded_provenance(self) -> Provenance | None:
+        """The software versions this stage recorded for the run (the export's), if it records them."""
+        return None
+
+    @classmethod
+    def report(cls, summary: Any, run: RunView) -> StageReport | None:
+        """What the stage adds to the run report (flashdraft/reporting.py), given its committed summary (None
+        when it left none); None: nothing."""
+        return None
 
     def status_detail(self) -> str:
         """Lines `flashdraft status` prints below its table for this stage ("" for none)."""

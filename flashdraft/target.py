@@ -676,3 +676,11 @@ def tokenizer_fingerprint(tok) -> dict[str, str]:
     """Hashes of the vocabulary and chat template: recorded by every stage, checked by every consumer."""
     vocab = json.dumps(sorted(tok.get_vocab().items()), separators=(",", ":"))
     return {"tokenizer_sha": _hash_text(vocab), "chat_template_sha": _hash_text(tok.chat_template or "")}
+
+
+def same_model(a: str | None, b: str | None) -> bool:
+    """Whether two model ids name the same model (`Qwen/Qwen3.6-27B` = `qwen3.6-27b`); an unstated one never does."""
+    def name(m: str) -> str:
+        return m.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return bool(a and b) and name(a) == name(b)

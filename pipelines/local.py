@@ -208,8 +208,8 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
 def print_outcome(console: Any, result: dict[str, Any]) -> None:
     """The end of the console: the stage table, the run's key figures, where the report and logs are, and for a
     failed run, last, the failed task, its exception and its log file."""
-    from flashdraft.components.report.report import fmt_bytes
     from flashdraft.pipelines.console import summary_table
+    from flashdraft.reporting import fmt_bytes
 
     def say(text: str, style: str | None = None) -> None:
         console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from flashdraft.config import load_config
 from flashdraft.components.stream_end.stream_end import end_stream
+from flashdraft.config import load_config
 
 
 def main(config_path: str) -> int:

@@ -193,11 +193,11 @@ def stage_rows(run: str, cfg, sampler: MemorySampler, gpu_name: str, peak_tflops
     """The table rows of a finished run from its committed records and metrics, and the figures the calibration
     file needs (generate / extract / train)."""
     from flashdraft import layout
-    from flashdraft.status import combine, read_records
-    from flashdraft.store import open_store
     from flashdraft.components.evaluate.summary import EvaluateSummary
     from flashdraft.components.generate.summary import GenerateSummary
     from flashdraft.components.train.summary import TrainSummary
+    from flashdraft.status import combine, read_records
+    from flashdraft.store import open_store
     from flashdraft.target import load_hf_config, text_config
 
     store = open_store(cfg.storage, cfg.run_id)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flashdraft.components.evaluate import report_section
 from flashdraft.stage import StageSummary, numbers
+from flashdraft.target import same_model
+
+if TYPE_CHECKING:
+    from flashdraft.reporting import RunView, StageReport
 
 
 class DecodeStats(BaseModel):
@@ -66,14 +71,6 @@ class SuiteResult(BaseModel):
     published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
 
 
-def same_model(a: str | None, b: str | None) -> bool:
-    """Whether two model ids name the same model (`Qwen/Qwen3.6-27B` = `qwen3.6-27b`); an unstated one never does."""
-    def name(m: str) -> str:
-        return m.rstrip("/").rsplit("/", 1)[-1].lower()
-
-    return bool(a and b) and name(a) == name(b)
-
-
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
                       "published tau"]
 
@@ -116,6 +113,22 @@ class EvaluateSummary(StageSummary):
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
             out.update({f"acceptance_{k + 1}_{key}": float(a) for k, a in enumerate(s.acceptance_per_position or [])})
         return out
+
+    @classmethod
+    def report(cls, summary: EvaluateSummary | None, run: RunView) -> StageReport:
+        return report_section.report(summary, run)
+
+    def lossless_line(self) -> str:
+        """The lossless verdict in words (the model card and the report's verdict share it)."""
+        ll = self.lossless
+        if ll is None:
+            return "not evaluated"
+        if not ll.checked:
+            return "not checked (sampling)"
+        if ll.passed:
+            ties = f", {len(ll.ties)} divergence(s) at numerical ties" if ll.ties else ""
+            return f"passed on {ll.prompts} prompts{ties}"
+        return f"FAILED on {len(ll.mismatches)} of {ll.prompts} prompts"
 
     @classmethod
     def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:

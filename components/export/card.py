@@ -101,19 +101,6 @@ def eval_table(ev: EvaluateSummary, target: str) -> list[list[str]]:
     return out
 
 
-def lossless_line(ev: EvaluateSummary | None) -> str:
-    """The lossless verdict in words (the card and the report's verdict share it)."""
-    ll = ev.lossless if ev is not None else None
-    if ll is None:
-        return "not evaluated"
-    if not ll.checked:
-        return "not checked (sampling)"
-    if ll.passed:
-        ties = f", {len(ll.ties)} divergence(s) at numerical ties" if ll.ties else ""
-        return f"passed on {ll.prompts} prompts{ties}"
-    return f"FAILED on {len(ll.mismatches)} of {ll.prompts} prompts"
-
-
 def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str, dtype: str, step: int,
                 final: bool, files: dict[str, bytes], provenance: Provenance) -> str:
     """README.md of one export folder (`files`: the folder's other files, listed with their sizes)."""
@@ -140,7 +127,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
                                                  "target_layer_ids", "draft_vocab_size", "trainable_mask",
                                                  "mask_token_id")}, "dtype": dtype},
             "training": {"step": step, "final": final, "tokens": train.tokens if train else None},
-            "eval": {"suites": suites, "lossless": lossless_line(ev)},
+            "eval": {"suites": suites, "lossless": ev.lossless_line() if ev else "not evaluated"},
         },
     }
     kind = "DFlash2" if g.get("kind") == "dflash2" else "DFlash"
@@ -177,7 +164,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
         lines += [f"flashdraft's own speculative decoder (greedy, up to {ev.max_new_tokens} new tokens); tau = tokens "
                   "per target forward, bonus token included; speed depends on the serving hardware, so the run's "
                   "report has it, not this card:", "", *_table(eval_table(ev, target)), "",
-                  f"Lossless check: {lossless_line(ev)}.", ""]
+                  f"Lossless check: {ev.lossless_line()}.", ""]
     lines += ["## Files", "", *_table([["file", "bytes"], *[[f"`{n}`", f"{len(d):,}"] for n, d in files.items()],
                                         [f"`{CARD_FILE}`", "this card"]]), "",
               "## License", "",

@@ -14,9 +14,11 @@ from typer.testing import CliRunner
 
 from flashdraft import layout
 from flashdraft.cli import app
+from flashdraft.components.extract.report_section import StoredFeatures, stored_codec, stored_features
 from flashdraft.components.plan.planner import run_plan
-from flashdraft.components.report.report import build_report, fmt_bytes, run_report, stored_features
+from flashdraft.components.report.report import build_report, run_report
 from flashdraft.config import load_config
+from flashdraft.reporting import fmt_bytes
 from flashdraft.runner import run_task
 from flashdraft.store import ObjectStore, open_store
 
@@ -100,9 +102,8 @@ def test_stored_features_counts_objects_bytes_and_bytes_per_token(tmp_path):
     store.commit(f"{layout.FEATURES}/shard-00001/part-00000.fds", b"y" * 1000)
     objects = store.list(layout.FEATURES + "/")
     total = sum(store.size(k) for k in objects)
-    metrics = {"extract-shard-00000": {"tokens": 30}, "extract-shard-00001": {"tokens": 10}, "train": {"tokens": 5}}
-    got = stored_features(store, metrics)
-    assert got == {"objects": len(objects), "total_bytes": total, "tokens": 40, "bytes_per_token": total / 40}
+    got = stored_features(store, [{"tokens": 30}, {"tokens": 10}])
+    assert got == StoredFeatures(objects=len(objects), total_bytes=total, tokens=40, bytes_per_token=total / 40)
 
 
 @pytest.fixture()
@@ -164,7 +165,7 @@ def test_a_task_that_died_without_a_record_reads_failed_once_the_run_is_over(fai
 
 
 def test_ema_is_bias_corrected_and_smooths():
-    from flashdraft.components.report.report import ema, smoothing_span
+    from flashdraft.components.train.report_section import ema, smoothing_span
 
     assert ema([4.0, 4.0, 4.0], span=9) == [4.0, 4.0, 4.0]  # no pull toward 0 at the start
     noisy = [1.0 if i % 2 else 0.0 for i in range(200)]
@@ -231,7 +232,7 @@ def test_status_prints_the_suite_table(suites_run):
 
 def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only_this_targets_figures(suites_run,
                                                                                                     tmp_path):
-    from flashdraft.components.report.report import charted_published, gather
+    from flashdraft.components.evaluate.report_section import charted_published
     from flashdraft.provenance import current
 
     cfg, evaluated = suites_run
@@ -251,15 +252,14 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
     assert "held-out slot-1 accuracy 0.50 vs 0.70 in training (71%)" in summary.split("## Flags", 1)[1]
     # the shipped 5.94 is the 27B's drafter: in the table marked as another model's, and off the chart
     assert "5.94 DFlash (z-lab), Qwen3.6-27B [another model's]" in summary
-    data = gather(open_store(cfg.storage, cfg.run_id), cfg.model_dump(mode="json"))
-    assert charted_published(data) == {"heldout": [], "humaneval": []}
-    data["target"] = "Qwen/Qwen3.6-27B"  # the same figures on a run of their own target are drawn
-    assert [p.tau for p in charted_published(data)["humaneval"]] == [5.94]
+    assert charted_published(evaluated, cfg.target.model) == {"heldout": [], "humaneval": []}
+    # the same figures on a run of their own target are drawn
+    assert [p.tau for p in charted_published(evaluated, "Qwen/Qwen3.6-27B")["humaneval"]] == [5.94]
 
 
 def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_named():
+    from flashdraft.components.plan.report_section import projection
     from flashdraft.components.plan.summary import PlanSummary
-    from flashdraft.components.report.report import projection, stored_codec
 
     def plan_of(preset: str) -> PlanSummary:
         cfg = load_config(preset=preset, overrides={"storage.root": "memory://report-projection"})
@@ -273,6 +273,5 @@ def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_na
     assert f"{fmt_bytes(plan.total_bytes_at_rest)} of hidden states at rest ({plan.codec})" in line
     assert f"{plan.samples:,} samples" in line
     assert projection(plan_of("tiny")) is None, "CPU pools: nothing to project"
-    metrics = {"extract-shard-00000": {"codec": {"name": "fp8-zstd", "scale": "token"}},
-               "extract-shard-00001": {"codec": {"name": "fp8-zstd"}}, "train": {"codec": {"name": "x"}}}
-    assert stored_codec(metrics) == "fp8-zstd" and stored_codec({}) is None
+    shards = [{"codec": {"name": "fp8-zstd", "scale": "token"}}, {"codec": {"name": "fp8-zstd"}}]
+    assert stored_codec(shards) == "fp8-zstd" and stored_codec([]) is None

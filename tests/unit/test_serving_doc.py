@@ -24,7 +24,7 @@ from flashdraft.components.export.export import (
     download_export,
     read_export,
 )
-from flashdraft.components.report.report import drafter_uris
+from flashdraft.components.export.report_section import drafter_uris
 from flashdraft.config import load_config
 from flashdraft.provenance import current
 from flashdraft.runner import run_task
