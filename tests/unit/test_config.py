@@ -2,7 +2,9 @@
 
 import pytest
 
-from flashdraft.config import ConfigError, default_gamma, dflash_layer_ids, load_config, parse_override
+from flashdraft.config import ConfigError, load_config
+from flashdraft.config.overrides import parse_override
+from flashdraft.drafter.defaults import default_gamma, dflash_layer_ids
 
 
 @pytest.mark.parametrize(("layers", "ids"), [
