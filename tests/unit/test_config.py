@@ -105,7 +105,7 @@ def test_every_field_has_a_description():
     from flashdraft.config_reference import iter_fields, undescribed_fields
 
     assert len(list(iter_fields())) > 130  # the walk reaches nested sections and data.sources[] items
-    assert undescribed_fields() == [], "describe these fields in flashdraft/config.py (Field(description=...))"
+    assert undescribed_fields() == [], "describe these fields in flashdraft/config/ (Field(description=...))"
 
 
 def test_committed_config_reference_is_current():
