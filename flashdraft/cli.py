@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flashdraft import __version__, layout
 from flashdraft.cli_options import (
     ConfigOpt,
     EndpointOpt,
@@ -24,8 +25,11 @@ from flashdraft.cli_options import (
     run_stage,
     run_store,
 )
-from flashdraft.config import ConfigError
+from flashdraft.config import ConfigError, StorageConfig, dump_config, preset_names
+from flashdraft.config_reference import render
+from flashdraft.provenance import git_commit
 from flashdraft.stages import StageSpec, load_ref, stages
+from flashdraft.summaries import EvaluateSummary
 
 # Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
 # run-local). Each module's `register(app)` adds them; importing them is cheap (heavy imports sit in the bodies).
@@ -58,9 +62,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 def version_line() -> str:
     """`flashdraft 0.1.0 (commit 6e030b9...)`: the version, and the git commit when it is known (an image's
     $FLASHDRAFT_COMMIT or the checkout flashdraft runs from; flashdraft/provenance.py)."""
-    from flashdraft import __version__
-    from flashdraft.provenance import git_commit
-
     commit = git_commit()
     return f"flashdraft {__version__}" + (f" (commit {commit})" if commit else " (commit unknown)")
 
@@ -97,16 +98,12 @@ def build_app() -> typer.Typer:
 
 def presets() -> None:
     """List the packaged presets."""
-    from flashdraft.config import preset_names
-
     for name in preset_names():
         typer.echo(name)
 
 
 def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Print the fully resolved run config (presets, file and overrides applied; derived values shown)."""
-    from flashdraft.config import dump_config
-
     cfg = run_config(config, preset, set_)
     typer.echo(dump_config(cfg))
     if cfg.target.num_layers:
@@ -119,8 +116,6 @@ def config_reference(
 ) -> None:
     """Every config field with its type, default and description (what --set can change). The committed
     docs/config-reference.md is this command's output."""
-    from flashdraft.config_reference import render
-
     try:
         text = render(section)
     except KeyError as exc:
@@ -134,9 +129,6 @@ def config_reference(
 
 def evaluate_suite_table(store) -> str:
     """The per-suite table of a committed metrics/evaluate.json, as text; "" when there is none."""
-    from flashdraft import layout
-    from flashdraft.summaries import EvaluateSummary
-
     key = layout.metrics_key("evaluate")
     if not store.is_committed(key):
         return ""
@@ -155,6 +147,7 @@ def status(
 
     from rich.console import Console
 
+    # here, not at import: these import the store (fsspec/s3fs), which would slow every --help
     from flashdraft.pipelines.console import summary_table
     from flashdraft.status import (
         describe,
@@ -175,8 +168,6 @@ def status(
         check_readable_store(cfg)
         store, root = open_store(cfg.storage, cfg.run_id, read_only=True), open_store(cfg.storage, read_only=True)
     else:  # list the runs in the default store root, the one `run-local` writes to
-        from flashdraft.config import StorageConfig
-
         default = ObjectStore(StorageConfig().root, read_only=True)
         runs = find_runs(default)
         found = (f"; runs under {default.url()}: {', '.join(runs)}" if runs else
