@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from flashdraft.target import UnsupportedTargetError
+
 
 class _StopForward(Exception):
     """Raised inside the deepest hooked layer to abandon the rest of the forward (caught by LayerCapture)."""
@@ -57,8 +59,6 @@ def module_at(obj: object, path: str) -> object | None:
 def decoder_stack(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
     """(the module whose forward runs the decoder stack without the LM head, its layer list), wherever the
     architecture keeps them. Raises UnsupportedTargetError naming the model class and every path looked at."""
-    from flashdraft.target import UnsupportedTargetError
-
     for layers_path, runner_path in DECODER_PATHS:
         layers, runner = module_at(model, layers_path), module_at(model, runner_path)
         if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0 and isinstance(runner, torch.nn.Module):

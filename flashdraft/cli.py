@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flashdraft import registry
+from flashdraft import __version__, layout, registry
 from flashdraft.cli_options import (
     ConfigOpt,
     EndpointOpt,
@@ -25,7 +25,9 @@ from flashdraft.cli_options import (
     run_stage,
     run_store,
 )
-from flashdraft.config import ConfigError
+from flashdraft.config import ConfigError, StorageConfig, dump_config, preset_names
+from flashdraft.config_reference import render
+from flashdraft.provenance import git_commit
 from flashdraft.stage import StageSpec, load_ref
 
 # Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
@@ -59,9 +61,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 def version_line() -> str:
     """`flashdraft 0.1.0 (commit 6e030b9...)`: the version, and the git commit when it is known (an image's
     $FLASHDRAFT_COMMIT or the checkout flashdraft runs from; flashdraft/provenance.py)."""
-    from flashdraft import __version__
-    from flashdraft.provenance import git_commit
-
     commit = git_commit()
     return f"flashdraft {__version__}" + (f" (commit {commit})" if commit else " (commit unknown)")
 
@@ -98,16 +97,12 @@ def build_app() -> typer.Typer:
 
 def presets() -> None:
     """List the packaged presets."""
-    from flashdraft.config import preset_names
-
     for name in preset_names():
         typer.echo(name)
 
 
 def show_config(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Print the fully resolved run config (presets, file and overrides applied; derived values shown)."""
-    from flashdraft.config import dump_config
-
     cfg = run_config(config, preset, set_)
     typer.echo(dump_config(cfg))
     if cfg.target.num_layers:
@@ -120,8 +115,6 @@ def config_reference(
 ) -> None:
     """Every config field with its type, default and description (what --set can change). The committed
     docs/config-reference.md is this command's output."""
-    from flashdraft.config_reference import render
-
     try:
         text = render(section)
     except KeyError as exc:
@@ -136,8 +129,6 @@ def config_reference(
 def status_details(store) -> list[str]:
     """What each stage's committed summary adds below the status table (`StageSummary.status_detail`: evaluate's
     per-suite table), in pipeline order."""
-    from flashdraft import layout
-
     out = []
     for spec in registry.current():
         key = layout.metrics_key(spec.name)
@@ -159,6 +150,7 @@ def status(
 
     from rich.console import Console
 
+    # here, not at import: these import the store (fsspec/s3fs), which would slow every --help
     from flashdraft.pipelines.console import summary_table
     from flashdraft.status import (
         describe,
@@ -179,8 +171,6 @@ def status(
         check_readable_store(cfg)
         store, root = open_store(cfg.storage, cfg.run_id, read_only=True), open_store(cfg.storage, read_only=True)
     else:  # list the runs in the default store root, the one `run-local` writes to
-        from flashdraft.config import StorageConfig
-
         default = ObjectStore(StorageConfig().root, read_only=True)
         runs = find_runs(default)
         found = (f"; runs under {default.url()}: {', '.join(runs)}" if runs else

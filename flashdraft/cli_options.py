@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flashdraft.config import ConfigError, RunConfig, load_config, preset_names
+from flashdraft.config import ConfigError, RunConfig, StorageConfig, load_config, preset_names
 
+# flashdraft.store (fsspec, s3fs) and the runner, which imports it, are imported in the functions that use them:
+# at import they would slow every --help.
 if TYPE_CHECKING:
     from flashdraft.store import ObjectStore
 
@@ -44,7 +46,6 @@ def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
     within seconds. Opened read-only: a give-up advises running the command again, not rerunning a stage."""
     from pydantic import ValidationError
 
-    from flashdraft.config import StorageConfig
     from flashdraft.store import ObjectStore, check_readable
 
     try:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from flashdraft import __version__
+
 COMMIT_ENV = "FLASHDRAFT_COMMIT"
 LIBRARIES = ("torch", "transformers", "safetensors", "kfp", "vllm")
 
@@ -63,8 +65,6 @@ def _git_head(folder: str) -> str | None:
 
 def current() -> Provenance:
     """This process's provenance."""
-    from flashdraft import __version__
-
     libs = {}
     for name in LIBRARIES:
         try:

@@ -3,8 +3,8 @@
 runner, not the stage, owns completion, reuse and the status record).
 
 For each task the runner computes a fingerprint: the config fields the stage reads (its declared sections, less
-the fields that cannot change a result; flashdraft/stages.py) and the fingerprints of the upstream results it
-reads (their committed status records). Then, against the task's committed record:
+the fields that cannot change a result; components/<stage>/stage.py) and the fingerprints of the upstream results
+it reads (their committed status records). Then, against the task's committed record:
 
 * same fingerprint, result committed: the result is reused ("reused: fingerprint matches"), nothing runs;
 * same fingerprint, no committed result (a crash, a failure, a kill): the stage runs and resumes from its
@@ -28,18 +28,17 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from flashdraft import layout, registry, status
 from flashdraft.config import ConfigError, RunConfig
+from flashdraft.pipelines.console import emit, task_output
 from flashdraft.stage import StageSpec, StageSummary
 from flashdraft.status import REUSED
-
-if TYPE_CHECKING:
-    from flashdraft.store import ObjectStore
+from flashdraft.store import COMMIT_SUFFIX, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +142,6 @@ class Fingerprint:
 
 def task_fingerprint(cfg: RunConfig, stage_name: str, shard: int | None = None,
                      store: ObjectStore | None = None) -> Fingerprint:
-    from flashdraft.store import open_store
-
     spec = registry.current().get(stage_name)
     store = store or open_store(cfg.storage, cfg.run_id)
     return Fingerprint(config_inputs(spec, cfg), upstream_fingerprints(store, spec, cfg, shard))
@@ -200,8 +197,6 @@ def refusal(task: str, spec: StageSpec, changes: dict[str, tuple[Any, Any]]) -> 
 def _emit_and_commit(store: ObjectStore, record: status.StageRecord, commit: bool = True) -> None:
     """Tell the local console, and commit the task's status record; a store failure here is logged, never raised:
     it must not replace the stage's own outcome (or its own error)."""
-    from flashdraft.pipelines.console import emit
-
     emit({"kind": "task", "record": record.model_dump(mode="json")})
     if not commit:
         return
@@ -232,9 +227,6 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     force: run even when the committed result's fingerprint matches or the change would be refused (the old
     `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
     The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
-    from flashdraft.pipelines.console import task_output
-    from flashdraft.store import open_store
-
     spec = registry.current().get(stage_name)
     store = open_store(cfg.storage, cfg.run_id)
     task = status.task_name(spec.name, shard)
@@ -307,8 +299,6 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
 
     Compares the config fields of every stage with a committed record (upstream results cannot have changed yet:
     they change only through these fields). Raises StageInputsChanged naming the earliest such stage."""
-    from flashdraft.store import open_store
-
     store = store or open_store(cfg.storage, cfg.run_id)
     for spec in registry.current():
         if not spec.reuse:
@@ -327,8 +317,6 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
 def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None) -> list[str]:
     """`--from <stage>`: delete the committed results of `stage_name` and of every stage after it that reads it
     (outputs, metrics, status records), so they are recomputed; returns the stages cleared."""
-    from flashdraft.store import COMMIT_SUFFIX, open_store
-
     store = store or open_store(cfg.storage, cfg.run_id)
     try:
         names = registry.current().downstream(registry.current().get(stage_name).name)

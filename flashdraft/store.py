@@ -46,7 +46,8 @@ from typing import Any, TypeVar
 import fsspec
 
 from flashdraft import registry
-from flashdraft.config import STORAGE_SCHEMES, StorageConfig, split_uri
+from flashdraft.config import StorageConfig
+from flashdraft.config.features import STORAGE_SCHEMES, split_uri
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from flashdraft.config import ConfigError, RunConfig, TargetConfig
+from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
 
 # transformers >= 5.25 swaps layers for kernels downloaded from the Hub at load time unless told not to: code
 # fetched at run time (the same trust question as trust_remote_code), a network call an air-gapped cluster cannot
@@ -145,8 +146,6 @@ def _build_tiny_qwen35(target: TargetConfig, out: Path) -> None:
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
-
     tok = build_qwen35_tokenizer()
     torch.manual_seed(target.seed)
     model = Qwen3_5ForConditionalGeneration(tiny_qwen35_config(target.num_layers or 8, target.hidden_size or 128))
@@ -180,8 +179,6 @@ def _build_random(target: TargetConfig, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig, Qwen3_5ForConditionalGeneration
-
-    from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
 
     if target.model not in RANDOM_ARCHITECTURES:
         raise ValueError(f"target.model={target.model!r} with target.source=random: known architectures are "
@@ -548,7 +545,7 @@ class Target:
 
     def embeddings(self):
         """(embedding [V, H], LM head [V, H]), memory-mapped from the checkpoint (a tied head is the embedding)."""
-        from flashdraft.drafter.model import load_target_embeddings
+        from flashdraft.drafter.model import load_target_embeddings  # torch: not at import
 
         return load_target_embeddings(self.config)
 
@@ -632,7 +629,7 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
     fp32 (flashdraft/cpu_gemm.py)."""
     from transformers import AutoModelForCausalLM
 
-    from flashdraft.cpu_gemm import upcast_for_cpu
+    from flashdraft.cpu_gemm import upcast_for_cpu  # torch: not at import
 
     kwargs = _hub_kwargs(target)
     if num_layers is not None:

@@ -202,7 +202,7 @@ def _train_levers(cfg: RunConfig, gpu: GpuSpec, entry: dict[str, Any]) -> list[s
                   + (f"<= {anchors} fits)" if anchors else "no value fits alone)"))
     # A draft vocabulary cuts the LM head's FLOPs, not memory: the trainer keeps the full head (and embedding)
     # resident and gathers the draft rows beside it, and the loss's chunk is a fixed number of logits.
-    if d.kind != "dflash2":  # dflash2 needs the full vocabulary (config.py)
+    if d.kind != "dflash2":  # dflash2 needs the full vocabulary (config/drafter.py)
         levers.append(f"drafter.draft_vocab_size (now {d.draft_vocab_size or 'the full vocabulary'}): cuts the LM "
                       "head's share of the step's FLOPs, not memory (the full head stays resident)")
     for mode in ("mlp", "layer")[("none", "mlp", "layer").index(t.activation_checkpointing):]:

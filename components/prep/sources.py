@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flashdraft.config import SourceSpec, StorageConfig, split_uri
+from flashdraft.config import SourceSpec, StorageConfig
+from flashdraft.config.features import split_uri
 from flashdraft.store import ObjectStore
 
 from .formats import BadRow

@@ -20,6 +20,7 @@ from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
 from flashdraft.store import CommitRecord, ObjectStore
+from flashdraft.target import resolve_target, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ def make_provenance(cfg: RunConfig, fingerprint: dict[str, str], hidden_size: in
 
 def expected_provenance(cfg: RunConfig) -> dict:
     """What the training config expects (loads the tokenizer and the model config, not the weights)."""
-    from flashdraft.target import resolve_target, tokenizer_fingerprint
-
     target = resolve_target(cfg)
     return make_provenance(cfg, tokenizer_fingerprint(target.tokenizer()), target.geometry.hidden_size,
                            list(target.layer_ids))

@@ -15,7 +15,8 @@ from target_families import FAMILIES, HIDDEN, SLIDING_WINDOW, build_family
 
 from flashdraft import layout
 from flashdraft.components.export.export import read_export
-from flashdraft.config import dflash_layer_ids, load_config
+from flashdraft.config import load_config
+from flashdraft.drafter.defaults import dflash_layer_ids
 from flashdraft.features.manifest import committed_parts
 from flashdraft.runner import run_task
 from flashdraft.store import open_store

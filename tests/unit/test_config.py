@@ -2,7 +2,9 @@
 
 import pytest
 
-from flashdraft.config import ConfigError, default_gamma, dflash_layer_ids, load_config, parse_override
+from flashdraft.config import ConfigError, load_config
+from flashdraft.config.overrides import parse_override
+from flashdraft.drafter.defaults import default_gamma, dflash_layer_ids
 
 
 @pytest.mark.parametrize(("layers", "ids"), [
@@ -103,7 +105,7 @@ def test_every_field_has_a_description():
     from flashdraft.config_reference import iter_fields, undescribed_fields
 
     assert len(list(iter_fields())) > 130  # the walk reaches nested sections and data.sources[] items
-    assert undescribed_fields() == [], "describe these fields in flashdraft/config.py (Field(description=...))"
+    assert undescribed_fields() == [], "describe these fields in flashdraft/config/ (Field(description=...))"
 
 
 def test_committed_config_reference_is_current():

