@@ -34,9 +34,8 @@ CREDENTIAL = re.compile(r"://[^/@\s:]+:[^/@\s]+@|PRIVATE KEY|AWS_SECRET_ACCESS_K
 
 
 def _run(engine, image: str, *args: str, user: str | None = None) -> subprocess.CompletedProcess:
-    return engine.docker(
-        "run", "--rm", "--network", "none", *(["--user", user] if user else []), image, *args, check=False, timeout=300
-    )
+    return engine.docker("run", "--rm", "--network", "none", *(["--user", user] if user else []), image, *args,
+                         check=False, timeout=300)
 
 
 def _host_version() -> str:
@@ -81,9 +80,8 @@ def test_trainer_image_builds_on_a_standin_base(engine, standin, proxy_args):
     """Every step after FROM of docker/trainer/Dockerfile, on a Debian stand-in with CPU torch (a CUDA base and
     CUDA torch cannot be had here), including its import checks."""
     tag = "flashdraft-trainer:containers-test"
-    seconds = build(
-        engine, "docker/trainer/Dockerfile", tag, {"CUDA_IMAGE": standin, "PYTHON": "python3.11", **proxy_args}
-    )
+    seconds = build(engine, "docker/trainer/Dockerfile", tag,
+                    {"CUDA_IMAGE": standin, "PYTHON": "python3.11", **proxy_args})
     print(f"\nbuilt {tag} in {seconds:.0f} s", flush=True)
     _check_cli(engine, tag)
     _check_hygiene(engine, tag)
@@ -121,13 +119,8 @@ UNCOMPARED = ("README.md", "/rng-rank-", "mask_embedding.pt")
 # ISA, thread count and buffer alignment; CI saw a first-step grad norm 1156.09375 vs 1156.09766), so what training
 # produces (its summaries, checkpoint and export weights) is compared to float tolerance: a wrong input, seed or
 # step shows up orders of magnitude above it.
-TRAINED = (
-    layout.CHECKPOINTS,
-    layout.EXPORT,
-    f"{layout.METRICS}/train",
-    f"{layout.METRICS}/evaluate",
-    f"{layout.METRICS}/export",
-)
+TRAINED = (layout.CHECKPOINTS, layout.EXPORT, f"{layout.METRICS}/train", f"{layout.METRICS}/evaluate",
+           f"{layout.METRICS}/export")
 REL_TOL = 1e-3
 # Adam moves an element by up to ~lr a step whatever its gradient's size, so a near-zero gradient's rounding can
 # move a weight by that much: 4 steps at lr 2.5e-4 bound it by 1e-3.
@@ -159,10 +152,8 @@ def _committed(root: Path, run_id: str) -> tuple[dict, dict, dict]:
     return fingerprints, summaries, objects
 
 
-TIMING = re.compile(
-    r"(^|_)(s|seconds|time|wall|elapsed|started|ended|at|per_s|per_second|throughput|rss|peak_memory"
-    r"|date|provenance|commit|python|libraries|log|device_name|mfu|speedup|load|ms)($|_)"
-)
+TIMING = re.compile(r"(^|_)(s|seconds|time|wall|elapsed|started|ended|at|per_s|per_second|throughput|rss|peak_memory"
+                    r"|date|provenance|commit|python|libraries|log|device_name|mfu|speedup|load|ms)($|_)")
 
 
 def _untimed(value):
@@ -179,34 +170,18 @@ def _differences(a, b, path: str = "", *, trained: bool = False) -> list[str]:
     may differ by REL_TOL, tensors by WEIGHT_ATOL, and a weight file's sha256 in an export manifest is not compared
     (its tensors are); everything else, integers and strings included, must be equal."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [
-            d
-            for k in sorted(a.keys() | b.keys())
-            if not (trained and k == "sha256" and ".safetensors" in path)
-            for d in _differences(
-                a.get(k), b.get(k), f"{path}.{k}", trained=trained or (not path and k.startswith(TRAINED))
-            )
-        ]
+        return [d for k in sorted(a.keys() | b.keys()) if not (trained and k == "sha256" and ".safetensors" in path)
+                for d in _differences(a.get(k), b.get(k), f"{path}.{k}",
+                                      trained=trained or (not path and k.startswith(TRAINED)))]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [
-            d
-            for i, (x, y) in enumerate(zip(a, b, strict=True))
-            for d in _differences(x, y, f"{path}[{i}]", trained=trained)
-        ]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                for d in _differences(x, y, f"{path}[{i}]", trained=trained)]
     if trained and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        same = (
-            a.shape == b.shape
-            and a.dtype == b.dtype
-            and torch.allclose(a.float(), b.float(), rtol=REL_TOL, atol=WEIGHT_ATOL)
-        )
-        return (
-            []
-            if same
-            else [
-                f"{path}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}, max |diff| "
-                f"{(a.float() - b.float()).abs().max().item() if a.shape == b.shape else '-'}"
-            ]
-        )
+        if a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a.float(), b.float(), rtol=REL_TOL,
+                                                                        atol=WEIGHT_ATOL):
+            return []
+        gap = (a.float() - b.float()).abs().max().item() if a.shape == b.shape else "-"
+        return [f"{path}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}, max |diff| {gap}"]
     if trained and isinstance(a, float) and isinstance(b, float):
         return [] if math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-9) else [f"{path}: {a} != {b}"]
     return [] if a == b and type(a) is type(b) else [f"{path}: {str(a)[:80]} != {str(b)[:80]}"]
@@ -219,18 +194,8 @@ def test_tiny_dag_in_the_image_equals_an_in_process_run(docker_env, base_image, 
     results = {}
     for runner in ("subprocess", "docker"):
         store = tmp_path / runner / "runs"
-        args = [
-            FLASHDRAFT,
-            "run-local",
-            "--preset",
-            "tiny",
-            "--workdir",
-            str(tmp_path / runner / "kfp"),
-            "--set",
-            f"storage.root=file://{store}",
-            "--set",
-            "run_id=containers",
-        ]
+        args = [FLASHDRAFT, "run-local", "--preset", "tiny", "--workdir", str(tmp_path / runner / "kfp"),
+                "--set", f"storage.root=file://{store}", "--set", "run_id=containers"]
         if runner == "docker":
             args += ["--runner", "docker", "--image", base_image]
         t0 = time.monotonic()
@@ -249,48 +214,19 @@ def test_tiny_dag_in_the_image_equals_an_in_process_run(docker_env, base_image, 
 
 def test_run_local_docker_refuses_a_missing_image_and_another_version_in_one_line(docker_env, base_image, tmp_path):
     def run_local(image: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [
-                FLASHDRAFT,
-                "run-local",
-                "--preset",
-                "tiny",
-                "--runner",
-                "docker",
-                "--image",
-                image,
-                "--workdir",
-                str(tmp_path / "kfp"),
-                "--set",
-                f"storage.root=file://{tmp_path}/runs",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=300,
-        )
+        return subprocess.run([FLASHDRAFT, "run-local", "--preset", "tiny", "--runner", "docker", "--image", image,
+                               "--workdir", str(tmp_path / "kfp"), "--set", f"storage.root=file://{tmp_path}/runs"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
 
     missing = run_local("flashdraft-base:never-built")
     assert missing.returncode == 1
-    assert missing.stderr.strip() == (
-        "image flashdraft-base:never-built not found on this Docker engine: build it (`make images`) or pull it"
-    ), missing.stderr
+    assert missing.stderr.strip() == ("image flashdraft-base:never-built not found on this Docker engine: build it "
+                                      "(`make images`) or pull it"), missing.stderr
     # The same image with another flashdraft version: its package's __version__ edited, committed as a new image.
     engine = docker_env
-    engine.docker(
-        "run",
-        "--name",
-        "other-version",
-        "--user",
-        "0",
-        "--network",
-        "none",
-        base_image,
-        "sh",
-        "-c",
-        "sed -i 's/^__version__ = .*/__version__ = \"0.0.1\"/' "
-        "$(python3 -c 'import flashdraft; print(flashdraft.__file__)')",
-    )
+    engine.docker("run", "--name", "other-version", "--user", "0", "--network", "none", base_image, "sh", "-c",
+                  "sed -i 's/^__version__ = .*/__version__ = \"0.0.1\"/' "
+                  "$(python3 -c 'import flashdraft; print(flashdraft.__file__)')")
     engine.docker("commit", "other-version", "flashdraft-base:other-version")
     other = run_local("flashdraft-base:other-version")
     assert other.returncode == 1
