@@ -151,7 +151,7 @@ def status(
     from rich.console import Console
 
     # here, not at import: these import the store (fsspec/s3fs), which would slow every --help
-    from flashdraft.pipelines.console import summary_table
+    from flashdraft.console import summary_table
     from flashdraft.status import (
         describe,
         find_runs,

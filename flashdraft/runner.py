@@ -35,7 +35,7 @@ from pydantic_core import to_jsonable_python
 
 from flashdraft import layout, registry, status
 from flashdraft.config import ConfigError, RunConfig
-from flashdraft.pipelines.console import emit, task_output
+from flashdraft.console import emit, task_output
 from flashdraft.stage import StageSpec, StageSummary
 from flashdraft.status import REUSED
 from flashdraft.store import COMMIT_SUFFIX, ObjectStore, open_store

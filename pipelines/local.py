@@ -105,7 +105,7 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     _hide_shadowing_docker()
     from kfp import local
 
-    from flashdraft.pipelines.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
+    from flashdraft.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
     from flashdraft.pipelines.pipeline import build_pipeline
     from flashdraft.runner import check_run, clear_from
 
@@ -208,7 +208,7 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
 def print_outcome(console: Any, result: dict[str, Any]) -> None:
     """The end of the console: the stage table, the run's key figures, where the report and logs are, and for a
     failed run, last, the failed task, its exception and its log file."""
-    from flashdraft.pipelines.console import summary_table
+    from flashdraft.console import summary_table
     from flashdraft.reporting import fmt_bytes
 
     def say(text: str, style: str | None = None) -> None:

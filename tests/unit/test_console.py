@@ -9,7 +9,7 @@ import json
 from rich.console import Console
 from tqdm import tqdm
 
-from flashdraft.pipelines.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
+from flashdraft.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
 from flashdraft.status import StageRecord
 
 

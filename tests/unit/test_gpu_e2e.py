@@ -58,7 +58,7 @@ def test_stage_records_and_their_console_line_name_the_device(tmp_path):
     """What `make gpu-e2e` checks per stage: the runner copies a summary's `device` into the task's record and its
     line; a stage that reports none (prep) has neither."""
     from flashdraft.config import load_config
-    from flashdraft.pipelines.console import record_line
+    from flashdraft.console import record_line
     from flashdraft.runner import run_task
     from flashdraft.status import read_records
     from flashdraft.store import open_store

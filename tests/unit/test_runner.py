@@ -175,7 +175,7 @@ def test_streaming_training_cannot_carry_on_from_a_finished_stream(cfg):
 def test_a_reused_task_keeps_the_duration_of_the_run_that_made_it(cfg, monkeypatch):
     """`flashdraft status`, the console and the report show how long a reused result took, not 0 s; a stage whose
     shards were partly reused is timed by the shards that ran now, not from the first run to this one."""
-    from flashdraft.pipelines.console import record_line
+    from flashdraft.console import record_line
 
     clock = [100.0, 160.5, 900.0, 1000.0, 1010.0, 1040.0, 1100.0, 2010.0, 2030.0, 2045.0]
     monkeypatch.setattr(status, "now", lambda: clock.pop(0))
