@@ -112,7 +112,7 @@ gpu-wheels: install
 	du -sh $(GPU_WHEELS)
 
 gpu-check:
-	$(GPU_PY) benchmarks/gpu_check.py
+	$(GPU_PY) benchmarks/gpu_check
 
 # The whole DAG (run-local tiny, then the full-width rehearsal through torchrun/NCCL/FSDP2, preempted and resumed)
 # on one GPU, measured; writes OUT/calibration.json and checks `flashdraft plan --calibrate` reads it as measured

@@ -11,7 +11,7 @@ For each candidate (`CANDIDATES`: q4 parameter sets, with fp8 / fp8-zstd / bf16-
    alternate the two (absolute figures swing with load; the ratio much less).
 
 The GPU decode throughput (torch ops on the device, from host bytes) is `gpu_decode_check`, called by
-benchmarks/gpu_check.py; this script runs it too when a GPU is present.
+benchmarks/gpu_check; this script runs it too when a GPU is present.
 
 Run: `.venv/bin/python benchmarks/bench_codecs.py [--prompts 16] [--json out.json]`
 """

@@ -1,6 +1,6 @@
 """Measured figures that replace the planner's assumptions: the calibration file.
 
-`benchmarks/gpu_check.py` writes one on a real GPU; a user may write one by hand from their own cluster's
+`benchmarks/gpu_check` writes one on a real GPU; a user may write one by hand from their own cluster's
 measurements. `flashdraft plan --calibrate FILE` reads it: a measured stage rate replaces the assumed one, and a
 measured trainer peak corrects the memory model (measured / predicted at the measured shape), and the plan says
 which figures are measured, which assumed, and where each measured one came from (`source`).

@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_check.bootstrap import carried_wheels
+
 REPO = Path(__file__).resolve().parents[2]
 WHEELS = REPO / "benchmarks" / "gpu_wheels"
 TOKENIZER = WHEELS / "smollm2-tokenizer"
@@ -112,8 +114,6 @@ def prepare(dry: bool, work: Path) -> Env:
     if not dry and not torch.cuda.is_available():
         raise Missing(f"no CUDA device visible to torch {torch.__version__}; on a machine without one run "
                       "`make gpu-e2e-dry`")
-    from gpu_check import carried_wheels
-
     work.mkdir(parents=True, exist_ok=True)
     paths = []
     if (site := carried_wheels(WHEELS, "gpu-e2e")) is not None:

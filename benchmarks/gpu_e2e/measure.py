@@ -176,9 +176,9 @@ def _predicted(plan: dict[str, Any], pool: str) -> int | None:
 
 def train_step_flops(cfg, history: list[dict[str, Any]], vocab: int) -> tuple[float, Any]:
     """(model FLOPs of one data token, the TrainShape) at the steps the run actually took: their mean tokens and
-    anchors a step, the planner's FLOPs model (components/plan/memory.py trainer_flops)."""
-    from flashdraft.components.plan.memory import trainer_flops
+    anchors a step, the planner's FLOPs model (flashdraft/flops.py trainer_flops)."""
     from flashdraft.components.plan.resources import train_shape, window_keys
+    from flashdraft.flops import trainer_flops
 
     tokens = max(1, round(sum(h["tokens"] for h in history) / len(history)))
     anchors = sum(h.get("anchors", 0) for h in history) / len(history)

@@ -1,66 +1,11 @@
-"""The planner's resource model: peak memory per GPU and FLOPs a step, from the config alone.
+"""The planner's memory model: peak bytes per GPU of the trainer and the inference pool, from the config's shape.
 
-Trainer (`trainer_memory`): the bytes live at the step's peak, term by term, on one rank:
-
-* state: fp32 trainable weights, fp32 gradients and AdamW's two fp32 moments (16 B a parameter), divided by the
-  world size under FSDP2 (`fully_shard` per layer, no mixed-precision policy: flashdraft keeps fp32 masters);
-  whole on every rank under DDP (plus DDP's gradient buckets, a second fp32 copy of the gradients);
-* the frozen target embedding and LM head (bf16 on CUDA, fp32 on CPU: `drafter.head_dtype` auto), plus the
-  draft-vocabulary rows of the head when `drafter.draft_vocab_size` is set (a gathered copy);
-* activations autograd saves for the backward, per draft layer: a per-drafted-position part (positions =
-  anchors a row x block), a per-key part (keys = context tokens + positions) and, on CPU only, the dense SDPA
-  mask; plus once per step the fused context, RoPE tables, the final norm and the loss's inputs;
-* transients at the peak: the loss's vocabulary chunk (drafter/loss.py walks ~2**26 logits at a time), or the
-  first MLP gradients of the backward, whichever is larger; on CPU the dense mask's construction;
-* communication: FSDP2's all-gathered fp32 layer (current + prefetched) and its unsharded root (fc), or DDP's
-  buckets.
-
-Per-device terms are explicit (`Device`). CUDA: bf16 autocast (projection and MLP inputs saved as bf16 casts, one
-per consumer; the residual stream and the RMSNorms stay fp32; q_norm/k_norm upcast bf16 to fp32; autocast keeps a
-bf16 copy of every weight for the backward) and FlexAttention (a sparse block mask, nothing dense; its output is
-copied once for o_proj). CPU: fp32 without autocast, SDPA with a dense mask [positions, keys] that SDPA saves as a
-float copy (4 B a pair, every layer), and `dense_mask`'s own temporaries while it is built. The per-tensor byte
-counts were read off autograd's saved tensors (torch.autograd.graph.saved_tensors_hooks) on the real
-`DFlashDrafter`, in fp32 and under CPU bf16 autocast (which reproduced the CUDA formula exactly, the mask and the
-flex output copy aside); `benchmarks/bench_memory.py` checks the CPU peak against a real trainer step.
-
-DFlash2 (`kind` dflash2, flashdraft/drafter/dflash2.py) adds, derived the same way (saved-tensor hooks on the real
-`DFlashLayer` and on the trainer's `drafter_loss` -> `selector_loss`, fp32 and CPU bf16 autocast, exact at three
-shapes each; tests/unit/test_plan_memory.py repeats the measurement):
-
-* state: `dflash2_extra_params` (codebooks 2 x vocab x rank, the convolutions inside each layer, the hidden
-  projection), all trained: 16 B a parameter, sharded under FSDP2, the convolutions in their layer's unit and the
-  selector in its own (gathered whole, fp32, while the selector loss runs). Autocast copies only the convolutions'
-  weights: the selector runs after the autocast region;
-* per layer, per drafted position, with t = min(conv_kernel_size, block) taps: attention_conv and mlp_conv each keep
-  2t fp32 [position, width] tensors in `prepare` ((base + delta) of every tap, the input shifted by each later tap)
-  and 2t in `finish` in the sublayer output's dtype, plus on CUDA the delta projection's bf16 input cast (CUDA
-  4H + 24tH bytes a position, CPU 32tH). Both convolutions sit outside the checkpointed MLP: `mlp` recompute keeps
-  them, `layer` recomputes them with the layer;
-* the selector loss, after the fused loss (which also keeps its top-k ids, [rows, k] int64): the LM head's rows of
-  every row's k candidates [rows, k, width] in the head's dtype (the unary term's saved operand; none with
-  `selector_detach`), the selected slot states (fp32) and their indices, the pairwise term's [rows, rank] tensors and
-  successor rows [rows, k, rank], the [rows, k] log-softmax; beside the slot states it was handed and the fused
-  loss's saved gradient; every slot counted (strict_topk trains only the covered ones: an upper bound there). It is
-  one more moment; after its backward its weight gradients are held through the layers'.
-
-Checked against the H200 production step unsharded (benchmarks/calibration/h200-2026-12-04-production.json's
-dflash2 rows): layer recompute predicted 70.3 GiB vs 70.1 measured; none and mlp predicted 190.7 and 157.7 GiB,
-both measured out of memory.
-
-The peak is the largest of these moments: the last layer's forward while its dense mask is built (CPU), the loss
-(its vocabulary chunk), DFlash2's selector loss, or the first MLP gradients of the backward with every layer's
-activations held, and the optimizer step (gradients + AdamW's temporaries, activations gone). FLOPs
-(`trainer_flops`) follow benchmarks/gpu_check.py's `step_flops` (the matmul part equals torch's FlopCounterMode
-there), with the attention pairs estimated from the layout; DFlash2's convolutions and selector are not in them.
-
-Inference (`inference_memory`): target weights (bf16, split over tensor parallel), vLLM's KV cache (full-attention
-layers) and recurrent state (Gated DeltaNet layers) for `plan.decode_batch` sequences of `max_model_len`, and
-extraction's prefill (one forward of `features.batch_tokens` tokens: hidden states, MLP activations, the captured
-feature layers). vLLM reserves `gpu_memory_utilization` of the GPU up front; the check is that what the batch
-needs fits inside that reservation.
-
-GPU memory: components/plan/gpus.py's `usable_bytes` (the driver-reported total minus a reserve).
+Trainer (`trainer_memory`): the bytes live at each moment of one rank's step (forward's dense-mask build on CPU,
+the loss, DFlash2's selector loss, the last layer's backward, the optimizer step), term by term: fp32 state, the
+frozen head, per-layer saved activations by device (`Device`: CUDA bf16 autocast + FlexAttention, CPU fp32 + SDPA
+with a dense mask), transients, communication buffers; the peak is the largest moment. Inference
+(`inference_memory`): target weights, vLLM's KV cache and recurrent state, or extraction's prefill. What each term
+counts, how it was measured and how it compares with the GPU: docs/planning.md.
 """
 
 from __future__ import annotations
@@ -69,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flashdraft.calibration import TrainShape
+from flashdraft.flops import drafted
 
 Device = Literal["cuda", "cpu"]
 GiB = 2**30
@@ -119,10 +65,9 @@ def counts(s: TrainShape) -> Counts:
     layer = H * q + 2 * H * kv + q * H + 3 * H * inter + 2 * H + 2 * s.head_dim + extra.get("conv", 0) // s.num_layers
     selector = extra.get("codebooks", 0) + extra.get("hidden_projection", 0)
     root = s.num_features * H * H + 2 * H
-    n = s.anchors_per_row or 0.0
-    positions = int(round(n * s.block_size))
+    positions, loss_rows = drafted(s)
     return Counts(layer, root, layer * s.num_layers + root + selector, positions, s.tokens_per_step + positions,
-                  int(round(n * (s.block_size - 1))), selector)
+                  loss_rows, selector)
 
 
 def _shard(s: TrainShape) -> int:
@@ -130,7 +75,7 @@ def _shard(s: TrainShape) -> int:
 
 
 def layer_saved_bytes(s: TrainShape, device: Device = "cuda") -> tuple[int, int, int]:
-    """One draft layer's saved activations (module docstring): (all of them, what the layer keeps under
+    """One draft layer's saved activations (docs/planning.md): (all of them, what the layer keeps under
     `activation_checkpointing`, what a checkpointed MLP drops). Bytes as autograd's saved-tensor hooks count them
     (tests/unit/test_plan_memory.py measures the real layer)."""
     g = counts(s)
@@ -138,7 +83,7 @@ def layer_saved_bytes(s: TrainShape, device: Device = "cuda") -> tuple[int, int,
     a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
     H, M, K = s.hidden_size, g.positions, g.keys
     q, kvd, inter, nh = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size, s.num_heads
-    # The per-layer saved tensors (module docstring). Position part: x, the q_proj input, x after attention, a norm
+    # The per-layer saved tensors (docs/planning.md). Position part: x, the q_proj input, x after attention, a norm
     # product and the MLP input (fp32 on CPU; on CUDA the projection inputs are bf16 casts, one per consumer),
     # q before/after its norm, q with RoPE, the attention output (4 tensors of heads x head_dim), 4 MLP tensors.
     if cuda:  # bf16 autocast + FlexAttention
@@ -285,28 +230,6 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
     moments.append((at_step, "optimizer step"))
     parts, phase = max(moments, key=lambda m: sum(m[0].values()))
     return MemoryEstimate(parts, int(sum(parts.values())), phase, loss_chunk)
-
-
-def trainer_flops(s: TrainShape, window_keys: float) -> dict[str, float]:
-    """Matmul FLOPs of one training step on one row, by part (benchmarks/gpu_check.py's `step_flops`, with the
-    mean visible context keys per drafted position `window_keys` estimated by the caller)."""
-    g = counts(s)
-    H, L, C, M = s.hidden_size, s.num_layers, s.tokens_per_step, g.positions
-    q, kvd, inter = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
-    fc = C * 2 * s.num_features * H * H
-    ctx_kv = C * L * 4 * H * kvd
-    per_block_token = L * (4 * H * q + 4 * H * kvd + 6 * H * inter)
-    pairs = L * M * (window_keys + s.block_size)
-    parts = {"draft layers": 2 * fc + 3 * (ctx_kv + M * per_block_token),
-             "LM head": 2 * 2 * s.vocab_size * H * g.loss_rows,
-             "attention": 3 * 4 * s.head_dim * s.num_heads * pairs}
-    if s.kind == "dflash2":  # gpu_check's step_flops: kernel projections of 2 convs a layer; the selector per slot
-        taps, groups, r, k = s.conv_kernel_size, H // s.conv_group_size, s.selector_rank, s.selector_top_k
-        parts["DFlash2 block convolutions"] = 3 * M * L * 2 * (2 * H * 2 * taps * groups)
-        through_h = 0 if s.selector_detach else 1  # a detached selector sends no gradient into the slot states
-        parts["DFlash2 selector"] = g.loss_rows * ((2 + through_h) * 2 * H * r + 3 * 2 * r * k
-                                                   + (1 + through_h) * 2 * k * H)
-    return parts
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Throughput models are deliberately simple and overridable (`plan.measured_tokens
 - generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes;
 - extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * params * deepest layer / layers);
 - training: FLOPs of one per-rank step by part (draft layers, LM head, attention, DFlash2's convolutions and
-  selector; memory.py's `trainer_flops`, gpu_check's accounting) over the row's tokens, at
+  selector; flashdraft/flops.py's `trainer_flops`) over the row's tokens, at
   `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
 
 Memory (resources.py, memory.py): predicted peak bytes per GPU for the trainer pool and the inference pool, the
@@ -28,11 +28,11 @@ from typing import Any
 from flashdraft import layout
 from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
-from flashdraft.components.plan.memory import trainer_flops
 from flashdraft.components.plan.resources import calibrate_rates, memory_gate, memory_section, train_shape, window_keys
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
+from flashdraft.flops import trainer_flops
 from flashdraft.target import Target, resolve_target
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features

@@ -65,8 +65,8 @@ NOT_HERE = {
     "flashdraft run-local --preset tiny --set drafter.kind=dflash2": "a second whole tiny run; DFlash2's train, "
                                                                     "evaluate and export paths are tested in "
                                                                     "tests/unit/test_dflash2.py and tests/vllm",
-    "python3 benchmarks/gpu_check.py": "a CUDA GPU (its CPU half and a toy-width dry run of the production section "
-                                       "are tests/unit/test_gpu_check.py)",
+    "python3 benchmarks/gpu_check": "a CUDA GPU (its CPU half and a toy-width dry run of the production section "
+                                    "are tests/unit/test_gpu_check.py)",
     "make gpu-wheels": "downloads the wheels a bare GPU machine lacks (`make gpu-e2e-dry` runs the script without "
                        "them: tests/integration/test_gpu_e2e_dry.py)",
     "FLASHDRAFT_COMMIT=<sha> python3 benchmarks/gpu_e2e": "a CUDA GPU (its CPU dry run is "
