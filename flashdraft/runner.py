@@ -275,7 +275,7 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                                                               "error_type": type(exc).__name__, "error": message}))
             raise
         figures = summary.figures()
-        device = getattr(summary, "device", None)  # generate, extract, train, evaluate say where they ran
+        device = summary.device
         done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures, "device": device,
                                          "headline": spec.summary.headline(figures)
                                          + (f" (on {device})" if device else "")})

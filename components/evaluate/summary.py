@@ -85,7 +85,6 @@ class EvaluateSummary(StageSummary):
     num_prompts: int | None = Field(None, description="held-out prompts decoded")
     max_new_tokens: int | None = Field(None, description="tokens decoded per prompt")
     temperature: float | None = Field(None, description="sampling temperature (0: greedy)")
-    device: str | None = Field(None, description="device")
     threads: int | None = Field(None, description="torch threads")
     layer_ids: list[int] | None = Field(None, description="target layers the drafter reads")
     target: DecodeStats | None = Field(None, description="the target alone")

@@ -35,7 +35,6 @@ class ExtractSummary(StageSummary):
 
     shard: int | None = Field(None, description="generation shard extracted")
     backend: str | None = Field(None, description="features.backend")
-    device: str | None = Field(None, description="device the target ran on")
     codec: dict[str, Any] | None = Field(None, description="codec parameters")
     layer_ids: list[int] | None = Field(None, description="target layers extracted")
     samples: int | None = Field(None, description="samples stored")

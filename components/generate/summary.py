@@ -29,7 +29,6 @@ class GenerateSummary(StageSummary):
     tokens_per_s: float | None = Field(None, description="generated tokens per second")
     backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
     backend: str | None = Field(None, description="generation.backend")
-    device: str | None = Field(None, description="device the hf backend ran the target on (this attempt's)")
     fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also in every "
                                     "chunk's commit record")
 

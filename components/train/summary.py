@@ -56,7 +56,6 @@ class TrainSummary(StageSummary):
         default_factory=list, description="the held-out curve: {step, acc_by_pos, tau, blocks} every "
                                           "training.heldout_every steps (components/train/heldout.py)")
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
-    device: str | None = Field(None, description="rank 0's device (cuda:0, cpu)")
     resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
                                      "or retried task, or training.preempt_after); None = trained from step 0")
     peak_memory_bytes: int | None = Field(None, description="rank 0's peak memory in this launch: CUDA peak "
