@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 @dataclass
@@ -223,8 +224,6 @@ def flex_block_mask(layout: BlockLayout, q_len: int, kv_len: int, device, window
     layout, size and window."""
 
     def build():
-        from torch.nn.attention.flex_attention import BlockMask
-
         partial, full = block_tiles(layout, q_len, kv_len, window)
         kv_num, kv_idx = _tile_indices(partial.to(device))
         full_num, full_idx = _tile_indices(full.to(device))
@@ -236,8 +235,6 @@ def flex_block_mask(layout: BlockLayout, q_len: int, kv_len: int, device, window
 
 def flex_attention_fn(q, k, v, layout: BlockLayout, window: int | None = None) -> torch.Tensor:
     """The same pattern through FlexAttention (sparse block mask; the GPU path for long rows)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     block_mask = flex_block_mask(layout, q.shape[2], k.shape[2], q.device, window)
     fn = _compiled_flex() if q.device.type == "cuda" else flex_attention
     return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
@@ -246,17 +243,11 @@ def flex_attention_fn(q, k, v, layout: BlockLayout, window: int | None = None) -
 @lru_cache(maxsize=1)
 def _compiled_flex():
     """Compiled once per process: uncompiled flex materialises the full score matrix (fine only for tests)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=True)
 
 
 def flex_available(device: torch.device | str) -> bool:
     """FlexAttention is the default only on CUDA; on CPU the dense path is faster at our sizes."""
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
-        return False
     return torch.device(device).type == "cuda"
 
 
