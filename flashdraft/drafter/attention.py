@@ -9,27 +9,18 @@ slots only. A block whose anchor sits at packed index `a` (document `d`) may att
 
 Inference is the same pattern with one block whose anchor index is S (the newest verified token has no feature).
 
-Sliding-window layers (`window=W`, config `layer_types[i] == "sliding_attention"`, `sliding_window=W`) keep all of
-the above and additionally drop keys that are W or more positions behind the query, measured in RoPE positions
-(per document), exactly as vLLM runs a non-causal sliding DFlash layer (per-layer `sliding_window` handed to its
-attention backend as FlashAttention's inclusive window `(W-1, W-1)`, context K/V written at their positions, block
-queries at `anchor + k`). Distances are measured in packed indices, which equal RoPE position differences: a
-block only sees its own document, whose context is contiguous with positions 0..T-1 (batch.py), and at inference
-index == position. For the query in slot k of a block anchored at position p (position p + k):
+Sliding-window layers (`window=W`, config `layer_types[i] == "sliding_attention"`, `sliding_window=W`) also drop
+keys W or more RoPE positions behind the query, as vLLM runs a non-causal sliding DFlash layer (FlashAttention's
+inclusive window `(W-1, W-1)`). Packed-index distances equal RoPE position differences: a block only sees its own
+document, whose context is contiguous (batch.py). For the query in slot k of a block anchored at position p:
 
-* context key at position j: visible iff the rule above holds and `(p + k) - j < W`, so slot k sees the last
-  `W - k` context positions (every slot sees at most W keys behind-or-at its own position, itself included);
-* block slot k': visible iff `|k - k'| < W`, i.e. the whole block whenever B <= W (the practical case).
+* context key at position j: visible iff the rule above holds and `(p + k) - j < W` (slot k sees the last `W - k`
+  context positions: the window is relative to each query, not to the anchor);
+* block slot k': visible iff `|k - k'| < W`, i.e. the whole block whenever B <= W.
 
-The window is relative to each query, not to the anchor: later slots of a block see slightly less context.
-
-Building the FlexAttention block mask (the GPU path) never evaluates the predicate densely: the pattern is
-analytic, so `block_tiles` derives, per 128 x 128 tile of (query, key), whether it is empty, partially allowed or
-fully allowed straight from the anchors, document starts and window, in O(blocks + tiles) memory. At the
-production row (~3,200 anchors x 16 slots against ~60k keys) torch's uncompiled `create_block_mask` instead
-evaluated `mask_mod` over all ~3.1e9 (query, key) pairs with int64 intermediates: a single 30.9 GiB allocation,
-rebuilt in every layer (../shared/reference/gpu-h200-2026-12-04.md). Masks are built once per layout and window
-and cached on the `BlockLayout`, so every layer and the backward reuse them.
+The FlexAttention block mask (the GPU path) is never evaluated densely: `block_tiles` derives, per 128 x 128 tile
+of (query, key), whether it is empty, partial or full straight from the anchors, document starts and window, in
+O(blocks + tiles) memory. Masks are cached on the `BlockLayout`, so every layer and the backward reuse them.
 """
 
 from __future__ import annotations

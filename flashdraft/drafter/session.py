@@ -27,7 +27,7 @@ class ContextCache:
 class DraftSession:
     """One sequence's drafting state: `extend` with the features of newly verified positions, `propose` the B-1
     drafts after the newest verified token. cached=False recomputes the whole context every cycle (the reference
-    the cache is tested and benchmarked against)."""
+    for the cache)."""
 
     def __init__(self, drafter: DFlashDrafter, cached: bool = True):
         self.drafter, self.cached = drafter, cached
