@@ -114,7 +114,8 @@ def steps(spec: dict) -> dict:
 
     from flashdraft.components.train.trainer import micro_step
     from flashdraft.drafter.batch import pack
-    from flashdraft.drafter.model import DFlashDrafter, DrafterGeometry
+    from flashdraft.drafter.dflash_drafter import DFlashDrafter
+    from flashdraft.drafter.geometry import DrafterGeometry
 
     cfg = run_config(spec)
     H, V, L = spec["hidden"], spec["vocab"], spec["layers"]

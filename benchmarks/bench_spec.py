@@ -35,7 +35,7 @@ from flashdraft.components.prep.demo import demo_rows
 from flashdraft.config import load_config
 from flashdraft.drafter.batch import pack
 from flashdraft.drafter.loss import dflash_loss
-from flashdraft.drafter.model import build_drafter
+from flashdraft.drafter.persistence import build_drafter
 from flashdraft.features.shard import Sample
 from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer, resolve_model_dir, set_cpu_threads
 

@@ -119,7 +119,7 @@ def bench_flashdraft(path: Path, steps: int, warmup: int, device: str = "cpu", i
     from flashdraft.config import load_config
     from flashdraft.drafter.attention import BlockLayout
     from flashdraft.drafter.loss import block_labels, dflash_loss
-    from flashdraft.drafter.model import build_drafter
+    from flashdraft.drafter.persistence import build_drafter
     from flashdraft.target import load_hf_config
 
     torch.set_num_threads(THREADS)
@@ -629,7 +629,7 @@ def curve_main(args) -> dict:
     fd = run_flashdraft_curve(cfg, train, held, plan, "flashdraft")
     peer = None
     if BENCH_PY.is_file() and not args.no_peer:
-        from flashdraft.drafter.model import resolve_mask_token
+        from flashdraft.drafter.geometry import resolve_mask_token
         from flashdraft.target import load_tokenizer
 
         plan["peer_mask_id"] = resolve_mask_token(None, load_tokenizer(cfg.target), 49152)[0]

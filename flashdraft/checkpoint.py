@@ -2,7 +2,7 @@
 
 Layout under `checkpoints/`:
 
-    step-00000100/drafter_config.json     the drafter geometry (DFlashDrafter.from_pretrained reads this folder)
+    step-00000100/drafter_config.json     the drafter geometry (drafter.persistence.load_drafter reads this folder)
     step-00000100/model.safetensors       trainable weights (z-lab names)
     step-00000100/optimizer.safetensors   AdamW state tensors, keyed "<param fqn>/<exp_avg|exp_avg_sq|step>"
     step-00000100/optimizer.json          param groups (hyper-parameters and fqn order)
@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from flashdraft import layout
-from flashdraft.drafter.model import CONFIG_FILE, WEIGHTS_FILE
+from flashdraft.drafter.persistence import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.store import ObjectStore
 
 

@@ -545,7 +545,7 @@ class Target:
 
     def embeddings(self):
         """(embedding [V, H], LM head [V, H]), memory-mapped from the checkpoint (a tied head is the embedding)."""
-        from flashdraft.drafter.model import load_target_embeddings  # torch: not at import
+        from flashdraft.drafter.target_weights import load_target_embeddings  # a cycle: it imports this module
 
         return load_target_embeddings(self.config)
 

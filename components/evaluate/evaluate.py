@@ -107,11 +107,11 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
     """(trained drafter, its URI, the untrained baseline: same architecture and the trainer's own init seed, so
     the difference is exactly what training bought; None when no prompt uses it). Both keep the frozen
     embedding/LM head in the target checkpoint's dtype, memory-mapped (a full-width fp32 copy is 10 GB)."""
-    from flashdraft.drafter.model import DFlashDrafter, build_drafter
+    from flashdraft.drafter.persistence import build_drafter, load_drafter
     from flashdraft.target import resolve_target
 
     prefix = trained_drafter_prefix(store)
-    trained = DFlashDrafter.from_pretrained(store, prefix=prefix, target=cfg.target, device=device).eval()
+    trained = load_drafter(store, prefix=prefix, target=cfg.target, device=device).eval()
     untrained = build_drafter(cfg, resolve_target(cfg).hf_config(), init="random", seed=cfg.training.seed,
                               tokenizer=tok, device=device, frozen_dtype=None).eval() if baseline else None
     return trained, store.url(prefix), untrained

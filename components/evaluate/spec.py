@@ -29,7 +29,7 @@ from .target_cache import VerifyCache
 
 
 class DraftSession(Protocol):
-    """One sequence's drafting state (flashdraft.drafter.model.DraftSession keeps the context's projected keys/
+    """One sequence's drafting state (flashdraft.drafter.session.DraftSession keeps the context's projected keys/
     values, so a cycle costs the newly verified positions plus one block, not the whole context)."""
 
     def extend(self, features: torch.Tensor) -> None: ...   # target features of newly verified positions
@@ -38,7 +38,7 @@ class DraftSession(Protocol):
 
 
 class Proposer(Protocol):
-    """What the evaluation needs from a drafter (flashdraft.drafter.model.DFlashDrafter provides it)."""
+    """What the evaluation needs from a drafter (flashdraft.drafter.dflash_drafter.DFlashDrafter provides it)."""
 
     def new_session(self) -> DraftSession: ...
 

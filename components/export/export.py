@@ -171,7 +171,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     `out_dir/<format>/`, in the formats and dtype of `cfg.export` (so a pipeline run asks for them like any
     other setting; `flashdraft export --dtype/--speculators` override them)."""
     from flashdraft.checkpoint import latest_checkpoint
-    from flashdraft.drafter.model import DFlashDrafter
+    from flashdraft.drafter.persistence import load_drafter
     from flashdraft.target import resolve_target
 
     dtype = cfg.export.dtype
@@ -182,7 +182,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
         raise ExportError(f"no training checkpoint in {store.url(layout.CHECKPOINTS)}: run `flashdraft train` first")
     if not latest["final"]:
         log.warning("exporting %s: training has not finished (step %d)", latest["prefix"], latest["step"])
-    drafter = DFlashDrafter.from_pretrained(store, prefix=latest["prefix"], target=cfg.target)
+    drafter = load_drafter(store, prefix=latest["prefix"], target=cfg.target)
     if drafter.geometry.trainable_mask:
         log.warning("the drafter's mask embedding is trained (no free row in the target vocabulary): vLLM reads it "
                     "from mask_embedding.pt, but the z-lab reference code and speculators' DFlash converter embed "

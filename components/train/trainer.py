@@ -59,7 +59,7 @@ def lr_at(step: int, total: int, cfg: RunConfig) -> float:
 
 
 def build_model(cfg: RunConfig, env: DistEnv):
-    from flashdraft.drafter.model import build_drafter
+    from flashdraft.drafter.persistence import build_drafter
     from flashdraft.target import resolve_target
 
     head = cfg.drafter.head_dtype

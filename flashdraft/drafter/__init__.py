@@ -1,1 +1,2 @@
-"""The DFlash drafter: model, attention mask, loss, anchor sampling and checkpoint I/O."""
+"""The DFlash drafter: geometry, target weights, layers, model, drafting session, persistence, attention masks,
+loss, anchor sampling, batches and the draft vocabulary."""

@@ -9,27 +9,18 @@ slots only. A block whose anchor sits at packed index `a` (document `d`) may att
 
 Inference is the same pattern with one block whose anchor index is S (the newest verified token has no feature).
 
-Sliding-window layers (`window=W`, config `layer_types[i] == "sliding_attention"`, `sliding_window=W`) keep all of
-the above and additionally drop keys that are W or more positions behind the query, measured in RoPE positions
-(per document), exactly as vLLM runs a non-causal sliding DFlash layer (per-layer `sliding_window` handed to its
-attention backend as FlashAttention's inclusive window `(W-1, W-1)`, context K/V written at their positions, block
-queries at `anchor + k`). Distances are measured in packed indices, which equal RoPE position differences: a
-block only sees its own document, whose context is contiguous with positions 0..T-1 (batch.py), and at inference
-index == position. For the query in slot k of a block anchored at position p (position p + k):
+Sliding-window layers (`window=W`, config `layer_types[i] == "sliding_attention"`, `sliding_window=W`) also drop
+keys W or more RoPE positions behind the query, as vLLM runs a non-causal sliding DFlash layer (FlashAttention's
+inclusive window `(W-1, W-1)`). Packed-index distances equal RoPE position differences: a block only sees its own
+document, whose context is contiguous (batch.py). For the query in slot k of a block anchored at position p:
 
-* context key at position j: visible iff the rule above holds and `(p + k) - j < W`, so slot k sees the last
-  `W - k` context positions (every slot sees at most W keys behind-or-at its own position, itself included);
-* block slot k': visible iff `|k - k'| < W`, i.e. the whole block whenever B <= W (the practical case).
+* context key at position j: visible iff the rule above holds and `(p + k) - j < W` (slot k sees the last `W - k`
+  context positions: the window is relative to each query, not to the anchor);
+* block slot k': visible iff `|k - k'| < W`, i.e. the whole block whenever B <= W.
 
-The window is relative to each query, not to the anchor: later slots of a block see slightly less context.
-
-Building the FlexAttention block mask (the GPU path) never evaluates the predicate densely: the pattern is
-analytic, so `block_tiles` derives, per 128 x 128 tile of (query, key), whether it is empty, partially allowed or
-fully allowed straight from the anchors, document starts and window, in O(blocks + tiles) memory. At the
-production row (~3,200 anchors x 16 slots against ~60k keys) torch's uncompiled `create_block_mask` instead
-evaluated `mask_mod` over all ~3.1e9 (query, key) pairs with int64 intermediates: a single 30.9 GiB allocation,
-rebuilt in every layer (../shared/reference/gpu-h200-2026-12-04.md). Masks are built once per layout and window
-and cached on the `BlockLayout`, so every layer and the backward reuse them.
+The FlexAttention block mask (the GPU path) is never evaluated densely: `block_tiles` derives, per 128 x 128 tile
+of (query, key), whether it is empty, partial or full straight from the anchors, document starts and window, in
+O(blocks + tiles) memory. Masks are cached on the `BlockLayout`, so every layer and the backward reuse them.
 """
 
 from __future__ import annotations
@@ -40,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 @dataclass
@@ -223,8 +215,6 @@ def flex_block_mask(layout: BlockLayout, q_len: int, kv_len: int, device, window
     layout, size and window."""
 
     def build():
-        from torch.nn.attention.flex_attention import BlockMask
-
         partial, full = block_tiles(layout, q_len, kv_len, window)
         kv_num, kv_idx = _tile_indices(partial.to(device))
         full_num, full_idx = _tile_indices(full.to(device))
@@ -236,8 +226,6 @@ def flex_block_mask(layout: BlockLayout, q_len: int, kv_len: int, device, window
 
 def flex_attention_fn(q, k, v, layout: BlockLayout, window: int | None = None) -> torch.Tensor:
     """The same pattern through FlexAttention (sparse block mask; the GPU path for long rows)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     block_mask = flex_block_mask(layout, q.shape[2], k.shape[2], q.device, window)
     fn = _compiled_flex() if q.device.type == "cuda" else flex_attention
     return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
@@ -246,17 +234,11 @@ def flex_attention_fn(q, k, v, layout: BlockLayout, window: int | None = None) -
 @lru_cache(maxsize=1)
 def _compiled_flex():
     """Compiled once per process: uncompiled flex materialises the full score matrix (fine only for tests)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=True)
 
 
 def flex_available(device: torch.device | str) -> bool:
     """FlexAttention is the default only on CUDA; on CPU the dense path is faster at our sizes."""
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
-        return False
     return torch.device(device).type == "cuda"
 
 

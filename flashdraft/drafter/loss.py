@@ -13,14 +13,12 @@ full [slots x vocab] logits.
   logits once, takes one max pass (stabiliser and argmax for accuracy), exponentiates in place, and immediately
   computes the gradient w.r.t. the hidden states `(softmax - onehot) * w @ W`, so the vocab-sized tensor of a
   chunk dies before the next one and backward is a single multiply. The LM head is frozen, so no weight gradient.
-  On CUDA the per-chunk softmax, cross-entropy and gradient run as one compiled function (`_softmax_grad`): eagerly
-  they are ~8 passes over the chunk's fp32 logits, compiled ~3 over its bf16 ones (at the production shape, 248k
-  vocabulary and ~48k slots a row, the eager passes were a quarter of the loss's time). CPU keeps the eager in-place
-  arithmetic (no compiler needed, smallest memory).
+  On CUDA the per-chunk softmax, cross-entropy and gradient run as one compiled function (`_softmax_grad`), fewer
+  passes over the chunk's logits than the eager arithmetic; CPU keeps the eager in-place arithmetic (no compiler
+  needed, smallest memory).
 * GEMM dtype: the head's on CUDA (bf16 GEMMs, fp32 accumulate). On CPU the wider of hidden and head: a bf16 head
-  (memory-mapped, production storage) is upcast 16,384 rows at a time (flashdraft/cpu_gemm.py), because CPUs
-  without native bf16 GEMMs run them ~5x slower than fp32 (AVX2, measured) and a whole fp32 copy of a 248k x 5120
-  head is 5 GB a process.
+  (memory-mapped, production storage) is upcast a slice of rows at a time (flashdraft/cpu_gemm.py), because CPUs
+  without native bf16 GEMMs run them much slower than fp32 and a whole fp32 copy of a large head is gigabytes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The reduced draft vocabulary (EAGLE-3 / SpecForge draft-vocab style): the drafter scores only the K target
-tokens the target itself writes most often, so the LM-head GEMMs of the loss (most of a small drafter's step:
-49k rows for SmolLM2, 248k for Qwen3.6) shrink by V/K. A token outside the draft vocabulary can never be drafted;
+tokens the target itself writes most often, so the LM-head GEMMs of the loss (most of a small drafter's step)
+shrink by V/K. A token outside the draft vocabulary can never be drafted;
 its slots are left out of the loss. The choice is the K most frequent response tokens (loss_mask = 1) of the
 training data, ties broken by the lower id; vLLM reads it back as `d2t` (draft index -> target id offsets).
 """

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from flashdraft.checkpoint import latest_checkpoint, save_checkpoint
 from flashdraft.components.export.export import read_export, run_export
-from flashdraft.drafter.model import DFlashDrafter, build_drafter
+from flashdraft.drafter.persistence import build_drafter, load_drafter
 from flashdraft.store import open_store
 from flashdraft.target import load_hf_config
 
@@ -38,7 +38,7 @@ def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
     assert sorted(summary.formats) == ["speculators", "zlab"] and summary.dtype == "float32"
     folder = tmp_path / "out" / "zlab"
     assert summary.step == 7 and summary.final
-    loaded = DFlashDrafter.from_pretrained(folder, target=tiny_cfg.target)
+    loaded = load_drafter(folder, target=tiny_cfg.target)
     feats = torch.randn(20, 5 * 256)
     g = model.geometry
     from flashdraft.drafter.attention import BlockLayout
@@ -120,7 +120,7 @@ def test_draft_vocab_exports_as_vllm_reads_it_and_roundtrips(tiny_cfg, tmp_path)
         d2t, head = f.get_tensor("d2t"), f.get_tensor("lm_head.weight")
     assert d2t.dtype == torch.int64 and torch.equal(d2t + torch.arange(64), ids.sort().values)
     assert torch.equal(head, model.lm_head_weight[ids.sort().values])
-    loaded = DFlashDrafter.from_pretrained(folder, target=cfg.target)
+    loaded = load_drafter(folder, target=cfg.target)
     feats = torch.randn(12, 5 * 256)
     a, b = model.eval().draft_logits(feats, 3), loaded.draft_logits(feats, 3)
     assert torch.equal(a, b)

@@ -91,14 +91,14 @@ def test_training_learns_the_rule(tiny_cfg):
     cfg = train_cfg(tiny_cfg, **{"training.epochs": 12, "training.checkpoint_every": 50})
     write_shards(cfg, rule_sequences(128, seed=0))
     val = as_samples(cfg, rule_sequences(24, seed=99))
-    from flashdraft.drafter.model import DFlashDrafter, build_drafter
+    from flashdraft.drafter.persistence import build_drafter, load_drafter
 
     untrained = evaluate_samples(build_drafter(cfg, load_hf_config(cfg.target)), val, cfg)
     summary = run_train(cfg)
     assert summary.steps == 12 * (128 // 16) and summary.world_size == 1
     store = open_store(cfg.storage, cfg.run_id)
     assert store.get_json_verified(layout.metrics_key("train"))["steps"] == summary.steps
-    trained = evaluate_samples(DFlashDrafter.from_pretrained(store, prefix=summary.checkpoint), val, cfg)
+    trained = evaluate_samples(load_drafter(store, prefix=summary.checkpoint), val, cfg)
     assert trained["loss"] < untrained["loss"] - 2.0, (untrained, trained)
     assert trained["acc_by_pos"][0] > 0.3 > 10 * untrained["acc_by_pos"][0], (untrained, trained)  # chance ~1/48
     hist = summary.history

@@ -9,7 +9,7 @@ from test_train import rule_sequences, train_cfg, write_shards
 
 from flashdraft.components.train.heldout import select_heldout
 from flashdraft.components.train.trainer import evaluate_samples, run_train
-from flashdraft.drafter.model import DFlashDrafter
+from flashdraft.drafter.persistence import load_drafter
 from flashdraft.features.reader import open_reader
 from flashdraft.store import open_store
 
@@ -37,7 +37,7 @@ def test_the_heldout_curve_rises_on_samples_never_trained_on(tiny_cfg):
     # the last point is the final checkpoint's accuracy on the held-out samples, measured independently
     store = open_store(cfg.storage, cfg.run_id)
     samples = [reader.fetch(k, i) for k, i, _ in select_heldout(reader, 16)]
-    independent = evaluate_samples(DFlashDrafter.from_pretrained(store, prefix=summary.checkpoint), samples, cfg)
+    independent = evaluate_samples(load_drafter(store, prefix=summary.checkpoint), samples, cfg)
     for a, b in zip(last["acc_by_pos"], independent["acc_by_pos"], strict=True):
         assert abs(a - b) < 1e-4
     assert summary.figures()["heldout_tau"] == last["tau"]

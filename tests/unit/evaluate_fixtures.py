@@ -12,13 +12,13 @@ from flashdraft.store import open_store
 
 def commit_drafter(cfg, seed: int, step: int = 1) -> str:
     """A randomly initialised drafter saved under checkpoints/step-<step>/ of the run; returns its URI."""
-    from flashdraft.drafter.model import build_drafter
+    from flashdraft.drafter.persistence import build_drafter, save_drafter
     from flashdraft.target import load_hf_config
 
     store = open_store(cfg.storage, cfg.run_id)
     prefix = layout.checkpoint_prefix(step)
     with tempfile.TemporaryDirectory() as tmp:
-        build_drafter(cfg, load_hf_config(cfg.target), seed=seed).save_pretrained(tmp)
+        save_drafter(build_drafter(cfg, load_hf_config(cfg.target), seed=seed), tmp)
         for f in sorted(Path(tmp).iterdir()):
             store.commit(f"{prefix}/{f.name}", f.read_bytes())
     store.commit_json(layout.CHECKPOINT_LATEST, {"step": step, "prefix": prefix, "final": True})

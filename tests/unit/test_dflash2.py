@@ -17,7 +17,8 @@ from flashdraft.drafter.dflash2 import (
     selector_loss,
     selector_scale,
 )
-from flashdraft.drafter.model import DFlashDrafter, DrafterGeometry
+from flashdraft.drafter.dflash_drafter import DFlashDrafter
+from flashdraft.drafter.geometry import DrafterGeometry
 
 H, V, B, NF, K = 64, 97, 4, 3, 5
 
@@ -181,8 +182,8 @@ def test_save_load_round_trip_keeps_vllm_names(tmp_path):
             "candidate_selector.hidden_projection.weight", "layers.1.attention_conv.base_kernel",
             "layers.1.mlp_conv.kernel_projection.weight"} <= names
     assert m.state_dict()["layers.0.mlp_conv.base_kernel"].shape == (2, 2, H)
-    from flashdraft.drafter.model import CONFIG_FILE, WEIGHTS_FILE
-    m.save_pretrained(tmp_path)
+    from flashdraft.drafter.persistence import CONFIG_FILE, WEIGHTS_FILE, save_drafter
+    save_drafter(m, tmp_path)
     import json
 
     from safetensors.torch import load_file

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from flashdraft.drafter.model import build_drafter, load_target_init
+from flashdraft.drafter.persistence import build_drafter
+from flashdraft.drafter.target_weights import load_target_init
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.target import load_hf_config
 

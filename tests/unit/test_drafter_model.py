@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from flashdraft.drafter.attention import BlockLayout
-from flashdraft.drafter.model import DFlashDrafter, DrafterGeometry, build_drafter, resolve_mask_token
+from flashdraft.drafter.dflash_drafter import DFlashDrafter
+from flashdraft.drafter.geometry import DrafterGeometry, resolve_mask_token
+from flashdraft.drafter.persistence import build_drafter, load_drafter, save_drafter
 from flashdraft.target import load_hf_config, load_tokenizer
 
 H, V, B, NF = 64, 97, 4, 3
@@ -92,8 +94,8 @@ def test_propose_block_matches_training_forward_and_uses_block_size():
 def test_save_and_load_roundtrip(tmp_path, tiny_cfg):
     hf = load_hf_config(tiny_cfg.target)
     m = build_drafter(tiny_cfg, hf, seed=3)
-    m.save_pretrained(tmp_path / "d")
-    loaded = DFlashDrafter.from_pretrained(tmp_path / "d")
+    save_drafter(m, tmp_path / "d")
+    loaded = load_drafter(tmp_path / "d")
     feats = torch.randn(12, m.geometry.num_features * m.geometry.hidden_size)
     assert torch.equal(m.eval().propose_block(feats, 7), loaded.propose_block(feats, 7))
     assert set(m.state_dict()) == set(loaded.state_dict())

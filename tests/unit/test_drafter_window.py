@@ -10,7 +10,9 @@ import torch
 
 from flashdraft.config import ConfigError, load_config
 from flashdraft.drafter.attention import BlockLayout
-from flashdraft.drafter.model import DFlashDrafter, DrafterGeometry, build_drafter, geometry_from_hf
+from flashdraft.drafter.dflash_drafter import DFlashDrafter
+from flashdraft.drafter.geometry import DrafterGeometry, geometry_from_hf
+from flashdraft.drafter.persistence import build_drafter, drafter_from_parts
 from flashdraft.target import load_hf_config
 
 H, V, B, NF = 64, 97, 4, 3
@@ -128,7 +130,7 @@ def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
     assert (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]) == (8, 2, 16)
     geometry, weights = read_zlab(folder)
     assert DrafterGeometry(**geometry) == m.geometry
-    loaded = DFlashDrafter.from_parts(geometry, weights, target=cfg.target)
+    loaded = drafter_from_parts(geometry, weights, target=cfg.target)
     feats = torch.randn(40, 5 * 256)
     assert torch.equal(loaded.draft_logits(feats, 3), m.draft_logits(feats, 3))
     # vLLM runs a sliding_attention layer causally unless is_causal says otherwise: such a folder is refused

@@ -81,7 +81,7 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
     from flashdraft.components.evaluate.evaluate import evaluate_prompts
     from flashdraft.components.evaluate.prompts import load_eval_prompts
     from flashdraft.components.evaluate.spec import greedy_accept
-    from flashdraft.drafter.model import build_drafter
+    from flashdraft.drafter.persistence import build_drafter
     from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 
     cfg, _, _ = evaluated
@@ -100,7 +100,7 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
 def test_the_baseline_decodes_only_its_prompt_limit_and_is_compared_on_those_prompts(evaluated):
     from flashdraft.components.evaluate.evaluate import evaluate_prompts
     from flashdraft.components.evaluate.prompts import load_eval_prompts
-    from flashdraft.drafter.model import build_drafter
+    from flashdraft.drafter.persistence import build_drafter
     from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 
     cfg, _, _ = evaluated

@@ -173,7 +173,8 @@ def _measured_layer_bytes(s: TrainShape, autocast: bool) -> int:
     import torch
 
     from flashdraft.drafter.attention import BlockLayout
-    from flashdraft.drafter.model import DFlashDrafter, DrafterGeometry
+    from flashdraft.drafter.dflash_drafter import DFlashDrafter
+    from flashdraft.drafter.geometry import DrafterGeometry
 
     extra = dict(kind="dflash2", conv_kernel_size=s.conv_kernel_size, conv_group_size=s.conv_group_size,
                  selector_rank=s.selector_rank, selector_top_k=s.selector_top_k) if s.kind == "dflash2" else {}

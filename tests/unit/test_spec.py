@@ -17,7 +17,7 @@ from flashdraft.components.evaluate.spec import (
     target_generate,
 )
 from flashdraft.config import load_config
-from flashdraft.drafter.model import build_drafter
+from flashdraft.drafter.persistence import build_drafter
 from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 
 MAX_NEW = 20

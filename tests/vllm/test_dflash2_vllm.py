@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from flashdraft.components.export.export import _files_zlab
 from flashdraft.config import load_config
 from flashdraft.drafter.dflash2 import select_walk
-from flashdraft.drafter.model import build_drafter
+from flashdraft.drafter.persistence import build_drafter
 from flashdraft.target import load_hf_config, resolve_model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]

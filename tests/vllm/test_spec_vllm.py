@@ -100,14 +100,14 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.components.evaluate.evaluate import _eos_ids
     from flashdraft.components.evaluate.spec import speculative_generate
     from flashdraft.components.export.export import _files_zlab
-    from flashdraft.drafter.model import DFlashDrafter
+    from flashdraft.drafter.persistence import drafter_from_parts
     from flashdraft.target import load_causal_lm
     from flashdraft.zlab import read_zlab
 
     cfg, tmp, export, metrics, prompts = evaluated_run
     geometry, weights = read_zlab(export.formats["zlab"]["local"])
     geometry.update(layer_types=["sliding_attention"] * geometry["num_layers"], sliding_window=WINDOW)
-    drafter = DFlashDrafter.from_parts(geometry, weights, target=cfg.target, attn_impl="sdpa")
+    drafter = drafter_from_parts(geometry, weights, target=cfg.target, attn_impl="sdpa")
     folder = tmp / "export-window"
     folder.mkdir()
     for name, data in _files_zlab(drafter, "float32").items():

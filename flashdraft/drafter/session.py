@@ -1,0 +1,53 @@
+"""Drafting one sequence during speculative decoding: a `DraftSession` holds the sequence's `ContextCache` (the
+fused context projected to every layer's keys/values once), so each draft cycle runs only the B block slots
+through the layers and extends the cache with the newly verified positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # annotation only: dflash_drafter.py imports this module
+    from flashdraft.drafter.dflash_drafter import DFlashDrafter
+
+
+@dataclass
+class ContextCache:
+    """Per draft layer, the keys (RoPE applied) and values [1, kv_heads, S, head_dim] of the fused target context
+    of one sequence: what every draft cycle reads and only newly verified positions extend."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+
+
+class DraftSession:
+    """One sequence's drafting state: `extend` with the features of newly verified positions, `propose` the B-1
+    drafts after the newest verified token. cached=False recomputes the whole context every cycle (the reference
+    for the cache)."""
+
+    def __init__(self, drafter: DFlashDrafter, cached: bool = True):
+        self.drafter, self.cached = drafter, cached
+        self.cache: ContextCache | None = None
+        self.features: torch.Tensor | None = None
+
+    def extend(self, features: torch.Tensor) -> None:
+        if self.cached:
+            self.cache = self.drafter.extend_context(self.cache, features)
+        else:
+            self.features = features if self.features is None else torch.cat([self.features, features])
+
+    def logits(self, last_token: int) -> torch.Tensor:
+        return self.drafter.logits(self.hidden(last_token))
+
+    def hidden(self, last_token: int) -> torch.Tensor:
+        if self.cached:
+            return self.drafter.cached_draft_hidden(self.cache, last_token)
+        return self.drafter.draft_hidden(self.features, last_token)
+
+    def propose(self, last_token: int) -> torch.Tensor:
+        """DFlash: the argmax of each slot. DFlash2: the selector's greedy walk over the top-k candidates."""
+        return self.drafter.propose_from_hidden(self.hidden(last_token), last_token)
