@@ -1,16 +1,14 @@
 """Measured figures that replace the planner's assumptions: the calibration file.
 
-`benchmarks/gpu_check` writes one on a real GPU; a user may write one by hand from their own cluster's
-measurements. `flashdraft plan --calibrate FILE` reads it: a measured stage rate replaces the assumed one, and a
-measured trainer peak corrects the memory model (measured / predicted at the measured shape), and the plan says
-which figures are measured, which assumed, and where each measured one came from (`source`).
+`benchmarks/gpu_check` (`make gpu-check`, `make gpu-e2e`) writes one on a real GPU; a user may write one from
+their own cluster's measurements. `flashdraft plan --calibrate FILE` reads it: a measured stage rate replaces the
+assumed one, a measured trainer peak corrects the memory model, and the plan names the `source` of each figure.
 
 Why rates come with their shape: a rate holds only at the shape it was measured at (anchors a sample and tokens a
 step change the drafted positions per data token several-fold). With `flops_per_token` (the model FLOPs of one
-data token at that shape) the planner turns a rate into a fraction of the GPU's dense bf16 peak, and that fraction
-carries to another shape or another GPU; a generate rate with `bytes_per_token` likewise becomes a fraction of the
-memory bandwidth (decoding reads the weights once a step); without either the rate is used as it is, only on the
-same GPU type. `make gpu-check` and `make gpu-e2e` write these files.
+data token at that shape) a rate becomes a fraction of the GPU's dense bf16 peak, and a generate rate with
+`bytes_per_token` a fraction of its memory bandwidth; that fraction carries to another shape or GPU. Without
+either a rate is used as it is, only on the same GPU type (docs/planning.md).
 
 JSON, one object, `schema_version` 1; unknown keys are an error (a misspelt field must not silently do nothing).
 """

@@ -2,25 +2,18 @@
 
 Layer-id convention (z-lab DFlash, used everywhere in flashdraft): id ``i`` is the OUTPUT of the 0-based decoder
 layer ``model.model.layers[i]`` (``model.model.language_model.layers[i]`` in a multimodal wrapper; linear-attention
-layers of hybrid targets count like any other), which equals Hugging Face ``output_hidden_states=True`` ->
-``hidden_states[i + 1]`` (``hidden_states[0]`` is the embedding output). vLLM / speculators "aux hidden state
-layer" ids are ``i + 1``. Getting this off by one silently ruins acceptance, so tests/unit/test_capture.py (and
-test_qwen35.py for the hybrid stack) pin it against a plain HF forward.
+layers of hybrid targets count like any other) = HF ``hidden_states[i + 1]``; vLLM / speculators "aux hidden state
+layer" ids are ``i + 1``. Off by one silently ruins acceptance (docs/shard-format.md).
 
 Why hooks instead of ``output_hidden_states``: that flag keeps every layer's states alive and still runs the final
-norm, lm_head and the [T, vocab] logits. Forward hooks on just the configured layers keep only what is needed, and
-with ``stop_after_deepest=True`` the hook on the deepest id raises a private exception that `LayerCapture.forward`
-swallows, so no deeper layer, final norm, lm_head or logits run at all.
-
-Usage (extraction, stop early)::
+norm, lm_head and [T, vocab] logits. Hooks keep only the configured layers, and with ``stop_after_deepest=True``
+the deepest one raises a private exception that `LayerCapture.forward` swallows, so nothing deeper runs::
 
     with capture_layers(model, [1, 8, 14, 20, 27], stop_after_deepest=True) as cap:
         cap.forward(input_ids=ids, position_ids=pos)        # runs model.model (no lm_head), stops at layer 27
         feats = cap.features()                               # [B, T, 5 * H], ids in increasing order
 
-Usage (evaluation, full forward with logits, possibly several incremental forwards with a KV cache)::
-
-    with capture_layers(model, ids) as cap:
+    with capture_layers(model, ids) as cap:                  # evaluation: full forwards with logits and a KV cache
         out = model(input_ids=ids, cache=cache, use_cache=True)
         ctx = cap.features()                                 # features of the tokens of this forward; then cleared
 """

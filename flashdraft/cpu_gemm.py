@@ -1,15 +1,10 @@
 """GEMMs with bf16/fp16 weights on CPUs that have no native bf16 arithmetic.
 
-Why: on AVX2 cores (no AVX512-BF16, no AMX) torch's bf16 GEMMs run ~5x slower than fp32 ones (this machine,
-quiet, 2 threads, [512 x 5120] @ [5120 x 17408]: 7.9 vs 38.4 GFLOP/s), while a whole fp32 copy of a
-production-width weight doubles its memory (the 248,320 x 5,120 LM head: 5 GB a process). So a narrow weight is
-upcast SLAB_ROWS output rows at a time, multiplied in fp32 and dropped: the exact fp32 values of the stored
-weights, fp32 accumulation (as bf16 GEMMs accumulate), never a whole copy.
-
-Upcasting costs time per weight element, so it pays only when enough rows share it. Measured here per weight
-element ([M x 5120] @ 65,536 bf16 rows, 2 threads, another job running): native bf16 / fp32 slabs 0.45 / 1.26 ns
-at 1 row, 5.7 / 4.6 at 16, 23 / 8.3 at 64, 99 / 20 at 256; hence `MIN_ROWS`. A decode token keeps the native
-bf16 GEMM.
+Why: on AVX2 cores (no AVX512-BF16, no AMX) torch's bf16 GEMMs run several times slower than fp32 ones, while a
+whole fp32 copy of a production-width weight doubles its memory. So a narrow weight is upcast SLAB_ROWS output
+rows at a time, multiplied in fp32 and dropped: the exact fp32 values of the stored weights, fp32 accumulation (as
+bf16 GEMMs accumulate), never a whole copy. Upcasting pays only when enough rows share it (`MIN_ROWS`), so a
+decode token keeps the native bf16 GEMM. Measurements: docs/rehearsal.md ("bf16 on AVX2 cores").
 
 Used by the drafter's frozen LM head (loss and logits) and, through `upcast_for_cpu`, by the target's linear and
 convolution layers in the CPU stages (generate, extract, evaluate) of a bf16 target (the full-width rehearsal).
@@ -28,8 +23,8 @@ _scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 def _slabs(w: torch.Tensor, dt: torch.dtype, autograd: bool):
     """(row offset, `w`'s next SLAB_ROWS rows in `dt`). Outside autograd the slabs are written into one reused
-    scratch buffer: a fresh 335 MB allocation a slab is page faults, ~3x the cost of the conversion itself (0.66
-    vs 2.26 ns a value, measured here). Under autograd each slab is its own tensor (autograd may keep it)."""
+    scratch buffer: a fresh 335 MB allocation a slab is page faults, ~3x the cost of the conversion itself. Under
+    autograd each slab is its own tensor (autograd may keep it)."""
     for v in range(0, w.shape[0], SLAB_ROWS):
         rows = w[v:v + SLAB_ROWS]
         if autograd:
@@ -98,8 +93,8 @@ def upcast_for_cpu(model: torch.nn.Module) -> int:
     """On a CPU without native bf16 GEMMs, make `model`'s bf16/fp16 layers compute in fp32 where that is faster:
     `nn.Linear` layers multiply inputs of at least MIN_ROWS rows in fp32 slabs (`upcast_matmul`) in inference (no
     grad; training keeps autograd's GEMMs); `nn.Conv1d` weights (a hybrid's depthwise convolutions: kilobytes)
-    are kept in fp32, because a bf16 depthwise conv1d runs ~100x slower than fp32 there (Qwen3.6-27B's Gated
-    DeltaNet decode step, [2, 10240, 4]: 208 vs 2.3 ms, a third of a CPU decode step). Outputs keep the layer's
+    are kept in fp32, because a bf16 depthwise conv1d runs ~100x slower than fp32 there (docs/rehearsal.md).
+    Outputs keep the layer's
     dtype (transformers' convolution helpers cast to the weight's dtype and back). Returns how many layers were
     switched (0 on a GPU or a bf16-capable CPU)."""
     if native_narrow_gemm():

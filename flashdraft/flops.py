@@ -1,6 +1,6 @@
 """FLOPs of one trainer step (forward + backward) on one packed row, counted from its shapes: the one FLOP model
 of the planner (components/plan, from the config's shape) and the GPU check (benchmarks/gpu_check, from the very
-row it trained). tests/unit/test_gpu_check.py holds it equal to torch's FlopCounterMode on a real step.
+row it trained), held equal to torch's FlopCounterMode on a real step by a unit test.
 
 Forward, per context token: fc (2*n*H*H) and every layer's K/V projections (2*2*H*kv*hd); per drafted position:
 the q, o, k, v projections and the MLP; attention 4*hd*heads per allowed (query, key) pair (QK^T and PV); the LM

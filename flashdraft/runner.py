@@ -1,24 +1,20 @@
 """The one stage runner: every task of every stage runs through `run_task`, whether started by `flashdraft
-<stage>`, by `flashdraft run-local` or by a pipeline pod on a cluster (datatrove's executor is the model: the
-runner, not the stage, owns completion, reuse and the status record).
+<stage>`, `flashdraft run-local` or a pipeline pod (as in datatrove's executor, the runner, not the stage, owns
+completion, reuse and the status record).
 
-For each task the runner computes a fingerprint: the config fields the stage reads (its declared sections, less
-the fields that cannot change a result; components/<stage>/stage.py) and the fingerprints of the upstream results
-it reads (their committed status records). Then, against the task's committed record:
+A task's fingerprint is the config fields its stage reads (its declared sections, less the fields that cannot
+change a result; components/<stage>/stage.py) plus the fingerprints of the upstream results it reads. Against the
+task's committed record (docs/stages.md):
 
-* same fingerprint, result committed: the result is reused ("reused: fingerprint matches"), nothing runs;
-* same fingerprint, no committed result (a crash, a failure, a kill): the stage runs and resumes from its
-  committed work (chunks, parts, checkpoints), producing what an uninterrupted run would have;
-* changed only in what the stage declares it can carry on from (`continue_on`: more `training.max_steps` or
-  epochs; for evaluate and export any change, such as a new checkpoint or new `eval.*` settings): it runs again
-  and carries on from its committed work;
+* same fingerprint, result committed: reused ("reused: fingerprint matches"), nothing runs;
+* same fingerprint, no committed result (crash, failure, kill): the stage runs and resumes from its committed work;
+* changed only in what the stage declares it can carry on from (`continue_on`): it runs again and carries on;
 * any other change: refused with one line naming the changed fields and the choices (a new run_id, or
-  `--from <stage>` to recompute from there). Nothing is overwritten.
+  `--from <stage>`). Nothing is overwritten.
 
-`check_run` applies the same comparison to every stage before a run starts (run-local, and the plan gate on a
-cluster), so a refused change stops the run before any stage works. Each task ends with a committed
-`status/<task>.json` record (with its fingerprint and the config values behind it) and, for reusable stages, its
-result as `metrics/<task>.json`.
+`check_run` applies the same comparison to every stage before a run starts, so a refused change stops the run
+before any stage works. Each task ends with a committed `status/<task>.json` record (fingerprint and the config
+values behind it) and, for reusable stages, `metrics/<task>.json`.
 """
 
 from __future__ import annotations

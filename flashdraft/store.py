@@ -1,26 +1,20 @@
 """Object store: one small layer over fsspec for `file://`, `s3://` and `memory://`.
 
 Every stage reads and writes through this module, so the commit protocol and the retry policy live in one place
-(docs/failure-model.md describes both):
+(docs/failure-model.md has the details):
 
 * `put` is atomic per object (temp file + rename on POSIX; a single PUT on S3).
-* `commit(key, data)` writes the object, then a small `<key>.commit` JSON record carrying its sha256 and size.
-  Readers list and read only committed objects (`list_committed`, `get_verified`), so a crash between the two
-  writes leaves an invisible orphan that the next run overwrites deterministically. Small objects (JSON markers,
-  manifests, `latest.json`) also travel inside their record, so re-committing one with new content is a single
-  atomic write: a reader sees the old commit or the new one, never a record that disagrees with its bytes. A
-  large object re-committed with different bytes is uncommitted first.
-* This layer is the only retry layer (botocore's and s3fs's own retries are switched off, so one budget applies
-  and every retry is logged and counted in `io_counters()`, which stages copy into their metrics as `store_io`).
-  Throttling (503 SlowDown), 5xx, connection resets, timeouts and checksum mismatches on read are retried with
-  capped exponential backoff and jitter (`storage.retries`, `storage.retry_base_s`); a store still failing after
-  that raises `StoreUnavailableError` naming the key and the attempts. Missing objects, bad credentials, a full
-  or read-only local disk are not retried: they raise at once, the last two as `StoreFullError` /
-  `StoreReadOnlyError` naming the path.
+* `commit(key, data)` writes the object, then a `<key>.commit` record (sha256, size); readers see only committed
+  objects (`list_committed`, `get_verified`), so a crash between the two writes leaves an invisible orphan that
+  the next run overwrites. Small objects travel inside their record, so re-committing one is a single atomic
+  write; a large object re-committed with different bytes is uncommitted first.
+* The only retry layer (botocore's and s3fs's retries are off; retries are logged and counted in `io_counters()`):
+  throttling, 5xx, resets, timeouts and read checksum mismatches back off (`storage.retries`,
+  `storage.retry_base_s`), then raise `StoreUnavailableError`. Missing objects and bad credentials raise at once,
+  a full or read-only disk as `StoreFullError` / `StoreReadOnlyError`.
 
-Credentials for S3 come from the standard AWS environment variables, or from files in the folder named by
-`FLASHDRAFT_S3_SECRET_DIR` (a mounted Kubernetes Secret with keys AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
-They are never read from config files and never appear in logs or reprs.
+S3 credentials come from the standard AWS environment variables or from `FLASHDRAFT_S3_SECRET_DIR` (a mounted
+Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY); never from config files, never in logs or reprs.
 """
 
 from __future__ import annotations

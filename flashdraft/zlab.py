@@ -1,32 +1,18 @@
-"""Checkpoint formats that serving stacks load.
+"""Checkpoint formats that serving stacks load; the files, and who reads what, are in docs/serving.md.
 
-z-lab / SpecForge format (vLLM `--speculative-config '{"method": "dflash", ...}'`, SGLang `DFLASH`):
-  config.json        a Qwen3 config + architectures ["DFlashDraftModel"], block_size, num_target_layers,
-                     dflash_config {mask_token_id, target_layer_ids}; `layer_types` per layer (full_attention or
-                     sliding_attention) with `sliding_window` W, and `is_causal: false`: every layer attends
-                     bidirectionally inside its block. vLLM treats a sliding_attention layer as CAUSAL unless
-                     `is_causal` (or dflash_config.causal) says otherwise, so the flag is always written; it hands W
-                     to its attention backend as the per-layer window, which is the window attention.py trains with.
-                     A "flashdraft" key records the target and mask-embedding facts for our own loader.
-  model.safetensors  layers.*, fc.weight, hidden_norm.weight, norm.weight; no embedding; no LM head, except with a
-                     draft vocabulary: then `d2t` and the drafter's own [K, H] lm_head.weight (draft_vocab_tensors).
-  README.md          the model card (components/export/card.py).
-  DFlash2 (drafter.kind=dflash2): architectures ["DFlash2DraftModel"] (vLLM serves it with method "dflash", V2
-                     runner only), dflash_config adds conv_kernel_size, conv_group_size, selector_rank,
-                     selector_top_k (vLLM raises KeyError without them) and input_embedding_scale = output_multiplier
-                     = 1.0; weights add layers.N.{attention,mlp}_conv.{base_kernel,kernel_projection.weight} and
-                     candidate_selector.{predecessor_codebook,successor_codebook,hidden_projection.weight}.
-  When the mask embedding is trainable (no free row in the target vocabulary): mask_embedding.pt (a bare [H]
-  tensor: vLLM's optional override of the mask row) and mask_embedding.safetensors (the same, for readers that
-  refuse pickle); dflash_config.mask_token_id then names the placeholder row the override replaces. Only vLLM
-  reads the trained mask (tested in tests/vllm/test_spec_vllm.py); the z-lab reference code and speculators'
-  DFlash converter embed mask slots with the target's row mask_token_id and draft differently (README, "Serving
-  the exported drafter"). An explicit drafter.mask_token_id trains a fixed row instead, which every reader shares.
+z-lab / SpecForge format (vLLM `"method": "dflash"`, SGLang `DFLASH`): config.json is a Qwen3 config with
+architectures ["DFlashDraftModel"] (["DFlash2DraftModel"] for dflash2: docs/dflash2.md), block_size,
+num_target_layers and dflash_config {mask_token_id, target_layer_ids}; `layer_types` with `sliding_window` W, and
+always `is_causal: false`: vLLM runs a sliding_attention layer causally unless told otherwise, and hands it W as
+the per-layer window attention.py trains with. A "flashdraft" key records the target and mask-embedding facts for
+our own loader. model.safetensors holds the draft weights, never the embedding nor the full LM head (with a draft
+vocabulary: `d2t` and the drafter's own [K, H] lm_head.weight). A trainable mask embedding adds
+mask_embedding.pt (vLLM's override of the placeholder row mask_token_id) and mask_embedding.safetensors; only
+vLLM reads it, so an explicit drafter.mask_token_id (a fixed row every reader shares) is the portable choice.
 
-speculators format (`vllm serve <folder>`): config with speculators_model_type "dflash", a Qwen3
-transformer_layer_config and aux_hidden_state_layer_ids = z-lab ids + 1 (vLLM capture semantics);
-`sliding_window_non_causal: true` (vLLM maps it to dflash_config.causal = false); weights are the z-lab weights plus
-embed_tokens.weight and lm_head.weight.
+speculators format (`vllm serve <folder>`): speculators_model_type "dflash", aux_hidden_state_layer_ids = z-lab
+ids + 1 (vLLM capture semantics), `sliding_window_non_causal: true`; the z-lab weights plus embed_tokens.weight
+and lm_head.weight.
 """
 
 from __future__ import annotations

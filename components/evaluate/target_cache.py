@@ -2,27 +2,16 @@
 prefix, never the rejected drafts.
 
 * Attention-only targets: crop the rejected positions off the KV cache (cheap, exact).
-* Sliding-window attention layers (gpt-oss alternates them with full attention; Mistral-style targets have only
-  them): past the window such a layer keeps only its last W-1 keys, and the verify forward has already pushed the
-  oldest accepted keys out for rejected drafts, so it cannot be cropped (transformers refuses: "crop was called,
-  but the current layer does not track past states"). Before the verify forward its keys/values are remembered
-  (references, no copy: `update` replaces the tensors instead of writing into them); afterwards the layer becomes
-  the remembered keys plus the block's accepted ones, cut to the window, which is exactly what a forward of the
-  accepted tokens leaves. Attention sinks (gpt-oss) are learned per-head logits, not cached state: nothing to do.
-* Hybrid targets (Qwen3.5/3.6: Gated DeltaNet layers with a recurrent state and a causal-conv window, plus gated
-  full-attention layers): a recurrent state has folded every verified token in and cannot be cropped. So before
-  the verify forward the recurrent and conv states are snapshotted (copies of fixed-size tensors: no sequence
-  dimension, so the cost does not grow with context). On a partial acceptance the states are restored, the
-  attention layers cropped back to the same point, and the accepted tokens re-forwarded: the cache is then what
-  a forward of exactly the accepted tokens produces. On a full acceptance the verify forward already left the
-  right state and nothing is redone.
-
-Why this and not the alternatives: re-running the whole sequence each cycle (the earlier fallback) is exact but
-quadratic in the context; per-token intermediate states would need the chunked delta-rule kernel to emit them
-(vLLM's GPU kernels do, transformers' reference does not). Snapshot + re-forward costs one extra decoder forward
-(no LM head: with a 248k vocabulary that row alone is a large share of a tiny target's step) of at most
-`block_size` tokens per partially accepted cycle and is exact: the committed tokens still come from the
-verify forward's logits, and the lossless check compares them with a plain decode.
+* Sliding-window layers (gpt-oss, Mistral-style): past the window the verify forward has already pushed accepted
+  keys out, so the layer cannot be cropped. Its keys/values are remembered before the verify forward (references:
+  `update` replaces the tensors, never writes into them) and afterwards set to those plus the block's accepted
+  ones, cut to the window. Attention sinks are learned logits, not cached state.
+* Hybrid targets (Qwen3.5/3.6 Gated DeltaNet): a recurrent state has folded every verified token in. Its
+  fixed-size recurrent and conv states are snapshotted before the verify forward; on a partial acceptance they
+  are restored, the attention layers cropped to the same point and the accepted tokens re-forwarded (one decoder
+  forward of at most `block_size` tokens, no LM head); a full acceptance redoes nothing.
+Every path leaves exactly what a forward of the accepted tokens leaves, and the committed tokens still come from
+the verify forward's logits. Why not the alternatives: docs/configuration.md ("Qwen3.5/3.6 (hybrid) targets").
 """
 
 from __future__ import annotations

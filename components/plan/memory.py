@@ -18,7 +18,7 @@ from flashdraft.flops import drafted
 
 Device = Literal["cuda", "cpu"]
 GiB = 2**30
-LOSS_CHUNK_ELEMENTS = 2**26  # flashdraft/drafter/loss.py's CHUNK_ELEMENTS (kept in step by tests/unit/test_plan_memory)
+LOSS_CHUNK_ELEMENTS = 2**26  # flashdraft/drafter/loss.py's CHUNK_ELEMENTS (a unit test keeps them equal)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _shard(s: TrainShape) -> int:
 def layer_saved_bytes(s: TrainShape, device: Device = "cuda") -> tuple[int, int, int]:
     """One draft layer's saved activations (docs/planning.md): (all of them, what the layer keeps under
     `activation_checkpointing`, what a checkpointed MLP drops). Bytes as autograd's saved-tensor hooks count them
-    (tests/unit/test_plan_memory.py measures the real layer)."""
+    on the real layer."""
     g = counts(s)
     cuda = device == "cuda"
     a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
@@ -121,7 +121,7 @@ def layer_saved_bytes(s: TrainShape, device: Device = "cuda") -> tuple[int, int,
 def selector_saved_bytes(s: TrainShape) -> tuple[int, int]:
     """DFlash2's selector loss (dflash2.py `selector_loss`, called by the trainer's `drafter_loss` outside autocast:
     fp32 slot states, the head in its own dtype) over every loss row: (bytes it saves for the backward, bytes of
-    its temporaries beyond those at its peak). Saved-tensor hook counts: tests/unit/test_plan_memory.py."""
+    its temporaries beyond those at its peak). Saved-tensor hook counts, as for `layer_saved_bytes`."""
     g = counts(s)
     R, k, r, H = g.loss_rows, s.selector_top_k, s.selector_rank, s.hidden_size
     hb = 2 if s.head_dtype == "bfloat16" else 4

@@ -1,23 +1,18 @@
 """`flashdraft plan`: the storage and throughput reality check, run before any GPU spins.
 
-Everything is arithmetic over the run config: bytes per token for every codec, bytes at rest (offline) or the
-bounded window (streaming), object counts, tokens to generate and to extract, GPU-hours per stage on each pool,
-the bandwidth streaming needs, and the inference:trainer GPU ratio that keeps both pools busy.
-
-Throughput models are deliberately simple and overridable (`plan.measured_tokens_per_s` replaces them):
+Arithmetic over the run config only: bytes per token for every codec, bytes at rest (offline) or the bounded
+window (streaming), object counts, tokens to generate and extract, GPU-hours per stage on each pool, the bandwidth
+streaming needs and the inference:trainer GPU ratio. Throughput models are deliberately simple and overridable
+(`plan.measured_tokens_per_s`, or a calibration file: resources.py):
 - generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes;
 - extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * params * deepest layer / layers);
-- training: FLOPs of one per-rank step by part (draft layers, LM head, attention, DFlash2's convolutions and
-  selector; flashdraft/flops.py's `trainer_flops`) over the row's tokens, at
-  `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
+- training: flashdraft/flops.py's `trainer_flops` of one per-rank step over its tokens, at `plan.train_efficiency`
+  of the trainer GPU's dense BF16 peak.
+Predicted peak memory per GPU and pool: resources.py, memory.py.
 
-Memory (resources.py, memory.py): predicted peak bytes per GPU for the trainer pool and the inference pool, the
-GPU's usable memory, and whether it fits. A calibration file (`plan.calibration`, `--calibrate`) replaces assumed
-rates and corrects the trainer's memory with measured figures; the plan names the source of every measured one.
-
-The gate (`run_plan` in the pipeline) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes,
-naming the alternatives: a smaller codec, streaming mode, or fewer samples; and any run whose predicted peak
-memory exceeds a pool's GPU, naming the levers (tokens a step, anchors, draft vocabulary, sharding, loss chunk).
+The gate (`run_plan`) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes (naming a smaller
+codec, streaming mode or fewer samples), and any run whose predicted peak memory exceeds a pool's GPU (naming the
+levers: docs/planning.md).
 """
 
 from __future__ import annotations
@@ -124,7 +119,7 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     if d.expected_samples is None and d.max_samples is None:
         raise ConfigError("plan needs data.expected_samples (or data.max_samples)")
     # max_samples counts the held-out eval prompts too, which are never generated or extracted; and no sample is
-    # longer than the prompt and response limits (the tiny preset planned 800-token samples of at most 152)
+    # longer than the prompt and response limits
     samples = d.expected_samples or max(1, d.max_samples - d.eval_count)
     tps = min(d.expected_tokens_per_sample, d.max_prompt_tokens + d.max_response_tokens)
     tokens = samples * tps

@@ -4,16 +4,11 @@ training step by part, the memory gate's levers, and calibration (measured figur
 Shape from the config alone: a packed row holds `training.tokens_per_step` context tokens (the per-rank budget)
 from `tokens_per_step // data.expected_tokens_per_sample` samples; each sample's response is
 `plan.response_fraction` of it and draws `min(drafter.max_anchors, response - block)` anchors. Drafter geometry
-unset in the config (heads, MLP width: they default to the target's, which `plan` does not download) is assumed
-(128-wide heads, MHA, MLP 3x width) and listed as assumed in the plan.
+unset in the config (it defaults to the target's, which `plan` does not download) is assumed (128-wide heads, MHA,
+MLP 3x width) and listed as assumed in the plan.
 
-Calibration (`plan.calibration`, `flashdraft plan --calibrate FILE`): precedence is an explicit
-`plan.measured_tokens_per_s` entry, then the calibration, then the model. A calibrated rate with `flops_per_token`
-becomes a fraction of the measuring GPU's dense bf16 peak, carried to this plan's shape and pool GPU; without it
-the rate is used as it is, and only on the same GPU type. The memory factor is measured / predicted at each
-measured trainer shape (memory.py's CUDA terms); the plan multiplies the trainer's predicted peak by the factor of
-the nearest measured shape (same width, depth and recompute mode first, then the nearest predicted peak): a
-measurement speaks for the regime it was taken in, not for a far-off one.
+Calibration precedence (`plan.measured_tokens_per_s` > calibration file > model) and how a measured rate or
+memory factor carries to another shape or GPU: docs/planning.md, "Calibration files".
 """
 
 from __future__ import annotations

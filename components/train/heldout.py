@@ -1,20 +1,14 @@
 """The held-out curve: every `training.heldout_every` optimizer steps, the drafter's per-position accuracy and
-offline tau on feature samples it never trains on.
+offline tau on feature samples it never trains on (docs/evaluation.md, "The held-out curve").
 
-Where the held-out features come from: `training.heldout_samples` samples of the run's own extracted features
-(already extracted once by the extract stage, so no second target pass), chosen by the smallest SHA-256 of their
-sample id: spread over every shard, independent of the training seed, identical after a resume. The offline
-reader leaves them out of every epoch (and out of the draft vocabulary count), so they are never trained on; the
-probe reads them once and keeps them in memory.
-
-What is measured, teacher-forced on the target's own features and tokens (what the trainer sees, not decoding):
-* `acc_by_pos`: per block position k, the fraction of valid slots whose argmax equals the label (the training
-  accuracy's definition, on unseen samples);
-* `tau`: offline acceptance length, 1 + the mean over anchor blocks of the number of leading correct slots
-  (a slot past the response end stops the count). Served tau is lower where the drafter's own context drifts
-  (speculators #613): the gap between this curve and the evaluate stage's tau is that drift.
-Anchors are drawn as in training (seed, epoch 0), so every evaluation scores the same blocks.
-
+Held out: `training.heldout_samples` of the run's own extracted features (no second target pass), those with the
+smallest SHA-256 of their sample id, so the choice is spread over shards, independent of the seed and stable
+across a resume. The offline reader leaves them out of every epoch and of the draft vocabulary count; the probe
+reads them once and keeps them in memory. Scored teacher-forced on the target's own features, anchors drawn as in
+training (seed, epoch 0) so every evaluation scores the same blocks:
+* `acc_by_pos`: per block position k, the fraction of valid slots whose argmax equals the label;
+* `tau`: 1 + the mean over anchor blocks of the number of leading correct slots (a slot past the response end
+  stops the count). Its gap to the evaluate stage's served tau is the drafter's drift on its own context.
 Offline mode only: a streaming run has no data up front to hold out (the trainer logs that and goes on).
 """
 

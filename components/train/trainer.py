@@ -1,20 +1,16 @@
 """`run_train(cfg)`: train the DFlash drafter on committed feature shards, one process or one torchrun rank.
 
-* Data (schedule.py): `flashdraft.features.reader` (disjoint per rank, deterministic order per (seed, epoch),
-  provenance checked). Offline: rows are packed greedily by length to `training.tokens_per_step` tokens
-  (`group_sizes`), so every rank knows its micro-batch count per epoch without reading data; ranks agree on the
-  minimum. Streaming (`mode.kind=streaming`): the reader's follow mode, packed on the fly, ranks stop together
-  when one runs dry.
-* Step (`Trainer.step`): `grad_accum` micro-batches, each normalised on its own (see drafter/loss.py), averaged;
-  AdamW, cosine with `warmup_ratio` warmup, grad-norm clip; bf16 autocast on CUDA. DDP by default, FSDP2
-  (`fully_shard` per layer) with `training.strategy=fsdp2` (distributed.py).
-* Checkpoints (flashdraft/checkpoint.py) every `checkpoint_every` optimizer steps and at the end. The
-  data position is (epoch, micro-batches done in it), or in streaming mode each rank's stream position (the
-  reader releases a part from the window only once a checkpoint covers it); anchors are a pure function of
-  (seed, epoch, sample), so an interrupted + resumed run reproduces an uninterrupted one in both modes.
-* Metrics: per step loss, lr, grad norm, tokens/s, and loss/accuracy per block position (stats.py), and every
-  `training.heldout_every` steps the held-out curve (heldout.py: per-position accuracy and offline tau on samples
-  never trained on), committed as `metrics/train.json` for the report.
+* Data (schedule.py): `flashdraft.features.reader`, disjoint per rank. Offline: rows packed greedily by length to
+  `training.tokens_per_step` tokens (`group_sizes`), so every rank knows its micro-batch count per epoch without
+  reading data (ranks agree on the minimum). Streaming: the reader's follow mode, packed on the fly; ranks stop
+  together when one runs dry.
+* Step (`Trainer.step`): `grad_accum` micro-batches, each normalised on its own, averaged; AdamW, cosine warmup,
+  grad-norm clip, bf16 autocast on CUDA; DDP, or FSDP2 with `training.strategy=fsdp2` (distributed.py).
+* Checkpoints (flashdraft/checkpoint.py) every `checkpoint_every` steps and at the end, with the data position
+  (epoch and micro-batches done, or each rank's stream position); anchors are a pure function of (seed, epoch,
+  sample), so an interrupted + resumed run reproduces an uninterrupted one.
+* Metrics (stats.py, heldout.py): per step loss, lr, grad norm, tokens/s, loss/accuracy per block position, and the
+  held-out curve, committed as `metrics/train.json`. Recipe and measurements: docs/training.md.
 """
 
 from __future__ import annotations

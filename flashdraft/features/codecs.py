@@ -1,23 +1,17 @@
 """Feature codecs: how one sample's hidden states [T, n, H] (bfloat16) become bytes and back.
 
 * ``bf16``      raw little-endian bfloat16; the reference (lossless).
-* ``bf16-zstd`` lossless: the bytes are split into a high-byte plane (sign, exponent, top mantissa bit: very
-  repetitive) and a low-byte plane (mantissa: nearly random), then zstd'd. Splitting lets zstd see the
-  redundancy that interleaving hides.
-* ``fp8``       float8 e4m3 with scales per token and layer (``scale=token``) or per 64-channel block
-  (``scale=block64``, ~25% less error for ~3% more bytes). Per-token scales matter: the first token carries a
-  massive-activation outlier in middle layers, which a per-tensor scale would let ruin every other token.
-  Scales are bfloat16 (float32's range, half its bytes), rounded up so no value saturates.
-* ``fp8-zstd``  fp8 followed by zstd over the fp8 bytes and the scales.
-* ``q4``        4-bit codes with block scales, outliers kept in bf16, an optional Hadamard rotation (below, and
-  docs/shard-format.md); decodes on the CPU (numpy) or on a GPU (torch ops) to the same bits.
-
-Names, parameters, the lossless flag and byte accounting live in `codec_registry` (no torch there); this module
-adds the encoders and decoders.
-
-Decoding is vectorised (zstd, a numpy byte-plane merge, an fp8 -> bf16 lookup table and one bf16 multiply)
-and returns a bfloat16 tensor [T, n*H] with the layers concatenated in increasing id order, the drafter's fc
-input layout.
+* ``bf16-zstd`` lossless: a high-byte plane (sign, exponent, top mantissa bit: very repetitive) and a low-byte
+  plane (nearly random), then zstd; splitting lets zstd see the redundancy that interleaving hides.
+* ``fp8``       float8 e4m3 with bfloat16 scales per token and layer (``scale=token``: the first token's massive
+  activation would ruin every other token under a per-tensor scale) or per 64 channels (``scale=block64``),
+  rounded up so no value saturates.
+* ``fp8-zstd``  fp8, then zstd over the fp8 bytes and the scales.
+* ``q4``        4-bit codes with block scales, outliers kept in bf16, an optional Hadamard rotation; decodes on
+  the CPU (numpy) or a GPU (torch) to the same bits.
+Names, parameters, the lossless flag and byte accounting live in `codec_registry` (no torch there); error and
+size figures: docs/shard-format.md. Decoding is vectorised and returns a bfloat16 tensor [T, n*H], the layers
+concatenated in increasing id order (the drafter's fc input layout).
 """
 
 from __future__ import annotations

@@ -1,27 +1,23 @@
 """Training-side readers over committed feature shards, local or S3: `OfflineReader` (epochs) and `StreamReader`
-(the streaming window). Both are IterableDatasets yielding `Sample`s and leave *how* bytes are read (headers,
-whole-part cache, prefetch threads) to `flashdraft.features.parts.PartFetcher`.
+(the streaming window). Both are IterableDatasets yielding `Sample`s; *how* bytes are read (headers, part cache,
+prefetch threads) is `flashdraft.features.parts.PartFetcher`'s.
 
-* Order (offline): per (seed, epoch) the parts are permuted, each part's samples permuted, and a shuffle buffer
-  mixes neighbouring parts; all of this is computed in index space, so it is deterministic, costs no I/O, and
-  resuming from `state_dict()` skips exactly the samples already consumed without reading them.
-* Disjoint split: rank r takes positions r, r + world_size, ... of the order (with `even=True` cut to a multiple
-  of world_size, so every data-parallel rank sees the same count), and DataLoader workers split that share
-  again, so a rank's samples do not depend on its worker count.
-* Streaming: parts are consumed in commit order as they appear, each `reuse` times, until the producer's
-  end-of-stream marker; a `WindowConsumer` deletes fully used parts. With `defer_release=True` (the trainer) a
-  used part is only released by `release_through(position)` once a checkpoint covers its samples, and
-  `follow_state()` / `resume_follow()` carry the stream position across a restart, so a resumed run trains on
-  exactly the samples an uninterrupted one would. If the window fills up before the next checkpoint (the
-  producer waits on us while we wait on it), the reader releases early and warns: resume is then no longer exact.
+* Order (offline): per (seed, epoch) parts are permuted, each part's samples permuted, and a shuffle buffer mixes
+  neighbouring parts, all in index space: deterministic, no I/O, and `state_dict()` resumes by skipping exactly
+  the consumed samples without reading them.
+* Disjoint split: rank r takes positions r, r + world_size, ... (`even=True` cuts to a multiple of world_size so
+  every data-parallel rank sees the same count); DataLoader workers split that share again, so a rank's samples
+  do not depend on its worker count.
+* Streaming: parts in commit order as they appear, each `reuse` times, until end-of-stream; a `WindowConsumer`
+  deletes used parts. With `defer_release=True` (the trainer) a part is released only by
+  `release_through(position)` once a checkpoint covers it, and `follow_state()` / `resume_follow()` carry the
+  position across a restart, so resume is exact, unless the window fills before the next checkpoint: then the
+  reader releases early and warns (the producer would otherwise wait on us while we wait on it).
+* Decoding: by the reader's threads, or with `defer_decode=True` (`training.feature_decode`) a device codec (q4)
+  yields `shard.EncodedFeatures` for the trainer to decode on its GPU (`Sample.decoded(device)`).
 
-* Decoding: by default each sample's features are decoded by the reader's threads; with `defer_decode=True` (a
-  GPU trainer, `training.feature_decode`) a codec that decodes on a device (q4) yields them still encoded
-  (`shard.EncodedFeatures`) and the trainer decodes them on its GPU (`Sample.decoded(device)`).
-
-Use them with `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads). With more
-loader workers, state_dict() only sees the main process (exact resume needs num_workers=0), and the streaming
-window's release counts ranks, so streaming also needs num_workers=0.
+Use `DataLoader(reader, batch_size=None, num_workers=0)` (the reader has its own threads): exact resume and the
+streaming window's release both need num_workers=0.
 """
 
 from __future__ import annotations
