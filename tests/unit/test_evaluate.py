@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from evaluate_fixtures import commit_drafter
+from support.evaluate_fixtures import commit_drafter
 
 from flashdraft import layout
 from flashdraft.components.evaluate.evaluate import run_evaluate

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from evaluate_fixtures import commit_drafter
+from support.evaluate_fixtures import commit_drafter
 from typer.testing import CliRunner
 
 from flashdraft import layout
