@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.evaluate_fixtures import commit_drafter
+from support.shared_runs import copy_run
 from typer.testing import CliRunner
 
 from flashdraft import layout
@@ -43,17 +43,15 @@ def chromium_dom(html_file: Path, tmp_path: Path) -> str:
     return out.stdout
 
 
-@pytest.fixture(scope="module")
-def evaluated_run(tmp_path_factory):
-    """plan + prep + a committed drafter + evaluate on tiny (1 prompt, 8 tokens): enough for every chart but
-    training's."""
-    tmp = tmp_path_factory.mktemp("report")
-    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1,
-                                                "eval.max_new_tokens": 8})
-    run_plan(cfg)
-    run_task(cfg, "prep")  # through the runner, which commits each stage's metrics
-    drafter_uri = commit_drafter(cfg, seed=7)
-    return cfg, run_task(cfg, "evaluate"), drafter_uri
+@pytest.fixture()
+def evaluated_run(tiny_evaluated, tmp_path):
+    """The session's tiny evaluation (plan + prep + a committed drafter + evaluate; tests/support/shared_runs.py),
+    copied: a report commits into the store. Enough for every chart but training's."""
+    cfg, _ = copy_run(tiny_evaluated, tmp_path / "copy")
+    store = open_store(cfg.storage, cfg.run_id)  # the copy's drafter, as commit_drafter returned the shared run's
+    drafter_uri = store.url(store.get_json_verified(layout.CHECKPOINT_LATEST)["prefix"])
+    assert tiny_evaluated["drafter_uri"].endswith(drafter_uri.removeprefix(f"file://{tmp_path}/copy"))
+    return cfg, tiny_evaluated["metrics"], drafter_uri
 
 
 def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):
@@ -174,18 +172,12 @@ def test_ema_is_bias_corrected_and_smooths():
     assert smoothing_span(40) == 5 and smoothing_span(1200) == 48
 
 
-@pytest.fixture(scope="module")
-def suites_run(tmp_path_factory):
-    """prep + a committed drafter + evaluate on two suites (heldout, humaneval with thinking off, published
-    figures from the shipped reference) + a metrics/train.json with a held-out curve, as the trainer writes it."""
-    tmp = tmp_path_factory.mktemp("suites-report")
-    cfg = load_config(preset="tiny", overrides={
-        "storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1, "eval.max_new_tokens": 8,
-        "eval.baseline_prompts": 0, "eval.reference": "builtin:published",
-        "eval.suites": ["heldout", {"source": "humaneval", "num_prompts": 1, "thinking": False}]})
-    run_task(cfg, "prep")
-    commit_drafter(cfg, seed=7)
-    evaluated = run_task(cfg, "evaluate")  # the runner commits metrics/evaluate.json
+@pytest.fixture()
+def suites_run(tiny_evaluated, tmp_path):
+    """The session's tiny evaluation (two suites: heldout, humaneval with thinking off; published figures from the
+    shipped reference), copied, plus a metrics/train.json with a held-out curve, as the trainer writes it."""
+    cfg, _ = copy_run(tiny_evaluated, tmp_path / "copy")
+    evaluated = tiny_evaluated["metrics"]
     store = open_store(cfg.storage, cfg.run_id)
     B1 = cfg.drafter.block_size - 1
     history = [{"step": i, "loss": 5.0 - i / 100, "acc_by_pos": [min(1.0, i / 400 / (k + 1)) for k in range(B1)]}
