@@ -13,8 +13,8 @@ from support.s3 import aws_env, free_port, rclone_command, wait_for_port
 from flashdraft.config import StorageConfig, load_config
 from flashdraft.store import ObjectStore
 
-# Runs several modules read, made once per session (tests/support/shared_runs.py)
-pytest_plugins = ["support.shared_runs"]
+# Runs several modules read, made once per session (tests/support/shared_runs.py), and the report tests' runs
+pytest_plugins = ["support.shared_runs", "support.report_runs"]
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):

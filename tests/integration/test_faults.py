@@ -381,6 +381,7 @@ def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times
     assert sum(h["tokens"] for h in b["history"]) == tokens * cfg.mode.reuse, "every sample trained reuse times"
     assert committed_parts(store) == [] and all(released_part(store, k) for k in got_parts)
     assert 0 < peak["parts"] <= cfg.mode.window_shards and peak["bytes"] <= cfg.mode.window_bytes, peak
+    assert len(got_parts) > cfg.mode.window_shards, "the run must produce more parts than the window holds"
 
 
 def _rclone(data: Path, port: int) -> subprocess.Popen:
