@@ -3,35 +3,18 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+from support.s3 import aws_env, free_port, rclone_command, wait_for_port
 
 from flashdraft.config import StorageConfig, load_config
 from flashdraft.store import ObjectStore
 
-S3_KEY, S3_SECRET = "flashdraft-test", "flashdraft-test-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _venv_bin(name: str) -> str:
-    candidate = Path(sys.executable).parent / name
-    found = str(candidate) if candidate.exists() else shutil.which(name)
-    if not found:
-        pytest.fail(f"{name} is not installed: run `make install` (it comes from the dev extra)")
-    return found
-
+# Runs several modules read, made once per session (tests/support/shared_runs.py), and the report tests' runs
+pytest_plugins = ["support.shared_runs", "support.report_runs"]
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
@@ -41,23 +24,12 @@ def s3_server(tmp_path_factory):
     """
     data = tmp_path_factory.mktemp("s3data")
     (data / "flashdraft-test").mkdir()
-    port = _free_port()
-    proc = subprocess.Popen(
-        [_venv_bin("rclone"), "serve", "s3", "--auth-key", f"{S3_KEY},{S3_SECRET}", "--addr", f"127.0.0.1:{port}",
-         str(data)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    port = free_port()
+    proc = subprocess.Popen(rclone_command(data, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"rclone serve s3 exited: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.2)
-    else:
+    if not wait_for_port(port, proc):
+        if proc.poll() is not None:
+            pytest.fail(f"rclone serve s3 exited: {proc.stderr.read().decode()[-2000:]}")
         proc.kill()
         pytest.fail("rclone serve s3 did not start within 30 s")
     yield endpoint
@@ -70,9 +42,7 @@ def s3_server(tmp_path_factory):
 
 @pytest.fixture()
 def s3_env(s3_server, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    aws_env(monkeypatch)
     return s3_server
 
 

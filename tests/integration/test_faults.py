@@ -2,7 +2,7 @@
 must equal a clean run's, nothing lost, nothing duplicated, nothing half-committed visible.
 
 Every stage runs for real on the tiny target against the real S3 server (rclone serve s3), through the seeded
-fault-injecting proxy in tests/s3proxy.py. The figures each test measured (requests, faults by kind, retries,
+fault-injecting proxy in tests/support/s3proxy.py. The figures each test measured (requests, faults by kind, retries,
 kills, mismatches) are printed as one `FAULT-FIGURES {json}` line (`pytest -rA` shows them).
 """
 
@@ -14,12 +14,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from support.s3 import aws_env, free_port, rclone_command, wait_for_port
+from support.s3proxy import FaultPlan, S3FaultProxy
 
 from flashdraft import layout
 from flashdraft.components.export.card import CARD_FILE
@@ -27,9 +28,6 @@ from flashdraft.components.export.export import exported_formats, read_export
 from flashdraft.config import RunConfig, load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.store import ObjectStore, StoreUnavailableError, open_store
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from s3proxy import FaultPlan, S3FaultProxy  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -158,24 +156,8 @@ def clean_runs(s3_server):
 
 
 
-def _root_conftest():
-    """tests/conftest.py by path: `from conftest import` is ambiguous once tests/k8s/conftest.py is loaded too
-    (both are top-level modules named `conftest`, and the last one imported wins)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_flashdraft_tests_conftest",
-                                                  Path(__file__).resolve().parents[1] / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 def _aws(mp: pytest.MonkeyPatch) -> None:
-    c = _root_conftest()
-    S3_KEY, S3_SECRET = c.S3_KEY, c.S3_SECRET
-
-    mp.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
-    mp.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-    mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    aws_env(mp)
 
 
 @pytest.mark.parametrize("kind", ["offline", "streaming"])
@@ -288,8 +270,8 @@ class _KillPoint:
 
 def _kill_loop(kind: str, cfg: RunConfig, proxy: S3FaultProxy, kills: int, seed: int, most_writes: int,
                watch=None) -> dict[str, int]:
-    """Start the stage `kind` (tests/fault_workers.py) with its store behind `proxy`, and SIGKILL its process group
-    at a seeded random point of its progress, `kills` times; then let it finish. Returns the kills, starts and
+    """Start the stage `kind` (tests/support/fault_workers.py) with its store behind `proxy`, and SIGKILL its process
+    group at a seeded random point of its progress, `kills` times; then let it finish. Returns the kills, starts and
     store writes it took.
 
     A kill point is a store write, not a delay: each start is killed at its n-th write (n uniform in 1..most_writes),
@@ -298,7 +280,7 @@ def _kill_loop(kind: str, cfg: RunConfig, proxy: S3FaultProxy, kills: int, seed:
     the machine's speed; a timed kill either misses a fast machine's whole run or never lets a slow one progress."""
     import multiprocessing
 
-    import fault_workers
+    from support import fault_workers
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(fault_workers.PRELOAD)
@@ -399,36 +381,25 @@ def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times
     assert sum(h["tokens"] for h in b["history"]) == tokens * cfg.mode.reuse, "every sample trained reuse times"
     assert committed_parts(store) == [] and all(released_part(store, k) for k in got_parts)
     assert 0 < peak["parts"] <= cfg.mode.window_shards and peak["bytes"] <= cfg.mode.window_bytes, peak
+    assert len(got_parts) > cfg.mode.window_shards, "the run must produce more parts than the window holds"
 
 
 def _rclone(data: Path, port: int) -> subprocess.Popen:
-    c = _root_conftest()
-    S3_KEY, S3_SECRET, _venv_bin = c.S3_KEY, c.S3_SECRET, c._venv_bin
-
-    proc = subprocess.Popen([_venv_bin("rclone"), "serve", "s3", "--auth-key", f"{S3_KEY},{S3_SECRET}", "--addr",
-                             f"127.0.0.1:{port}", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import socket
-
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
+    proc = subprocess.Popen(rclone_command(data, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if wait_for_port(port, proc):
+        return proc
     proc.kill()
     raise AssertionError("rclone did not start")
 
 
 def test_s3_server_killed_and_restarted_mid_run_resumes_and_completes(clean_runs, s3_server, monkeypatch,
                                                                       tmp_path):
-    _free_port = _root_conftest()._free_port
     from flashdraft.components.extract.extract import run_extract
 
     _aws(monkeypatch)
     ref_cfg, ref = clean_runs["offline"]
     (tmp_path / "s3" / "flashdraft-test").mkdir(parents=True)
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     server = _rclone(tmp_path / "s3", port)
     # The retry budget must outlast a restart (~1-2 s under load): 6 retries from 0.25 s, capped at 2 s.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.shared_runs import CONSOLE_MAX_BYTES, CONSOLE_MAX_LINES
 from typer.testing import CliRunner
 
 from flashdraft import layout
@@ -12,11 +13,6 @@ from flashdraft.cli import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.local import run_local
 from flashdraft.store import open_store
-
-# The console bound of `flashdraft run-local` (tested here for a failed run, in test_readme_commands.py for the
-# README's tiny run): one line per task start and end, a 10-line summary table, 6 lines of paths and outcome.
-CONSOLE_MAX_LINES = 60
-CONSOLE_MAX_BYTES = 8000
 
 
 def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):

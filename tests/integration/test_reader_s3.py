@@ -1,7 +1,7 @@
 """The feature reader on a real S3 server: one sample is fetched by a byte-range GET of its part."""
 
 import pytest
-from feature_fixtures import commit_parts
+from support.feature_fixtures import commit_parts
 
 from flashdraft.features.reader import OfflineReader
 from flashdraft.store import ObjectStore

@@ -17,11 +17,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-from test_local_run import CONSOLE_MAX_BYTES, CONSOLE_MAX_LINES
+from support.shared_runs import CONSOLE_MAX_BYTES, CONSOLE_MAX_LINES
 from typer.testing import CliRunner
 
 from flashdraft.cli import app
-from flashdraft.config import load_config
 from flashdraft.store import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,8 +124,10 @@ def test_readme_quick_commands_work_as_shown(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # two whole tiny runs: ~5 min on a quiet 2-core machine, far more under load
-def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypatch):
-    """The docs' tiny and streaming `run-local` commands and `status`, in a fresh folder, in their order."""
+def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypatch, tiny_streaming_run):
+    """The docs' tiny and streaming `run-local` commands and `status`, in a fresh folder, in their order. The
+    streaming command is the session's tiny_streaming_run (tests/support/shared_runs.py: run through the CLI as
+    written, from a fresh folder of its own), which test_streaming_local.py checks too."""
     monkeypatch.chdir(tmp_path)
     runs = [c for c in readme_commands() if _not_here(c) is None and ("run-local" in c or " status " in f"{c} ")]
     assert [("streaming" in c, "status" in c) for c in runs] == [(False, False), (True, False), (False, True)], runs
@@ -153,8 +154,8 @@ def test_readme_local_runs_work_as_shown_with_a_short_console(tmp_path, monkeypa
     assert "executor_input" in (logs / "kfp-local.log").read_text(), "kfp's dumps went to the log folder"
     assert (logs / "train.log").is_file() and (logs / "extract-shard-00001.log").is_file()
 
-    out = _run(streaming)
-    cfg = load_config(preset="tiny", overrides=dict(a.split("=", 1) for a in shlex.split(streaming) if "=" in a))
+    assert streaming == tiny_streaming_run["command"]
+    out, cfg = tiny_streaming_run["console"], tiny_streaming_run.cfg
     stream = open_store(cfg.storage, cfg.run_id).get_json_verified("metrics/stream.json")
     assert stream["produced_bytes"] > cfg.mode.window_bytes, "the example must produce more than its window"
     assert 0 < stream["peak_stored_bytes"] <= cfg.mode.window_bytes < stream["produced_bytes"]

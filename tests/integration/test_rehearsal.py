@@ -12,8 +12,8 @@ import json
 
 import pytest
 import torch
-from gloo_ranks import two_gloo_ranks
 from safetensors.torch import load as load_bytes
+from support.gloo_ranks import two_gloo_ranks
 
 from flashdraft import layout
 from flashdraft.checkpoint import latest_checkpoint

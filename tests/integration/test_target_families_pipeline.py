@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from target_families import FAMILIES, HIDDEN, SLIDING_WINDOW, build_family
+from support.target_families import FAMILIES, HIDDEN, SLIDING_WINDOW, build_family
 
 from flashdraft import layout
 from flashdraft.components.export.export import read_export

@@ -5,7 +5,7 @@ accuracy equals an independent evaluation of the same checkpoint, and a resumed 
 from __future__ import annotations
 
 import pytest
-from test_train import rule_sequences, train_cfg, write_shards
+from support.rule_shards import rule_sequences, train_cfg, write_shards
 
 from flashdraft.components.train.heldout import select_heldout
 from flashdraft.components.train.trainer import evaluate_samples, run_train

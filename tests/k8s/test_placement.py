@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import FAKE_NODES, POOL_NODES
+from fake_nodes import FAKE_NODES, POOL_NODES
 from kfp_pods import create_pod, wait_scheduled
 
 pytestmark = pytest.mark.k8s

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import POOL_NODES
+from fake_nodes import POOL_NODES
 from kfp_pods import create_pod, wait_scheduled
 
 from flashdraft.pipelines.runtime import stage_config

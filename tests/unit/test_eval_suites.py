@@ -10,7 +10,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from evaluate_fixtures import commit_drafter
+from support.evaluate_fixtures import commit_drafter
 
 from flashdraft import layout
 from flashdraft.components.evaluate.reference import ReferenceError, load_reference, published_for

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from evaluate_fixtures import commit_drafter
+from support.evaluate_fixtures import commit_drafter
+from support.shared_runs import copy_run
 
 from flashdraft import layout
 from flashdraft.components.evaluate.evaluate import run_evaluate
@@ -15,19 +16,12 @@ from flashdraft.runner import run_task
 from flashdraft.store import open_store
 
 
-@pytest.fixture(scope="module")
-def evaluated(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("eval")
-    extra = tmp / "extra.jsonl"
-    extra.write_text(json.dumps({"id": "user-1", "prompt": "Say hello."}) + "\n\n"
-                     + json.dumps({"messages": [{"role": "user", "content": "Count to five."}]}) + "\n")
-    from flashdraft.config import load_config
-
-    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1,
-                                                "eval.max_new_tokens": 12, "eval.extra_prompts": str(extra)})
-    run_prep(cfg)
-    uri = commit_drafter(cfg, seed=123)
-    return cfg, uri, run_task(cfg, "evaluate")  # through the runner, which commits the result
+@pytest.fixture()
+def evaluated(tiny_evaluated):
+    """The session's tiny evaluation (tests/support/shared_runs.py): held-out suite of 1 prompt of prep's split + 2
+    from eval.extra_prompts, then 1 humaneval prompt; a committed random drafter."""
+    run = tiny_evaluated
+    return run.cfg, run["drafter_uri"], run["metrics"]
 
 
 def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
@@ -35,21 +29,23 @@ def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
     stored = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.metrics_key("evaluate"))
     assert stored == metrics.dump()
     assert metrics.drafter_uri == uri
-    assert metrics.lossless.model_dump() == {"checked": True, "passed": True, "prompts": 3, "mismatches": [],
+    assert metrics.lossless.model_dump() == {"checked": True, "passed": True, "prompts": 4, "mismatches": [],
                                              "ties": [], "tie_margin": 0.0}
     ids = [p["id"] for p in metrics.prompts]
-    assert ids[1:] == ["user-1", "extra-3"] and ids[0] not in ids[1:]
+    assert ids[1:] == ["user-1", "extra-3", "HumanEval/0"] and ids[0] not in ids[1:]
     for name in ("drafter", "baseline"):
         m = getattr(metrics, name).model_dump()
         assert 1.0 <= m["tau"] <= cfg.drafter.block_size
         assert len(m["acceptance_per_position"]) == cfg.drafter.block_size - 1
         assert m["tokens"] == metrics.target.tokens > 0
         assert m["tokens_per_s"] > 0 and m["speedup"] > 0
-    assert metrics.target.tokens == sum(p["new_tokens"] for p in metrics.prompts)
+    # the headline figures are the first suite's (held-out)
+    assert metrics.target.tokens == sum(p["new_tokens"] for p in metrics.prompts if p["suite"] == "heldout")
 
 
-def test_evaluate_rerun_is_reused_and_changed_eval_settings_evaluate_again(evaluated):
-    cfg, _, metrics = evaluated
+def test_evaluate_rerun_is_reused_and_changed_eval_settings_evaluate_again(tiny_evaluated, tmp_path):
+    cfg, _ = copy_run(tiny_evaluated, tmp_path)  # the reruns commit: on a copy of the shared run
+    metrics = tiny_evaluated["metrics"]
     store = open_store(cfg.storage, cfg.run_id)
     before = store.read_commit(layout.metrics_key("evaluate"))
     again = run_task(cfg, "evaluate")

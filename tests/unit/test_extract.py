@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from feature_fixtures import write_responses
+from support.feature_fixtures import write_responses
 
 from flashdraft import layout
 from flashdraft.components.extract.extract import FAULT_ENV, length_buckets, run_extract

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_spec import ScriptedDrafter
+from support.scripted_drafter import ScriptedDrafter
 
 from flashdraft.capture import capture_layers, decoder_stack
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate

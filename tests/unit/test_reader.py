@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from feature_fixtures import commit_parts, provenance
+from support.feature_fixtures import commit_parts, provenance
 
 from flashdraft import layout
 from flashdraft.features.manifest import ProvenanceError

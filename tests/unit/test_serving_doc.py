@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from evaluate_fixtures import commit_drafter
+from support.shared_runs import copy_run
 from typer.testing import CliRunner
 
 from flashdraft import layout
@@ -25,9 +25,7 @@ from flashdraft.components.export.export import (
     read_export,
 )
 from flashdraft.components.export.report_section import drafter_uris
-from flashdraft.config import load_config
 from flashdraft.provenance import current
-from flashdraft.runner import run_task
 from flashdraft.store import ChecksumError, ObjectStore, open_store
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
@@ -50,16 +48,12 @@ def doc_file_table() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """prep, a committed drafter, evaluate (1 held-out prompt), then `flashdraft export --speculators` run from a
-    fresh folder as the doc shows it (default --out: exports/<run_id>/)."""
+def exported(tiny_evaluated, tmp_path_factory):
+    """The session's tiny evaluation (prep, a committed drafter, evaluate; tests/support/shared_runs.py), copied,
+    then `flashdraft export --speculators` run from a fresh folder as the doc shows it (default --out:
+    exports/<run_id>/)."""
     tmp = tmp_path_factory.mktemp("serving")
-    sets = {"storage.root": f"file://{tmp}/runs", "eval.num_prompts": 1, "eval.max_new_tokens": 8,
-            "eval.baseline_prompts": 0}
-    cfg = load_config(preset="tiny", overrides=sets)
-    run_task(cfg, "prep")
-    commit_drafter(cfg, seed=7)
-    evaluated = run_task(cfg, "evaluate")
+    cfg, sets = copy_run(tiny_evaluated, tmp)
     cwd = Path.cwd()
     os.chdir(tmp)
     try:
@@ -69,7 +63,7 @@ def exported(tmp_path_factory):
     finally:
         os.chdir(cwd)
     assert res.exit_code == 0, res.output
-    return cfg, tmp, evaluated
+    return cfg, tmp, tiny_evaluated["metrics"]
 
 
 def test_the_docs_paths_file_table_and_serve_command_match_a_real_export(exported):
@@ -122,7 +116,7 @@ def test_the_model_card_carries_the_run(exported):
     heldout = evaluated.suites[0]
     assert fd["eval"]["suites"]["heldout"]["tau"] == heldout.tau
     assert fd["eval"]["lossless"] == f"passed on {evaluated.lossless.prompts} prompts"
-    assert f"| heldout | 1 | default | {heldout.tau:.2f} | passed |" in card
+    assert f"| heldout | {heldout.prompts} | default | {heldout.tau:.2f} | passed |" in card
     assert "speedup" not in card, "no timings: the same evaluation gives the same card bytes"
     assert "Lossless check: passed on" in card and "builtin:demo" in card and "license" in card.lower()
     spec = card_meta((cwd / "exports" / cfg.run_id / "speculators" / "README.md").read_text())["flashdraft"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.scripted_drafter import ScriptedDrafter
 
 from flashdraft.capture import capture_layers
 from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
@@ -21,35 +22,6 @@ from flashdraft.drafter.persistence import build_drafter
 from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
 
 MAX_NEW = 20
-
-
-class ScriptedDrafter:
-    """Proposes the target's own continuation (known in advance), optionally corrupted from draft slot
-    `wrong_from` on, so exactly that many drafts match in every full cycle. It records (context length, last
-    token) per call so a test can check that the context covers exactly the verified tokens but the newest."""
-
-    def __init__(self, reference: list[int], prompt_len: int, block: int, wrong_from: int | None = None):
-        self.reference, self.prompt_len, self.block, self.wrong_from = reference, prompt_len, block, wrong_from
-        self.feature_width: int | None = None
-        self.calls: list[tuple[int, int]] = []
-        self.context_len = 0
-
-    def new_session(self) -> ScriptedDrafter:
-        self.context_len = 0
-        return self
-
-    def extend(self, features: torch.Tensor) -> None:
-        self.context_len += features.shape[0]
-        self.feature_width = features.shape[1]
-
-    def propose(self, last_token: int) -> torch.Tensor:
-        done = self.context_len - self.prompt_len + 1      # tokens generated so far
-        self.calls.append((self.context_len, last_token))
-        out = list(self.reference[done: done + self.block - 1])
-        out += [0] * (self.block - 1 - len(out))
-        if self.wrong_from is not None:
-            out[self.wrong_from] = (out[self.wrong_from] + 1) % 1000
-        return torch.tensor(out)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from target_families import FAMILIES, SLIDING_WINDOW, build_family
-from test_spec import ScriptedDrafter
+from support.scripted_drafter import ScriptedDrafter
+from support.target_families import FAMILIES, SLIDING_WINDOW, build_family
 
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
 from flashdraft.components.evaluate.target_cache import VerifyCache

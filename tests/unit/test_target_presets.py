@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from target_families import build_family
+from support.target_families import build_family
 from typer.testing import CliRunner
 
 from flashdraft.cli import app

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from feature_fixtures import part_bytes
+from support.feature_fixtures import part_bytes
 
 from flashdraft import layout
 from flashdraft.config import ModeConfig
@@ -89,7 +89,7 @@ def test_consumer_stop_ends_a_waiting_producer(tiny_cfg):
 
 
 def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(tiny_cfg):
-    from feature_fixtures import write_responses
+    from support.feature_fixtures import write_responses
 
     from flashdraft import layout
     from flashdraft.components.extract.extract import run_extract

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from feature_fixtures import write_responses
+from support.feature_fixtures import write_responses
 
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.features.manifest import committed_parts

@@ -9,7 +9,7 @@ import logging
 import os
 
 PRELOAD = ["torch", "transformers", "flashdraft.components.extract.extract", "flashdraft.components.train.trainer",
-           "flashdraft.pipelines.runtime", "fault_workers"]
+           "flashdraft.pipelines.runtime", "support.fault_workers"]
 
 
 def run_stage(kind: str, config_json: str, env: dict[str, str]) -> None:
