@@ -13,7 +13,7 @@ import io
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flashdraft.status import NOT_RUN, StageStatus
+from flashdraft.status import NOT_RUN, StageStatus, stage_of
 
 if TYPE_CHECKING:
     from flashdraft.provenance import Provenance
@@ -62,7 +62,7 @@ class RunView:
 
     def sharded(self, stage: str) -> list[dict[str, Any]]:
         """The metrics of every shard of a fanned-out stage (`extract-shard-00001`, ...)."""
-        return [m for name, m in sorted(self.metrics.items()) if name.split("-shard-", 1)[0] == stage]
+        return [m for name, m in sorted(self.metrics.items()) if stage_of(name) == stage]
 
     def absent(self, stage: str) -> str:
         """The note of a section whose stage left no data: `train: not run`, or `train: failed (see Stages)`."""

@@ -336,6 +336,5 @@ def _task_key_of(key: str, name: str) -> bool:
     stage whose name starts the same way."""
     for folder in (layout.STATUS, layout.METRICS):
         if key.startswith(folder + "/"):
-            base = key[len(folder) + 1:].split(".json", 1)[0]
-            return base == name or base.startswith(name + "-shard-")
+            return status.stage_of(key[len(folder) + 1:].split(".json", 1)[0]) == name
     return False

@@ -33,6 +33,11 @@ def task_name(stage: str, shard: int | None = None) -> str:
     return stage if shard is None else f"{stage}-{layout.shard_name(shard)}"
 
 
+def stage_of(task: str) -> str:
+    """The stage of a task name: `extract` for `extract-shard-00001` (task_name's inverse)."""
+    return task.split("-shard-", 1)[0]
+
+
 def status_key(stage: str, shard: int | None = None) -> str:
     return layout.status_key(task_name(stage, shard))
 
@@ -201,7 +206,7 @@ def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] 
     by_stage: dict[str, list[StageRecord]] = {}
     for r in records:
         by_stage.setdefault(r.stage, []).append(r)
-    with_metrics = {n.split("-shard-", 1)[0] for n in metrics_names}
+    with_metrics = {stage_of(n) for n in metrics_names}
     out = []
     for spec in registry.current():
         stage = spec.name  # a pipeline-only step (stream-end) shows only when it ran
