@@ -39,9 +39,11 @@ def stage_images(registry: str | None = None, tag: str | None = None) -> dict[st
     return {pool: f"{registry}/{name}:{tag}" for pool, name in POOL_IMAGE.items()}
 
 
-# Tasks wired by hand below (fan-outs, streaming, the TrainJob launcher, the exit handler); every other declared
-# stage is added after its upstream tasks through its component (or the generic `stages.stage_task`).
-WIRED = frozenset({"plan", "prep", "generate", "extract", "stream-end", "train", "evaluate", "export", "report"})
+# Tasks wired by hand below: the DAG's shape (the plan gate with the compiled shape, prep's shard list feeding the
+# fan-outs, the per-shard loops, streaming's stream-end, train's offline fan-in or the TrainJob launcher, the exit
+# handler). Every other declared stage (evaluate, export, an extension's) is added after its upstream tasks, in
+# registry order, through its own component or the generic `stages.stage_task`: it reads its inputs from the store.
+WIRED = frozenset({"plan", "prep", "generate", "extract", "stream-end", "train", "report"})
 
 
 def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
@@ -132,17 +134,16 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                                                    run_producers=streaming and local))
             # streaming: the trainer runs beside the extract loop, once responses exist.
             train.after(gen)
-            evaluate = placed("evaluate", c["evaluate"](**cfg_args, trained=train.outputs["Output"]))
-            export = placed("export", c["export"](**cfg_args, evaluated=evaluate.outputs["Output"]))
-            tasks = {"plan": gate, "prep": prep, "generate": gen, "train": train, "evaluate": evaluate,
-                     "export": export, **({"extract": ext} if not (streaming and local) else {})}
+            tasks = {"plan": gate, "prep": prep, "generate": gen, "train": train,
+                     **({"extract": ext} if not (streaming and local) else {})}
             for spec in stage_registry.current():
                 if spec.name in WIRED:
                     continue
                 if spec.per_shard:
                     raise ValueError(f"stage {spec.name!r}: the pipeline fans out only generate and extract per "
                                      "shard; declare it per_shard=False (it may still loop over shards itself)")
-                task = placed(spec.name, c[spec.name](**cfg_args, stage=spec.name))
+                generic = {} if spec.component else {"stage": spec.name}
+                task = placed(spec.name, c[spec.name](**cfg_args, **generic))
                 for name in spec.upstream_for(cfg) or ("prep",):
                     task.after(tasks[name])
                 tasks[spec.name] = task

@@ -106,7 +106,7 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
     return runtime.finish(run_task(cfg, "train", body=body, metrics=metrics), metrics)
 
 
-def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Metrics]) -> str:
+def evaluate(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str:
     """Acceptance length (tau) of the trained drafter against the target."""
     from flashdraft.pipelines import runtime
     from flashdraft.runner import run_task
@@ -115,7 +115,7 @@ def evaluate(config_yaml: str, overrides: dict, trained: str, metrics: Output[Me
     return runtime.finish(run_task(cfg, "evaluate", metrics=metrics), metrics)
 
 
-def export(config_yaml: str, overrides: dict, evaluated: str, metrics: Output[Metrics]) -> str:
+def export(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str:
     """Export the trained drafter for vLLM / SGLang."""
     from flashdraft.pipelines import runtime
     from flashdraft.runner import run_task
