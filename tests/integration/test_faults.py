@@ -263,8 +263,9 @@ class _KillPoint:
             self.writes += 1
             if not self.armed or self.writes < self.at:
                 return False
-            os.killpg(self.pid, signal.SIGKILL)  # run_stage made it a group leader before any store request
+            # set before the kill: the test thread, woken by the death, must find it set
             self.killed.set()
+            os.killpg(self.pid, signal.SIGKILL)  # run_stage made it a group leader before any store request
             return True
 
 
