@@ -25,7 +25,8 @@ def codec_cfg(tiny_cfg, request):
 
 @pytest.fixture()
 def store(codec_cfg):
-    s = ObjectStore(f"memory://reader-{id(codec_cfg)}")
+    # millisecond backoffs: the corrupted-sample test retries a checksum mismatch storage.retries times
+    s = ObjectStore(f"memory://reader-{id(codec_cfg)}", backoff_s=0.001)
     commit_parts(s, codec_cfg, LAYOUT)
     return s
 
