@@ -4,9 +4,11 @@ test_report_chromium.py; the runs (fixtures evaluated_run, failed_run, suites_ru
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flashdraft import layout
@@ -96,6 +98,10 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
     assert f"speedup {evaluated.drafter.speedup:.2f}x" in verdict and "wall time " in verdict
     assert re.search(r"\| \d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC \|", verdict), verdict
     assert verdict.endswith(f"commit {current().short_commit}")
+    # the scalar metrics (the report step's KFP Metrics) are committed beside the pages and written to out_dir
+    scalars = open_store(cfg.storage, cfg.run_id).get_json_verified(layout.REPORT_SCALARS)
+    assert scalars == result.metrics == json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert scalars["tau"] == pytest.approx(evaluated.drafter.tau)
     page = Path(result.html_path).read_text()
     assert page.index("<h2>Verdict</h2>") < page.index("<h2>Run</h2>") and "<p class='verdict'>tau " in page
     # the train metrics of the fixture: slot-1 accuracy 0.70 in training, 0.50 held out (71% < 75%)
