@@ -36,6 +36,9 @@ class StageRegistry:
                 if name not in seen:
                     raise ValueError(f"stage {spec.name!r}: upstream stage {name!r} is not declared before it")
             seen.add(spec.name)
+        exit_handlers = [s.name for s in self.specs if s.exit_handler]
+        if len(exit_handlers) > 1:
+            raise ValueError(f"stages {exit_handlers} are all declared exit_handler: a run has one")
 
     @classmethod
     def from_refs(cls, refs: tuple[str, ...]) -> StageRegistry:
@@ -43,9 +46,9 @@ class StageRegistry:
 
     def with_stage(self, spec: StageSpec, *, after: str | None = None) -> StageRegistry:
         """A new registry with `spec` added (or replacing the stage of its name) after `after`, by default after
-        the last stage before report."""
+        the last stage before the exit handler (the report)."""
         specs = [s for s in self.specs if s.name != spec.name]
-        anchor = after if after is not None else next((s.name for s in reversed(specs) if s.name != "report"), None)
+        anchor = after if after is not None else next((s.name for s in reversed(specs) if not s.exit_handler), None)
         at = next((i + 1 for i, s in enumerate(specs) if s.name == anchor), len(specs))
         return StageRegistry((*specs[:at], spec, *specs[at:]))
 

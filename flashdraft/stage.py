@@ -152,6 +152,9 @@ class StageSpec:
     command: bool = True  # has a `flashdraft <name>` command
     cli: str | None = None  # "module:function": a typer command with options of its own; None: the generic one
     component: str | None = None  # "module:function": a KFP component body; None: the generic stage_task
+    # Runs once every other stage has ended, succeeded or failed (the report: the pipeline's exit handler): not a
+    # row of the status table, and a stage added to the registry goes before it.
+    exit_handler: bool = False
 
     def upstream_for(self, cfg: RunConfig) -> tuple[str, ...]:
         if cfg.mode.kind == "streaming" and self.streaming_upstream is not None:

@@ -198,7 +198,8 @@ def read_record(store: ObjectStore, stage: str, shard: int | None = None) -> Sta
 
 def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] = (),
                    run_over: bool = False) -> list[StageStatus]:
-    """One StageStatus per pipeline stage, in pipeline order (report excluded, stream-end only when present).
+    """One StageStatus per pipeline stage, in pipeline order (the exit handler, the report, excluded; stream-end only
+    when present).
 
     metrics_names: names of committed metrics files (`train`, `extract-shard-00001`): a stage with metrics but no
     record ran outside the pipeline and counts as done. run_over: the run has ended (the exit handler), so a task
@@ -210,7 +211,7 @@ def stage_statuses(records: Iterable[StageRecord], metrics_names: Iterable[str] 
     out = []
     for spec in registry.current():
         stage = spec.name  # a pipeline-only step (stream-end) shows only when it ran
-        if stage == "report" or (not spec.command and stage not in by_stage):
+        if spec.exit_handler or (not spec.command and stage not in by_stage):
             continue
         tasks = sorted(by_stage.get(stage, []), key=lambda r: (r.shard is not None, r.shard or 0))
         if run_over:

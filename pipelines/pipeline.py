@@ -40,10 +40,11 @@ def stage_images(registry: str | None = None, tag: str | None = None) -> dict[st
 
 
 # Tasks wired by hand below: the DAG's shape (the plan gate with the compiled shape, prep's shard list feeding the
-# fan-outs, the per-shard loops, streaming's stream-end, train's offline fan-in or the TrainJob launcher, the exit
-# handler). Every other declared stage (evaluate, export, an extension's) is added after its upstream tasks, in
-# registry order, through its own component or the generic `stages.stage_task`: it reads its inputs from the store.
-WIRED = frozenset({"plan", "prep", "generate", "extract", "stream-end", "train", "report"})
+# fan-outs, the per-shard loops, streaming's stream-end, train's offline fan-in or the TrainJob launcher). The exit
+# handler is the registry's `exit_handler` stage (the report). Every other declared stage (evaluate, export, an
+# extension's) is added after its upstream tasks, in registry order, through its own component or the generic
+# `stages.stage_task`: it reads its inputs from the store.
+WIRED = frozenset({"plan", "prep", "generate", "extract", "stream-end", "train"})
 
 
 def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
@@ -109,8 +110,8 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name,
                          retries=not local).set_display_name(stage)
 
-        report = placed("report", c["report"](**cfg_args))
-        with dsl.ExitHandler(report, name="run"):
+        (exit_spec,) = [spec for spec in stage_registry.current() if spec.exit_handler]
+        with dsl.ExitHandler(placed(exit_spec.name, c[exit_spec.name](**cfg_args)), name="run"):
             gate = placed("plan", c["plan"](**cfg_args, compiled_mode=cfg.mode.kind,
                                             compiled_num_nodes=cfg.training.num_nodes))
             prep = placed("prep", c["prep"](**cfg_args)).after(gate)
@@ -137,7 +138,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             tasks = {"plan": gate, "prep": prep, "generate": gen, "train": train,
                      **({"extract": ext} if not (streaming and local) else {})}
             for spec in stage_registry.current():
-                if spec.name in WIRED:
+                if spec.name in WIRED or spec.exit_handler:
                     continue
                 if spec.per_shard:
                     raise ValueError(f"stage {spec.name!r}: the pipeline fans out only generate and extract per "

@@ -74,11 +74,13 @@ def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
     assert k8s[task["componentRef"]["name"].replace("comp-", "exec-")]["activeDeadlineSeconds"] == str(TOY_TIMEOUT_S)
 
 
-def test_a_registry_refuses_an_undeclared_upstream_stage_and_a_duplicate():
+def test_a_registry_refuses_an_undeclared_upstream_stage_a_duplicate_and_a_second_exit_handler():
     with pytest.raises(ValueError, match="upstream stage 'nope' is not declared before it"):
         registry.builtin().with_stage(StageSpec("bad", StageSummary, "cpu", 60, upstream=("nope",)))
     with pytest.raises(ValueError, match="stage 'plan' is declared twice"):
         StageRegistry((*registry.builtin().specs, registry.builtin().get("plan")))
+    with pytest.raises(ValueError, match=r"stages \['report', 'bad'\] are all declared exit_handler"):
+        registry.builtin().with_stage(StageSpec("bad", StageSummary, "cpu", 60, exit_handler=True), after="report")
     assert "bad" not in registry.current().names()
 
 
