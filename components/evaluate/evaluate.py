@@ -250,8 +250,9 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, row.get("tau", 0), row.get("speedup"))
     metrics = combine_suites(suites, results, reference)
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
-    metrics.update(stage="evaluate", run_id=cfg.run_id, drafter_uri=trained_uri, baseline_init="random",
-                   host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0))
+    metrics.update(stage="evaluate", run_id=cfg.run_id, target_model=cfg.target.model, drafter_uri=trained_uri,
+                   baseline_init="random", host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2),
+                   store_io=io_counters(io0))
     summary = EvaluateSummary.model_validate(metrics)
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s\n%s",
              metrics["drafter"].get("tau", 0), metrics.get("baseline", {}).get("tau", 0),

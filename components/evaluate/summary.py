@@ -98,6 +98,8 @@ class EvaluateSummary(StageSummary):
     host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
 
     suites: list[SuiteResult] = Field(default_factory=list, description="one row per eval suite (paper layout)")
+    target_model: str | None = Field(None, description="the run's target.model: the suite table marks a published "
+                                     "figure for another model as such")
 
     def figures(self) -> dict[str, float]:
         """The headline (first suite) figures, and per suite `tau_<suite>`, `speedup_<suite>`,
@@ -136,7 +138,9 @@ class EvaluateSummary(StageSummary):
 
     def suite_table(self, target: str | None = None) -> list[list[str]]:
         """The paper-layout table (header first), one row per suite, as the report, `flashdraft status` and the
-        evaluate log show it. With `target` (this run's), a published figure for another target is marked so."""
+        evaluate log show it. A published figure for another target than `target` (default: the run's, as
+        evaluate recorded it) is marked so."""
+        target = target if target is not None else self.target_model
         def num(v: float | None, spec: str = ".2f") -> str:
             return "-" if v is None else format(v, spec)
 

@@ -80,6 +80,8 @@ def test_status_prints_the_suite_table(suites_run):
     start = lines.index("evaluation suites (metrics/evaluate.json):")
     assert lines[start + 1].split()[:4] == ["suite", "prompts", "thinking", "tau"]
     assert lines[start + 3].split()[:4] == ["humaneval", "1", "off", f"{evaluated.suites[1].tau:.2f}"]
+    # the shipped 5.94 is the 27B's drafter, not this tiny target's: marked as in the report
+    assert evaluated.target_model == cfg.target.model and lines[start + 3].endswith("Qwen3.6-27B [another model's]")
 
 
 def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only_this_targets_figures(suites_run,
