@@ -43,6 +43,7 @@ CANDIDATES: dict[str, dict] = {
     "fp4 e4m3/32 + Hadamard 64": {**_FP4, "q4_rotate": 64},
 }
 REFERENCES: dict[str, dict] = {"bf16-zstd": {"name": "bf16-zstd"}, "fp8": {"name": "fp8"},
+                               "fp8 block64": {"name": "fp8", "fp8_scale": "block64"},
                                "fp8-zstd": {"name": "fp8-zstd"}}
 QWEN36 = {"hidden": 5120, "layers": 5}  # Qwen3.6-27B's feature geometry
 
