@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from flashdraft import layout, registry, status
+from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.config import RunConfig
 from flashdraft.provenance import Provenance
@@ -56,8 +58,10 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
     statuses = status.stage_statuses(status.read_records(store), metrics, run_over=run_over)
     summaries = {spec.name: spec.summary.model_validate(metrics[spec.name]) for spec in registry.current()
                  if spec.name in metrics and set(metrics[spec.name]) != {"error"}}
-    plan = summaries.get("plan")
-    target = ((config or {}).get("target") or {}).get("model") or getattr(plan, "target", None)
+    # the config's target; a report regenerated without one takes what the plan or evaluate recorded
+    recorded = [s.target if isinstance(s, PlanSummary) else s.target_model if isinstance(s, EvaluateSummary) else None
+                for s in (summaries.get("plan"), summaries.get("evaluate"))]
+    target = ((config or {}).get("target") or {}).get("model") or next((t for t in recorded if t), None)
     return RunView(run=store.root, store=store, config=config, metrics=metrics, statuses=statuses,
                    summaries=summaries, target=target)
 

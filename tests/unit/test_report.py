@@ -32,6 +32,19 @@ def test_report_cli_regenerates_from_the_run_uri(evaluated_run):
     assert cfg.target.model in page and f"{metrics.drafter.tau:g}" in page
 
 
+def test_a_report_without_a_config_takes_the_target_the_plan_or_evaluate_recorded(evaluated_run):
+    from flashdraft.components.report.report import gather
+
+    cfg, _, _ = evaluated_run
+    store = open_store(cfg.storage, cfg.run_id)
+    assert not store.is_committed(layout.REPORT_CONFIG) and cfg.target.model
+    assert gather(store, None).target == cfg.target.model  # the plan's
+    store.uncommit(layout.metrics_key("plan"))
+    assert gather(store, None).target == cfg.target.model  # evaluate's
+    store.uncommit(layout.metrics_key("evaluate"))
+    assert gather(store, None).target is None
+
+
 def test_report_on_an_empty_run_says_not_run(tmp_path):
     store = ObjectStore(f"file://{tmp_path}/runs/empty")
     result = build_report(store, out_dir=tmp_path / "out")
