@@ -59,9 +59,10 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
     summaries = {spec.name: spec.summary.model_validate(metrics[spec.name]) for spec in registry.current()
                  if spec.name in metrics and set(metrics[spec.name]) != {"error"}}
     # the config's target; a report regenerated without one takes what the plan or evaluate recorded
-    recorded = [s.target if isinstance(s, PlanSummary) else s.target_model if isinstance(s, EvaluateSummary) else None
-                for s in (summaries.get("plan"), summaries.get("evaluate"))]
-    target = ((config or {}).get("target") or {}).get("model") or next((t for t in recorded if t), None)
+    plan, evaluated = summaries.get("plan"), summaries.get("evaluate")
+    target = (((config or {}).get("target") or {}).get("model")
+              or (plan.target if isinstance(plan, PlanSummary) else None)
+              or (evaluated.target_model if isinstance(evaluated, EvaluateSummary) else None))
     return RunView(run=store.root, store=store, config=config, metrics=metrics, statuses=statuses,
                    summaries=summaries, target=target)
 
