@@ -192,7 +192,7 @@ chart-pipeline: tools install
 	mkdir -p build
 	$(HELM) template $(RELEASE) $(CHART) -n $(NAMESPACE) -f $(VALUES) --set pipeline.upload.enabled=false \
 	  --show-only templates/configmap-defaults.yaml \
-	  | $(BIN)/python helm/run_config.py $(CLUSTER_PRESET) build/chart-run-config.yaml
+	  | $(BIN)/flashdraft chart-config --preset $(CLUSTER_PRESET) --output build/chart-run-config.yaml
 	$(BIN)/flashdraft compile --config build/chart-run-config.yaml --output $(CHART)/files/pipeline.yaml \
 	  $(COMPILE_ARGS)
 

@@ -1,9 +1,10 @@
-"""Pipeline commands: `compile`, `upload-pipeline`, `submit`, `run-local`."""
+"""Pipeline commands: `compile`, `chart-config`, `upload-pipeline`, `submit`, `run-local`."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -82,6 +83,25 @@ def register(app: typer.Typer) -> None:
         cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
         compile_pipeline(cfg, str(output), registry, tag, parallelism)
         typer.echo(f"compiled {output} (mode {cfg.mode.kind}); {images_line(registry, tag)}")
+
+    @app.command("chart-config")
+    def chart_config_cmd(
+        output: Annotated[Path, typer.Option("--output", "-o", help="Run config YAML to write.")],
+        preset: Annotated[str, typer.Option("--preset", "-p", help="The preset the chart's pools and storage "
+                                                                   "are applied to.")] = CLUSTER_PRESET,
+    ) -> None:
+        """The run config `make chart-pipeline` compiles: PRESET with the pools and storage of the chart's defaults
+        ConfigMap, read on stdin (`helm template ... --show-only templates/configmap-defaults.yaml`)."""
+        from flashdraft.config import ConfigError
+        from flashdraft.pipelines.chart_config import chart_run_config
+
+        try:
+            text = chart_run_config(sys.stdin.read(), preset)
+        except (ValueError, ConfigError) as exc:
+            raise fail(exc) from None
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        typer.echo(f"wrote {output} ({preset} with the chart's pools and storage)")
 
     @app.command("upload-pipeline")
     def upload_pipeline(

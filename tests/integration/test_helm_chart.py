@@ -6,7 +6,6 @@ tests neither need nor touch the copy `make chart-pipeline` writes into the work
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from flashdraft.config import load_config
+from flashdraft.pipelines.chart_config import chart_run_config
 
 pytestmark = pytest.mark.helm
 
@@ -299,12 +299,9 @@ def test_chart_readme_documents_every_value():
 
 def _chart_run_config(helm: str, chart: Path, values: Path) -> str:
     """What `make chart-pipeline` does: the defaults ConfigMap rendered from `values`, as a full run config."""
-    spec = importlib.util.spec_from_file_location("helm_run_config", ROOT / "helm" / "run_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     configmap = _helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(values),
                       "--show-only", "templates/configmap-defaults.yaml").stdout
-    return module.chart_run_config(configmap, "qwen3.6-27b")
+    return chart_run_config(configmap, "qwen3.6-27b")
 
 
 def test_chart_values_replace_the_presets_pools_in_the_compile_config(helm, chart, tmp_path):

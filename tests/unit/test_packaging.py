@@ -69,3 +69,12 @@ def test_no_import_cycle_and_the_core_imports_no_stage_or_pipeline_module():
     core = {n: {d for d in deps if d.startswith(("flashdraft.components", "flashdraft.pipelines"))}
             for n, deps in graph.items() if not n.startswith(("flashdraft.components", "flashdraft.pipelines"))}
     assert not {n: d for n, d in core.items() if d}, "core modules importing a stage or pipeline module"
+
+
+def test_nothing_under_helm_is_python():
+    """A script run from helm/ puts helm/ first on sys.path, where the chart folder helm/flashdraft/ imports as a
+    namespace package and shadows the installed flashdraft (issue 39: `make chart-pipeline` failed on a fresh clone
+    with "cannot import name '__version__' from 'flashdraft'"). The chart's config step is `flashdraft
+    chart-config`; the chart folder holds no Python."""
+    scripts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helm").rglob("*.py"))
+    assert not scripts, f"Python under helm/ (make it a `flashdraft` command instead): {scripts}"
