@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_nodes import FAKE_NODES
-from k8s_cluster import ControlPlane, MissingBinary, asset_dirs, find_binaries
+from k8s_cluster import INSTALL_HINT, ControlPlane, MissingBinary, asset_dirs, find_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINJOB_CRD = "trainer.kubeflow.org_trainjobs.yaml"
@@ -30,16 +30,33 @@ def _node(name: str, spec: dict) -> dict:
 
 
 def _asset_file(name: str) -> Path | None:
-    return next((d / name for d in asset_dirs() if (d / name).is_file()), None)
+    """`name` from the provided folders, else from ../shared/k8s beside the clone (which ships the CRD, not the
+    binaries)."""
+    return next((d / name for d in [*asset_dirs(), ROOT.parent / "shared" / "k8s"] if (d / name).is_file()), None)
+
+
+NO_CONTROL_PLANE = f"no control plane provided: {INSTALL_HINT}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Every test skipped for want of a control plane is reported at this file, so `-ra` folds them into one line
+    (pytest would otherwise print one line per test, at each test's own location)."""
+    report = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and report.longrepr[2].endswith(NO_CONTROL_PLANE):
+        report.longrepr = (__file__, None, report.longrepr[2])
+    return report
 
 
 @pytest.fixture(scope="session")
 def k8s(tmp_path_factory) -> ControlPlane:
     """The control plane with the fake nodes; stopped at session end whatever happened (and, through
     PR_SET_PDEATHSIG, even if the test process is killed)."""
+    if not asset_dirs():
+        pytest.skip(NO_CONTROL_PLANE)
     try:
         bins = find_binaries()
-    except MissingBinary as exc:
+    except MissingBinary as exc:  # a folder was named: the user wants the tier, so a missing binary is an error
         pytest.fail(str(exc))
     cluster = ControlPlane(bins, tmp_path_factory.mktemp("k8s"))
     try:
@@ -58,8 +75,8 @@ def trainjob_crd(k8s) -> str:
     """The Kubeflow Trainer TrainJob CRD (found beside the binaries), installed and established."""
     crd = _asset_file(TRAINJOB_CRD)
     if crd is None:
-        pytest.fail(f"{TRAINJOB_CRD} (the Kubeflow Trainer CRD) is not in FLASHDRAFT_K8S_BIN/KUBEBUILDER_ASSETS; "
-                    "CI and `make test` use ../shared/k8s, which has it")
+        pytest.fail(f"{TRAINJOB_CRD} (the Kubeflow Trainer CRD) is neither in FLASHDRAFT_K8S_BIN/KUBEBUILDER_ASSETS "
+                    "nor in ../shared/k8s beside the clone")
     k8s.kubectl("apply", "--server-side", "-f", str(crd))
     deadline = time.monotonic() + 60
     while True:  # `kubectl wait` can error instead of waiting right after creation: poll the condition instead

