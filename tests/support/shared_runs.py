@@ -9,14 +9,15 @@ runs it reads.
   Read by test_evaluate, test_report and test_serving_doc.
 * `smollm2_run` (integration tier): the real SmolLM2-135M-Instruct through every stage, small enough for CI.
   Read by test_generate_smollm2 and test_evaluate_smollm2.
-* `tiny_streaming_run` (integration tier): docs/local-run.md's streaming `run-local` command, as written, from a
-  fresh folder. Read by test_readme_commands and test_streaming_local.
+* `user_repo` (integration tier): a clean copy of the repository sharing the installed venv, where documented
+  commands run as subprocesses (tests/support/user_path.py). Read by test_readme_commands.
+* `tiny_streaming_run` (integration tier): docs/local-run.md's streaming `run-local` command, as written, by bash in
+  `user_repo`. Read by test_readme_commands and test_streaming_local.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -29,6 +30,7 @@ import pytest
 from flashdraft.config import RunConfig, load_config
 
 from .evaluate_fixtures import commit_drafter
+from .user_path import doc_commands, run_as_user, user_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,42 +119,32 @@ def smollm2_run(tmp_path_factory) -> SharedRun:
 
 def docs_streaming_command() -> str:
     """The streaming `run-local` command of docs/local-run.md, as written there."""
-    block = re.search(r"```bash\n(.*?)```", (ROOT / "docs" / "local-run.md").read_text(), flags=re.S).group(1)
-    (command,) = [c for c in block.replace("\\\n", " ").splitlines() if "run-local" in c and "streaming" in c]
-    return " ".join(re.sub(r"(^|\s)#.*$", "", command).split())
+    (command,) = [c.command for c in doc_commands()
+                  if c.doc == "docs/local-run.md" and "run-local" in c.command and "streaming" in c.command]
+    return command
 
 
 @pytest.fixture(scope="session")
-def tiny_streaming_run(tmp_path_factory) -> SharedRun:
-    """docs/local-run.md's streaming `run-local` command through the CLI, as written, from a fresh folder (the
-    store, kfp's workdir and the exports land there). outputs: console (the command's output), result (what
-    run_local returned to the command)."""
-    from typer.testing import CliRunner
+def user_repo(tmp_path_factory) -> Path:
+    """A clean copy of the repository sharing the installed venv and tools (tests/support/user_path.py), where the
+    documented commands run as a user runs them; shared by the commands that need a run of their own first."""
+    return user_copy(tmp_path_factory.mktemp("user-repo"))
 
-    import flashdraft.pipelines.local as local
-    from flashdraft.cli import app
 
-    folder = tmp_path_factory.mktemp("tiny-streaming")
+@pytest.fixture(scope="session")
+def tiny_streaming_run(user_repo) -> SharedRun:
+    """docs/local-run.md's streaming `run-local` command, as written, by bash in the user's copy of the repository
+    (the store, kfp's workdir and the exports land there). outputs: command, console (its output), result (the run's
+    outcome as the store holds it: pipelines/local.py `outcome`, with the export folder the console names)."""
+    from flashdraft.pipelines.local import outcome
+
     command = docs_streaming_command()
-    tokens = shlex.split(command)
-    results = []
-
-    def recorded(*args, **kwargs):
-        results.append(run_local(*args, **kwargs))
-        return results[-1]
-
-    run_local, cwd = local.run_local, Path.cwd()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(local, "run_local", recorded)  # the CLI imports it when the command runs
-        os.chdir(folder)
-        try:
-            out = CliRunner().invoke(app, tokens[1:])
-        finally:
-            os.chdir(cwd)
-    assert out.exit_code == 0, f"`{command}` failed as shown in the docs:\n{out.output[-3000:]}"
-    sets = dict(a.split("=", 1) for a in tokens if "=" in a)
+    ran = run_as_user(command, user_repo)
+    assert ran.returncode == 0, f"`{command}` failed as shown in the docs:\n{ran.output[-3000:]}"
+    sets = dict(a.split("=", 1) for a in shlex.split(command) if "=" in a)
     cfg = config_from_sets("tiny", sets)
     if cfg.storage.root.startswith("file://./"):  # the preset's relative store, made absolute for the readers
-        cfg = cfg.with_overrides({"storage.root": f"file://{folder}/{cfg.storage.root.removeprefix('file://./')}"})
-    (result,) = results
-    return SharedRun(cfg, sets, folder, {"command": command, "console": out.output, "result": result})
+        cfg = cfg.with_overrides({"storage.root": f"file://{user_repo}/{cfg.storage.root.removeprefix('file://./')}"})
+    exports = dict(re.findall(r"^drafter \((\w+), .*?\): (\S+)$", ran.output, flags=re.M))
+    result = {"state": "SUCCEEDED", **outcome(cfg), "exports": exports}
+    return SharedRun(cfg, sets, user_repo, {"command": command, "console": ran.output, "result": result})
