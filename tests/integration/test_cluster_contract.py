@@ -284,14 +284,22 @@ def _checkov() -> str:
     return exe
 
 
+@dataclass(frozen=True)
+class Scan:
+    """One checkov run: each failed finding with the values files it fires for ("docker" for a Dockerfile), and
+    the ids of the checks that passed somewhere."""
+
+    failed: dict[Finding, set[str]]
+    passed: set[str]
+
+
 @pytest.fixture(scope="session")
-def checkov_findings(releases) -> dict[Finding, set[str]]:
-    """Finding -> the values files it fires for, from one checkov run over every rendered manifest and Dockerfile
-    (offline: --skip-download)."""
+def checkov_scan(releases) -> Scan:
+    """checkov once over every rendered manifest and Dockerfile (offline: --skip-download)."""
     files = [str(m) for r in releases.values() for m in r.manifests]
     values_of = {str(m): r.name for r in releases.values() for m in r.manifests}
     proc = subprocess.run(
-        [_checkov(), "--framework", "kubernetes", "dockerfile", "--skip-download", "--quiet", "--compact",
+        [_checkov(), "--framework", "kubernetes", "dockerfile", "--skip-download", "--compact",
          "-o", "json", *[a for f in [*files, *DOCKERFILES] for a in ("-f", f)]],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"})
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
@@ -302,6 +310,7 @@ def checkov_findings(releases) -> dict[Finding, set[str]]:
         assert report["summary"]["parsing_errors"] == 0, report["summary"]
         assert report["summary"]["passed"] > 0
     found: dict[Finding, set[str]] = {}
+    passed = {r["check_id"] for report in reports for r in report["results"]["passed_checks"]}
     for report in reports:
         for result in report["results"]["failed_checks"]:
             if report["check_type"] == "dockerfile":
@@ -311,7 +320,7 @@ def checkov_findings(releases) -> dict[Finding, set[str]]:
                 finding = Finding(result["check_id"], f"{kind}/{namespace}/{name}")
                 where = values_of[result["file_abs_path"]]
             found.setdefault(finding, set()).add(where)
-    return found
+    return Scan(found, passed)
 
 
 def _accepted() -> dict[Finding, str]:
@@ -324,11 +333,11 @@ def _accepted() -> dict[Finding, str]:
     return accepted
 
 
-def test_checkov_finds_nothing_new_and_every_accepted_finding_still_fires(checkov_findings):
+def test_checkov_finds_nothing_new_and_every_accepted_finding_still_fires(checkov_scan):
     accepted = _accepted()
-    new = sorted(str(f) + f" (values: {', '.join(sorted(v))})" for f, v in checkov_findings.items()
+    new = sorted(str(f) + f" (values: {', '.join(sorted(v))})" for f, v in checkov_scan.failed.items()
                  if f not in accepted)
-    stale = sorted(str(f) for f in accepted if f not in checkov_findings)
+    stale = sorted(str(f) for f in accepted if f not in checkov_scan.failed)
     assert not new, f"checkov findings: fix them, or accept each in {CHECKOV_ACCEPTED.name} with a reason:\n" + \
         "\n".join(new)
     assert not stale, f"{CHECKOV_ACCEPTED.name} lists findings that no longer fire: remove them\n" + "\n".join(stale)
@@ -344,8 +353,10 @@ REQUIRED_POLICIES = {
 }
 
 
-def test_the_required_policies_are_never_accepted():
+def test_the_required_policies_ran_and_are_never_accepted(checkov_scan):
     assert not {f.check for f in _accepted()} & set(REQUIRED_POLICIES)
+    missing = {c: what for c, what in REQUIRED_POLICIES.items() if c not in checkov_scan.passed}
+    assert not missing, f"checkov no longer runs (or nothing passes) these checks: {missing}"
 
 
 def test_dockerfile_base_images_are_pinned():
