@@ -98,7 +98,6 @@ class Release:
 
     name: str
     values: dict[str, Any]
-    config: RunConfig
     pipeline: CompiledPipeline
     manifests: list[Path]
 
@@ -108,6 +107,8 @@ class Release:
 
 @pytest.fixture(scope="session")
 def releases(helm, tmp_path_factory) -> dict[str, Release]:
+    """values id -> Release: `make chart-pipeline VALUES=<file>` and `helm template -f <file>`, in a scratch copy
+    of the chart (the working tree's files/pipeline.yaml is neither needed nor touched)."""
     out: dict[str, Release] = {}
     for values in VALUES_FILES:
         name = values_id(values)
@@ -120,7 +121,7 @@ def releases(helm, tmp_path_factory) -> dict[str, Release]:
         helm_run(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *value_args(values),
                  "--output-dir", str(work / "rendered"))
         pipeline = CompiledPipeline(*yaml.safe_load_all((chart / "files" / "pipeline.yaml").read_text()))
-        out[name] = Release(name, merged_values(values), cfg, pipeline, sorted((work / "rendered").rglob("*.yaml")))
+        out[name] = Release(name, merged_values(values), pipeline, sorted((work / "rendered").rglob("*.yaml")))
     return out
 
 
