@@ -10,7 +10,7 @@ PRESET    ?= smollm2-local
 VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
-.PHONY: install test test-fast test-vllm test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
+.PHONY: install test test-fast test-vllm checkov-venv test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
         helm-install lint vllm-venv bench-venv clean gpu-check gpu-wheels gpu-e2e gpu-e2e-dry
 
 $(BIN)/flashdraft: pyproject.toml
@@ -30,8 +30,19 @@ install: $(BIN)/flashdraft
 # ../shared/k8s/README.md); with neither set it is skipped with that one line, and the cluster contract is checked
 # without a server (tests/integration/test_cluster_contract.py).
 
-test: install tools
+test: install tools checkov-venv
 	$(PYTEST) -q -m "not vllm and not containers" --durations=40 tests
+
+# checkov (the policy scan of tests/integration/test_cluster_contract.py) in its own venv: it pins boto3 1.35,
+# networkx 2.6 and packaging 23, which would downgrade ours. ~250 MB, ~1 min.
+CHECKOV_VENV ?= .venv-checkov
+
+$(CHECKOV_VENV)/.ready:
+	test -x $(CHECKOV_VENV)/bin/python || $(PY) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q checkov==3.3.30
+	touch $@
+
+checkov-venv: $(CHECKOV_VENV)/.ready
 
 # The containers tier (tests/containers): its own dockerd (private data root, stopped at the end), a stand-in base
 # and a wheel index over HTTPS (cached in ~/.cache/flashdraft/containers), then docker/base built as is and the tiny

@@ -14,7 +14,7 @@ from flashdraft.config import StorageConfig, load_config
 from flashdraft.store import ObjectStore
 
 # Runs several modules read, made once per session (tests/support/shared_runs.py), and the report tests' runs
-pytest_plugins = ["support.shared_runs", "support.report_runs"]
+pytest_plugins = ["support.shared_runs", "support.report_runs", "support.helm_chart"]
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):

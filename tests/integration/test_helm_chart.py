@@ -1,4 +1,5 @@
-"""The Helm chart, rendered by the real helm binary (`make tools`) and validated offline with kubernetes-validate.
+"""The Helm chart, rendered by the real helm binary (`make tools`) and validated offline with kubernetes-validate
+(the schemas of the oldest and newest supported Kubernetes, the CRD, checkov and placement: test_cluster_contract.py).
 
 Each test renders a scratch copy of the chart with a stand-in compiled pipeline in files/pipeline.yaml, so the
 tests neither need nor touch the copy `make chart-pipeline` writes into the working tree.
@@ -16,16 +17,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.helm_chart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, render
+from support.helm_chart import helm_run as _helm
+from support.helm_chart import value_args as _value_args
+from support.helm_chart import values_id as _values_id
 
 from flashdraft.config import load_config
 from flashdraft.pipelines.chart_config import chart_run_config
 
 pytestmark = pytest.mark.helm
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "flashdraft"
-CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
-RELEASE, NAMESPACE = "flashdraft", "fd-test"
 STAND_IN_PIPELINE = """\
 # PIPELINE DEFINITION
 # Name: flashdraft
@@ -47,39 +48,12 @@ platforms:
 
 
 @pytest.fixture(scope="session")
-def helm() -> str:
-    exe = ROOT / ".tools" / "helm"
-    if not exe.exists():
-        pytest.fail(f"{exe} is missing: run `make tools` (installs the real helm binary)")
-    return str(exe)
-
-
-@pytest.fixture(scope="session")
 def chart(tmp_path_factory) -> Path:
     """A scratch copy of the chart with a stand-in compiled pipeline (two YAML documents, like KFP's output)."""
     dest = tmp_path_factory.mktemp("chart") / "flashdraft"
     shutil.copytree(CHART, dest, ignore=shutil.ignore_patterns("pipeline.yaml"))
     (dest / "files" / "pipeline.yaml").write_text(STAND_IN_PIPELINE)
     return dest
-
-
-def _helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
-    if check and proc.returncode != 0:
-        pytest.fail(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def _value_args(values: Path | None, sets: dict[str, str] | None = None) -> list[str]:
-    args = ["-f", str(values)] if values else []
-    for key, val in (sets or {}).items():
-        args += ["--set", f"{key}={val}"]
-    return args
-
-
-def render(helm: str, chart: Path, values: Path | None = None, sets: dict[str, str] | None = None) -> list[dict]:
-    out = _helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *_value_args(values, sets)).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def find(docs: list[dict], kind: str, name: str | None = None) -> list[dict]:
@@ -90,10 +64,6 @@ def one(docs: list[dict], kind: str, name: str | None = None) -> dict:
     found = find(docs, kind, name)
     assert len(found) == 1, f"expected one {kind} {name or ''}, got {[d['metadata']['name'] for d in found]}"
     return found[0]
-
-
-def _values_id(p: Path | None) -> str:
-    return p.stem if p else "default"
 
 
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=_values_id)

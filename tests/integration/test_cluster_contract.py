@@ -1,0 +1,409 @@
+"""The cluster contract without a cluster: what the API server, the Kubeflow Trainer CRD, a policy scanner and the
+scheduler's inputs would say about what flashdraft ships, checked by maintained tools, for every values file.
+
+For the default values and each helm/flashdraft/ci/*.yaml, the chart's pipeline is compiled as `make chart-pipeline
+VALUES=<file>` does (the ci file that turns multi-node on also with `COMPILE_ARGS="--set training.num_nodes=4"`),
+and the chart is rendered by the real helm with that pipeline in files/pipeline.yaml. Then:
+- every manifest validates strictly (unknown fields fail) against the Kubernetes OpenAPI schemas of the oldest and
+  the newest Kubernetes the chart supports (Chart.yaml `kubeVersion`'s lower bound; it has no upper bound, so the
+  newest is the newest kubernetes-validate ships), and helm accepts both as the target version;
+- the TrainJob the multi-node launcher creates (rendered from the compiled launcher task's own arguments) passes the
+  TrainJob CRD's openAPIV3Schema and every x-kubernetes-validations rule, evaluated by a CEL interpreter
+  (tests/support/crd.py);
+- checkov scans the rendered manifests and docker/*/Dockerfile; a finding passes only if
+  tests/integration/checkov_accepted.yaml lists it with its reason, and every entry there must still fire;
+- every task's node selector, tolerations and GPU request, read out of the compiled pipeline (tests/k8s/kfp_pods.py),
+  are those of the pool its values assign, and so are the TrainJob's node pods.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cel
+import kubernetes_validate
+import pytest
+import yaml
+from k8s.kfp_pods import CompiledPipeline
+from kubernetes_validate.utils import latest_version, major_minor
+from support.crd import CrdValidator
+from support.helm_chart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, helm_run, value_args, values_id
+
+from flashdraft.config import RunConfig, load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
+from flashdraft.pipelines.runtime import stage_config
+from flashdraft.pipelines.trainjob import render_trainjob
+
+pytestmark = pytest.mark.helm
+
+VALUES_FILES = [None, *CI_VALUES]
+PRESET = "qwen3.6-27b"
+REGISTRY, TAG = "registry.example.com/ml", "contract"
+# The compile arguments `make chart-pipeline` takes with a values file (COMPILE_ARGS), where the values need them.
+COMPILE_OVERRIDES = {"multinode-values": {"training.num_nodes": 4}}
+# In CI the repository is cloned beside shared/ (docs/testing.md).
+TRAINJOB_CRD = ROOT.parent / "shared" / "k8s" / "trainer.kubeflow.org_trainjobs.yaml"
+LAUNCHER = "exec-train-multinode"
+LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "runtime_ref")
+# Where each stage must run: the product's intent (the placement itself is read from the compiled spec).
+STAGE_POOL = {
+    "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu", "stream-end": "cpu", "train-launcher": "cpu",
+    "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
+}
+CHECKOV_ACCEPTED = Path(__file__).with_name("checkov_accepted.yaml")
+DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*/Dockerfile"))
+
+
+def chart_run_config(helm: str, chart: Path, values: Path | None) -> str:
+    """`make chart-pipeline`'s config step: the chart's defaults ConfigMap for `values` over the preset."""
+    spec = importlib.util.spec_from_file_location("helm_run_config", ROOT / "helm" / "run_config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    configmap = helm_run(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *value_args(values),
+                         "--set", "pipeline.upload.enabled=false", "--show-only",
+                         "templates/configmap-defaults.yaml").stdout
+    return module.chart_run_config(configmap, PRESET)
+
+
+def merged_values(values: Path | None) -> dict[str, Any]:
+    """The chart's values with `values` over them, as helm merges them (maps key by key; null deletes a key)."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, val in over.items():
+            if val is None:
+                out.pop(key, None)
+            elif isinstance(val, dict) and isinstance(out.get(key), dict):
+                out[key] = merge(out[key], val)
+            else:
+                out[key] = val
+        return out
+
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return merge(defaults, yaml.safe_load(values.read_text()) if values else {})
+
+
+@dataclass(frozen=True)
+class Release:
+    """One values file as a cluster gets it: the pipeline compiled for it, and the chart rendered with both."""
+
+    name: str
+    values: dict[str, Any]
+    pipeline: CompiledPipeline
+    manifests: list[Path]
+
+    def docs(self) -> list[dict[str, Any]]:
+        return [d for m in self.manifests for d in yaml.safe_load_all(m.read_text()) if d]
+
+
+@pytest.fixture(scope="session")
+def releases(helm, tmp_path_factory) -> dict[str, Release]:
+    """values id -> Release: `make chart-pipeline VALUES=<file>` and `helm template -f <file>`, in a scratch copy
+    of the chart (the working tree's files/pipeline.yaml is neither needed nor touched)."""
+    out: dict[str, Release] = {}
+    for values in VALUES_FILES:
+        name = values_id(values)
+        work = tmp_path_factory.mktemp(f"contract-{name}")
+        chart = work / "flashdraft"
+        shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("pipeline.yaml"))
+        (work / "run.yaml").write_text(chart_run_config(helm, chart, values))
+        cfg = load_config(work / "run.yaml", overrides=COMPILE_OVERRIDES.get(name))
+        compile_pipeline(cfg, str(chart / "files" / "pipeline.yaml"), REGISTRY, TAG)
+        helm_run(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *value_args(values),
+                 "--output-dir", str(work / "rendered"))
+        pipeline = CompiledPipeline(*yaml.safe_load_all((chart / "files" / "pipeline.yaml").read_text()))
+        out[name] = Release(name, merged_values(values), pipeline, sorted((work / "rendered").rglob("*.yaml")))
+    return out
+
+
+def _supported_versions() -> tuple[str, str]:
+    """(oldest, newest) Kubernetes minor the chart supports: Chart.yaml's kubeVersion lower bound, and the newest
+    kubernetes-validate has schemas for (the range is open above)."""
+    constraint = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    match = re.fullmatch(r">=\s*(\d+\.\d+)\.\d+(-0)?", constraint.strip())
+    assert match, f"Chart.yaml kubeVersion {constraint!r}: expected an open range '>=1.N.0-0' (see its comment)"
+    return match.group(1), major_minor(latest_version())
+
+
+OLDEST, NEWEST = _supported_versions()
+
+
+def test_the_supported_range_is_a_real_range_and_helm_enforces_its_bound(helm, tmp_path):
+    assert tuple(map(int, OLDEST.split("."))) < tuple(map(int, NEWEST.split(".")))
+    chart = tmp_path / "flashdraft"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("pipeline.yaml"))
+    off = ("--set", "pipeline.upload.enabled=false")
+    for version in (OLDEST, NEWEST):
+        helm_run(helm, "template", RELEASE, str(chart), *off, "--kube-version", f"{version}.0")
+    older = f"1.{int(OLDEST.split('.')[1]) - 1}.0"
+    proc = helm_run(helm, "template", RELEASE, str(chart), *off, "--kube-version", older, check=False)
+    assert proc.returncode != 0 and "kubeVersion" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("version", [OLDEST, NEWEST])
+@pytest.mark.parametrize("values", VALUES_FILES, ids=values_id)
+def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(releases, values, version):
+    docs = releases[values_id(values)].docs()
+    assert len(docs) >= 8
+    failures = []
+    for doc in docs:
+        where = f"{doc['kind']} {doc['metadata']['name']}"
+        try:  # a kind without a schema raises too: nothing passes unchecked
+            assert kubernetes_validate.validate(doc, version, strict=True) == version
+        except kubernetes_validate.ValidationError as exc:
+            failures.append(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert not failures, f"against Kubernetes {version}:\n" + "\n".join(failures)
+
+
+def test_strict_validation_catches_an_unknown_and_a_mistyped_field(releases):
+    job = next(d for d in releases["default"].docs() if d["kind"] == "Job")
+    for version in (OLDEST, NEWEST):
+        unknown = copy.deepcopy(job)
+        unknown["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+        mistyped = copy.deepcopy(job)
+        mistyped["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = [1]
+        for bad in (unknown, mistyped):
+            with pytest.raises(kubernetes_validate.ValidationError):
+                kubernetes_validate.validate(bad, version, strict=True)
+
+
+# --- the TrainJob against the Kubeflow Trainer CRD ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def trainjob_crd() -> CrdValidator:
+    if not TRAINJOB_CRD.is_file():
+        pytest.fail(f"{TRAINJOB_CRD} is missing: the Kubeflow Trainer TrainJob CRD comes with shared/ beside the clone")
+    return CrdValidator(TRAINJOB_CRD)
+
+
+def launcher_trainjob(pipeline: CompiledPipeline, namespace: str) -> tuple[RunConfig, dict[str, Any]]:
+    """The TrainJob the multi-node launcher task creates, from the arguments the compiled pipeline passes it by
+    default (as its component body does: the config it ships, KFP's float GPU count as an int)."""
+    cfg = stage_config(pipeline.task_input(LAUNCHER, "config_yaml"), pipeline.task_input(LAUNCHER, "overrides"))
+    args = {arg: pipeline.task_input(LAUNCHER, arg) for arg in LAUNCHER_ARGS}
+    args["gpus_per_node"] = int(args["gpus_per_node"])
+    return cfg, render_trainjob(cfg, namespace=namespace, **args)
+
+
+@pytest.fixture(scope="session")
+def trainjobs(releases, tmp_path_factory) -> dict[str, tuple[RunConfig, dict[str, Any]]]:
+    """The chart's multi-node release's TrainJob, and the one of `make compile` with the preset at 4 nodes."""
+    chart_release = releases["multinode-values"]
+    namespace = chart_release.values["multiNode"]["trainJobNamespace"]
+    path = tmp_path_factory.mktemp("compile") / "pipeline.yaml"
+    compile_pipeline(load_config(preset=PRESET, overrides={"training.num_nodes": 4}), str(path), REGISTRY, TAG)
+    preset_pipeline = CompiledPipeline(*yaml.safe_load_all(path.read_text()))
+    return {"chart-multinode": launcher_trainjob(chart_release.pipeline, namespace),
+            "make-compile": launcher_trainjob(preset_pipeline, "team")}
+
+
+def test_every_crd_rule_compiles_and_reads_only_self_and_old_self(trainjob_crd):
+    assert len(trainjob_crd.rules) >= 15, "the CRD lost its validation rules: is this the Trainer CRD?"
+    for rule in trainjob_crd.rules:
+        program = cel.compile(rule.rule)
+        assert set(program.variables()) <= {"self", "oldSelf"}, (rule.path, rule.rule)
+
+
+@pytest.mark.parametrize("source", ["chart-multinode", "make-compile"])
+def test_the_launchers_trainjob_passes_the_crd_schema_and_rules(trainjob_crd, trainjobs, source):
+    _, job = trainjobs[source]
+    assert job["spec"]["trainer"]["numNodes"] == 4
+    assert trainjob_crd.errors(job) == []
+    # Re-applied unchanged (a retried launcher): the immutability rules hold too.
+    assert trainjob_crd.rule_errors(job, old=copy.deepcopy(job)) == []
+    checked = {r.path for r in trainjob_crd.rules if not r.transition}
+    assert {"", "spec.trainer.numProcPerNode"} <= checked
+
+
+def _broken(job: dict[str, Any], change) -> dict[str, Any]:
+    bad = copy.deepcopy(job)
+    change(bad)
+    return bad
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (lambda j: j["spec"]["trainer"].update(numProcPerNode=0),
+     "spec.trainer.numProcPerNode: numProcPerNode must be greater than or equal to 1"),
+    (lambda j: j["metadata"].update(name="My_Run-train"), "<root>: metadata.name must match RFC 1035"),
+    (lambda j: j["metadata"].update(name="r" * 64), "<root>: metadata.name must be no more than 63 characters"),
+    (lambda j: j["spec"].update(managedBy="someone-else"), "spec.managedBy: ManagedBy must be"),
+], ids=["numProcPerNode-0", "name-not-dns-label", "name-too-long", "managedBy-unknown"])
+def test_a_trainjob_breaking_a_cel_rule_is_refused(trainjob_crd, trainjobs, change, error):
+    _, job = trainjobs["chart-multinode"]
+    errors = trainjob_crd.errors(_broken(job, change))
+    assert any(e.startswith(error) for e in errors), errors
+
+
+def test_changing_an_immutable_field_on_update_is_refused(trainjob_crd, trainjobs):
+    _, job = trainjobs["chart-multinode"]
+    new = _broken(job, lambda j: j["spec"]["trainer"].update(numNodes=8))
+    assert trainjob_crd.rule_errors(new) == [], "on create there is no old object: transition rules do not apply"
+    assert "spec.trainer: field is immutable (self == oldSelf)" in trainjob_crd.rule_errors(new, old=job)
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (lambda j: j["spec"].update(podTemplateOverrides=[]), "spec: Additional properties are not allowed "
+                                                         "('podTemplateOverrides' was unexpected)"),
+    (lambda j: j["spec"]["trainer"].update(numNodes="four"), "spec.trainer.numNodes: 'four' is not of type"),
+    (lambda j: j["spec"]["trainer"]["resourcesPerNode"]["limits"].update({"nvidia.com/gpu": 8.5}),
+     "spec.trainer.resourcesPerNode.limits.nvidia.com/gpu: 8.5 is not valid under any of the given schemas"),
+    (lambda j: j["spec"].pop("runtimeRef"), "spec: 'runtimeRef' is a required property"),
+    (lambda j: j.update(apiVersion="trainer.kubeflow.org/v1"), "<root>: trainer.kubeflow.org/v1/TrainJob is not"),
+], ids=["stale-field", "numNodes-string", "gpu-float", "no-runtimeRef", "wrong-version"])
+def test_a_trainjob_breaking_the_schema_is_refused(trainjob_crd, trainjobs, change, error):
+    _, job = trainjobs["make-compile"]
+    errors = trainjob_crd.errors(_broken(job, change))
+    assert any(e.startswith(error) for e in errors), errors
+
+
+# --- policy scan -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    where: str  # a Dockerfile's path, or Kind/namespace/name of a rendered object
+
+    def __str__(self) -> str:
+        return f"{self.check} {self.where}"
+
+
+def _checkov() -> str:
+    exe = os.environ.get("FLASHDRAFT_CHECKOV") or str(ROOT / ".venv-checkov" / "bin" / "checkov")
+    if not Path(exe).is_file():
+        pytest.fail(f"{exe} is missing: run `make checkov-venv` (checkov in its own venv: its pins clash with ours)")
+    return exe
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One checkov run: each failed finding with the values files it fires for ("docker" for a Dockerfile), and
+    the ids of the checks that passed somewhere."""
+
+    failed: dict[Finding, set[str]]
+    passed: set[str]
+
+
+@pytest.fixture(scope="session")
+def checkov_scan(releases) -> Scan:
+    """checkov once over every rendered manifest and Dockerfile (offline: --skip-download)."""
+    files = [str(m) for r in releases.values() for m in r.manifests]
+    values_of = {str(m): r.name for r in releases.values() for m in r.manifests}
+    proc = subprocess.run(
+        [_checkov(), "--framework", "kubernetes", "dockerfile", "--skip-download", "--compact",
+         "-o", "json", *[a for f in [*files, *DOCKERFILES] for a in ("-f", f)]],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"})
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    reports = json.loads(proc.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    assert {r["check_type"] for r in reports} == {"kubernetes", "dockerfile"}, [r["check_type"] for r in reports]
+    for report in reports:
+        assert report["summary"]["parsing_errors"] == 0, report["summary"]
+        assert report["summary"]["passed"] > 0
+    found: dict[Finding, set[str]] = {}
+    passed = {r["check_id"] for report in reports for r in report["results"]["passed_checks"]}
+    for report in reports:
+        for result in report["results"]["failed_checks"]:
+            if report["check_type"] == "dockerfile":
+                finding, where = Finding(result["check_id"], result["file_path"].lstrip("/")), "docker"
+            else:
+                kind, namespace, name = result["resource"].split(".")[:3]
+                finding = Finding(result["check_id"], f"{kind}/{namespace}/{name}")
+                where = values_of[result["file_abs_path"]]
+            found.setdefault(finding, set()).add(where)
+    return Scan(found, passed)
+
+
+def _accepted() -> dict[Finding, str]:
+    entries = yaml.safe_load(CHECKOV_ACCEPTED.read_text())
+    accepted = {}
+    for entry in entries:
+        assert set(entry) == {"check", "where", "reason"} and entry["reason"].strip(), entry
+        accepted[Finding(entry["check"], entry["where"])] = entry["reason"]
+    assert len(accepted) == len(entries), "an accepted finding is listed twice"
+    return accepted
+
+
+def test_checkov_finds_nothing_new_and_every_accepted_finding_still_fires(checkov_scan):
+    accepted = _accepted()
+    new = sorted(str(f) + f" (values: {', '.join(sorted(v))})" for f, v in checkov_scan.failed.items()
+                 if f not in accepted)
+    stale = sorted(str(f) for f in accepted if f not in checkov_scan.failed)
+    assert not new, f"checkov findings: fix them, or accept each in {CHECKOV_ACCEPTED.name} with a reason:\n" + \
+        "\n".join(new)
+    assert not stale, f"{CHECKOV_ACCEPTED.name} lists findings that no longer fire: remove them\n" + "\n".join(stale)
+
+
+# The checks issue 39 names; none may be among the accepted findings.
+REQUIRED_POLICIES = {
+    "CKV_K8S_20": "no privilege escalation", "CKV_K8S_23": "non-root containers", "CKV_K8S_40": "a high UID",
+    "CKV_K8S_17": "no host PID", "CKV_K8S_18": "no host IPC", "CKV_K8S_19": "no host network",
+    "CKV_K8S_16": "not privileged", "CKV_K8S_22": "read-only root filesystem", "CKV_K8S_10": "CPU requests",
+    "CKV_K8S_11": "CPU limits", "CKV_K8S_12": "memory requests", "CKV_K8S_13": "memory limits",
+    "CKV_K8S_28": "no NET_RAW", "CKV_DOCKER_3": "a non-root USER in the image", "CKV_DOCKER_8": "not USER root last",
+}
+
+
+def test_the_required_policies_ran_and_are_never_accepted(checkov_scan):
+    assert not {f.check for f in _accepted()} & set(REQUIRED_POLICIES)
+    missing = {c: what for c, what in REQUIRED_POLICIES.items() if c not in checkov_scan.passed}
+    assert not missing, f"checkov no longer runs (or nothing passes) these checks: {missing}"
+
+
+def test_dockerfile_base_images_are_pinned():
+    """What CKV_DOCKER_7 cannot see through `FROM ${ARG}`: the ARG's default names a version, not latest."""
+    for dockerfile in DOCKERFILES:
+        text = (ROOT / dockerfile).read_text()
+        (arg,) = re.findall(r"^FROM \$\{(\w+)\}", text, re.M)
+        (default,) = re.findall(rf"^ARG {arg}=(\S+)$", text, re.M)
+        tag = default.rpartition(":")[2]
+        assert ":" in default and tag != "latest" and re.search(r"\d", tag), f"{dockerfile}: {arg}={default}"
+
+
+# --- placement read from the compiled pipeline -------------------------------------------------------------------
+
+
+def _pool_placement(values: dict[str, Any], pool: str) -> tuple[dict[str, str], list[dict[str, Any]],
+                                                                 dict[str, float]]:
+    """(node selector, tolerations, accelerator limits as numbers) that `values` assign to `pool`."""
+    spec = values["pools"][pool]
+    selector = {k: v for k, v in spec["nodeSelector"].items() if v is not None}
+    gpus = {spec["acceleratorType"]: float(spec["acceleratorCount"])} if pool != "cpu" and spec["acceleratorType"] \
+        else {}
+    return selector, spec["tolerations"], gpus
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=values_id)
+def test_every_task_runs_on_the_pool_its_values_assign(releases, values):
+    release = releases[values_id(values)]
+    pods = release.pipeline.stage_pods()
+    assert {p.stage for p in pods} <= set(STAGE_POOL), "a stage was added or renamed: say where it must run"
+    assert {"plan", "generate", "extract", "evaluate"} <= {p.stage for p in pods}
+    for pod in pods:
+        selector, tolerations, gpus = _pool_placement(release.values, STAGE_POOL[pod.stage])
+        limits = pod.spec["containers"][0]["resources"]["limits"]
+        assert pod.spec.get("nodeSelector", {}) == selector, pod.stage
+        assert pod.spec.get("tolerations", []) == tolerations, pod.stage
+        # KFP hands the GPU-count parameter over as a JSON number ("1.0" in the pod: the same quantity as 1)
+        assert {k: float(v) for k, v in limits.items() if k not in ("cpu", "memory")} == gpus, pod.stage
+
+
+def test_the_trainjobs_nodes_run_on_the_trainer_pool(releases, trainjobs):
+    release = releases["multinode-values"]
+    assert "train-launcher" in {p.stage for p in release.pipeline.stage_pods()}
+    selector, tolerations, gpus = _pool_placement(release.values, "trainer")
+    _, job = trainjobs["chart-multinode"]
+    (node,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == selector and pod["tolerations"] == tolerations
+    assert {k: float(v) for k, v in job["spec"]["trainer"]["resourcesPerNode"]["limits"].items()} == gpus
