@@ -12,14 +12,13 @@ and the chart is rendered by the real helm with that pipeline in files/pipeline.
   (tests/support/crd.py);
 - checkov scans the rendered manifests and docker/*/Dockerfile; a finding passes only if
   tests/integration/checkov_accepted.yaml lists it with its reason, and every entry there must still fire;
-- every task's node selector, tolerations and GPU request, read out of the compiled pipeline (tests/k8s/kfp_pods.py),
+- every task's node selector, tolerations and GPU request, read out of the compiled pipeline (support/kfp_pods.py),
   are those of the pool its values assign, and so are the TrainJob's node pods.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import re
@@ -33,10 +32,20 @@ import cel
 import kubernetes_validate
 import pytest
 import yaml
-from k8s.kfp_pods import CompiledPipeline
 from kubernetes_validate.utils import latest_version, major_minor
 from support.crd import CrdValidator
-from support.helm_chart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, helm_run, value_args, values_id
+from support.helm_chart import (
+    CHART,
+    CI_VALUES,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    chart_run_config,
+    helm_run,
+    value_args,
+    values_id,
+)
+from support.kfp_pods import STAGE_POOL, CompiledPipeline
 
 from flashdraft.config import RunConfig, load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
@@ -54,24 +63,8 @@ COMPILE_OVERRIDES = {"multinode-values": {"training.num_nodes": 4}}
 TRAINJOB_CRD = ROOT.parent / "shared" / "k8s" / "trainer.kubeflow.org_trainjobs.yaml"
 LAUNCHER = "exec-train-multinode"
 LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "runtime_ref")
-# Where each stage must run: the product's intent (the placement itself is read from the compiled spec).
-STAGE_POOL = {
-    "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu", "stream-end": "cpu", "train-launcher": "cpu",
-    "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
-}
 CHECKOV_ACCEPTED = Path(__file__).with_name("checkov_accepted.yaml")
 DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*/Dockerfile"))
-
-
-def chart_run_config(helm: str, chart: Path, values: Path | None) -> str:
-    """`make chart-pipeline`'s config step: the chart's defaults ConfigMap for `values` over the preset."""
-    spec = importlib.util.spec_from_file_location("helm_run_config", ROOT / "helm" / "run_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    configmap = helm_run(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *value_args(values),
-                         "--set", "pipeline.upload.enabled=false", "--show-only",
-                         "templates/configmap-defaults.yaml").stdout
-    return module.chart_run_config(configmap, PRESET)
 
 
 def merged_values(values: Path | None) -> dict[str, Any]:
@@ -115,7 +108,7 @@ def releases(helm, tmp_path_factory) -> dict[str, Release]:
         work = tmp_path_factory.mktemp(f"contract-{name}")
         chart = work / "flashdraft"
         shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("pipeline.yaml"))
-        (work / "run.yaml").write_text(chart_run_config(helm, chart, values))
+        (work / "run.yaml").write_text(chart_run_config(helm, chart, values, PRESET))
         cfg = load_config(work / "run.yaml", overrides=COMPILE_OVERRIDES.get(name))
         compile_pipeline(cfg, str(chart / "files" / "pipeline.yaml"), REGISTRY, TAG)
         helm_run(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *value_args(values),

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.helm_chart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, render
+from support.helm_chart import CHART, CI_VALUES, NAMESPACE, RELEASE, ROOT, chart_run_config, render
 from support.helm_chart import helm_run as _helm
 from support.helm_chart import value_args as _value_args
 from support.helm_chart import values_id as _values_id
 
 from flashdraft.config import load_config
-from flashdraft.pipelines.chart_config import chart_run_config
 
 pytestmark = pytest.mark.helm
 
@@ -267,16 +266,9 @@ def test_chart_readme_documents_every_value():
     assert not missing, f"chart README does not document: {missing}"
 
 
-def _chart_run_config(helm: str, chart: Path, values: Path) -> str:
-    """What `make chart-pipeline` does: the defaults ConfigMap rendered from `values`, as a full run config."""
-    configmap = _helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(values),
-                      "--show-only", "templates/configmap-defaults.yaml").stdout
-    return chart_run_config(configmap, "qwen3.6-27b")
-
-
 def test_chart_values_replace_the_presets_pools_in_the_compile_config(helm, chart, tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text(_chart_run_config(helm, chart, CHART / "ci" / "custom-pools-values.yaml"))
+    config.write_text(chart_run_config(helm, chart, CHART / "ci" / "custom-pools-values.yaml"))
     cfg = load_config(config)
     preset = load_config(preset="qwen3.6-27b")
     # Replaced as a whole: the preset's nvidia.com/gpu.product label must not survive into another cluster.
@@ -292,7 +284,7 @@ def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, t
     pipeline = pytest.importorskip("flashdraft.pipelines.pipeline", reason="the pipeline module is not built yet")
     values = CHART / "ci" / "custom-pools-values.yaml"
     config = tmp_path / "run.yaml"
-    config.write_text(_chart_run_config(helm, chart, values))
+    config.write_text(chart_run_config(helm, chart, values))
     real = tmp_path / "flashdraft"
     shutil.copytree(chart, real)
     pipeline.compile_pipeline(load_config(config), str(real / "files" / "pipeline.yaml"),

@@ -154,7 +154,7 @@ PIPELINE_VARIANTS = {"offline": {}, "streaming": {"mode.kind": "streaming"}, "mu
 def compiled_pipelines(tmp_path_factory) -> dict:
     """variant -> (yaml text, CompiledPipeline) of the qwen3.6-27b preset, compiled as `make compile` does."""
     import yaml
-    from kfp_pods import CompiledPipeline
+    from support.kfp_pods import CompiledPipeline
 
     from flashdraft.config import load_config
     from flashdraft.pipelines.pipeline import compile_pipeline

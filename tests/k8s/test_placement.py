@@ -7,15 +7,10 @@ import copy
 
 import pytest
 from fake_nodes import FAKE_NODES, POOL_NODES
-from kfp_pods import create_pod, wait_scheduled
+from support.kfp_pods import STAGE_POOL, create_pod, wait_scheduled
 
 pytestmark = pytest.mark.k8s
 
-# Where each stage must run (the product's intent; the placement itself is read from the compiled spec).
-EXPECTED_POOL = {
-    "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu", "stream-end": "cpu", "train-launcher": "cpu",
-    "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
-}
 GPU_NODES = {n for n, spec in FAKE_NODES.items() if spec["gpus"]}
 
 
@@ -33,14 +28,14 @@ def test_every_stage_lands_on_its_pools_node(k8s, kube_api, namespace, compiled_
 
     core = client.CoreV1Api(kube_api)
     pods = _stage_pods(compiled_pipelines)
-    assert {p.stage for p in pods} == set(EXPECTED_POOL), "a stage was added or renamed: say where it must run"
+    assert {p.stage for p in pods} == set(STAGE_POOL), "a stage was added or renamed: say where it must run"
     for pod in pods:
         create_pod(core, namespace, pod.executor, pod.spec)
     for pod in pods:
         placed = wait_scheduled(core, namespace, pod.executor)
-        assert placed.node in POOL_NODES[EXPECTED_POOL[pod.stage]], (
-            f"{pod.stage} ({pod.executor}) should run on the {EXPECTED_POOL[pod.stage]} pool "
-            f"{sorted(POOL_NODES[EXPECTED_POOL[pod.stage]])}, scheduler said: {placed.node or placed.reason}")
+        assert placed.node in POOL_NODES[STAGE_POOL[pod.stage]], (
+            f"{pod.stage} ({pod.executor}) should run on the {STAGE_POOL[pod.stage]} pool "
+            f"{sorted(POOL_NODES[STAGE_POOL[pod.stage]])}, scheduler said: {placed.node or placed.reason}")
         gpus = pod.spec["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
         if gpus:
             assert placed.node != "cpu-0" and placed.node in GPU_NODES, f"GPU stage {pod.stage} on {placed.node}"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from fake_nodes import POOL_NODES
-from kfp_pods import create_pod, wait_scheduled
+from support.kfp_pods import create_pod, wait_scheduled
 
 from flashdraft.pipelines.runtime import stage_config
 from flashdraft.pipelines.trainjob import (

@@ -44,3 +44,14 @@ def render(helm: str, chart: Path, values: Path | None = None, sets: dict[str, s
 
 def values_id(p: Path | None) -> str:
     return p.stem if p else "default"
+
+
+def chart_run_config(helm: str, chart: Path, values: Path | None, preset: str = "qwen3.6-27b") -> str:
+    """`make chart-pipeline`'s config step (`flashdraft chart-config`): the chart's defaults ConfigMap rendered from
+    `values`, applied over `preset`, as a full run config."""
+    from flashdraft.pipelines.chart_config import chart_run_config as from_configmap
+
+    configmap = helm_run(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, *value_args(values),
+                         "--set", "pipeline.upload.enabled=false", "--show-only",
+                         "templates/configmap-defaults.yaml").stdout
+    return from_configmap(configmap, preset)

@@ -16,6 +16,14 @@ from typing import Any
 _PARAM_REF = re.compile(r"^\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}$")
 
 
+# Where each stage must run: the product's intent (the placement itself is read from the compiled spec). Checked
+# against the compiled pipeline without a server (tests/integration/test_cluster_contract.py) and by a real scheduler
+# where a control plane is provided (tests/k8s/test_placement.py).
+STAGE_POOL = {
+    "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu", "stream-end": "cpu", "train-launcher": "cpu",
+    "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
+}
+
 class UnresolvedInput(LookupError):
     """A parameter reference KFP's driver could not resolve: the task would fail before its pod is created."""
 
