@@ -19,6 +19,7 @@ from typing import Any
 
 from flashdraft import layout
 from flashdraft.calibration import load_calibration
+from flashdraft.components.plan.compare import Comparison, compare_topologies, cost_gate, summary_line
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
@@ -183,7 +184,9 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         "train_flops_per_step": {k: float(f"{v:.4g}") for k, v in step_flops.items()},
         "calibration": cal.origin() if cal else None,
     }
-    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus)]
+    comparison = compare_topologies(cfg, plan, cost, train_flops_per_token, cal)
+    plan["comparison"] = comparison.to_json() if comparison else None
+    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus), cost_gate(comparison, cfg)]
     plan["gate"] = " | ".join(g for g in gates if g) or None
     return plan
 
@@ -231,9 +234,17 @@ def plan_markdown(plan: dict[str, Any]) -> str:
               f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
               f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
     lines += memory_markdown(plan)
+    line = summary_line(comparison_of(plan))
+    if line:
+        lines += ["", f"- {line}"]
     if plan["gate"]:
         lines += ["", f"**Gate: {plan['gate']}**"]
     return "\n".join(lines) + "\n"
+
+
+def comparison_of(plan: dict[str, Any]) -> Comparison | None:
+    """The plan's topology comparison, typed (None for a CPU run)."""
+    return Comparison.model_validate(plan["comparison"]) if plan.get("comparison") else None
 
 
 def target_lines(plan: dict[str, Any]) -> list[str]:

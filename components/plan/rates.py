@@ -23,7 +23,7 @@ from flashdraft.components.plan.resources import calibrate_rates
 from flashdraft.config import RunConfig
 
 STAGES = ("generate", "extract", "train")
-FP8_NOTE = " (FP8 weights: assumed)"
+FP8_NOTE = "; FP8 weights assumed"
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,12 @@ def decode_weight_bytes(total: float, active: float, experts: int, per_token: in
 
 def stage_rates(cfg: RunConfig, target: TargetCost, inf_gpu: GpuSpec | None, train_gpu: GpuSpec | None,
                 train_flops_per_token: float, cal: Calibration | None, precision: str = "bf16",
-                use_measured: bool = True) -> Rates:
+                measured: dict[str, float] | None = None) -> Rates:
     """Rates of the three stages with the target on `inf_gpu` in `precision` and the trainer on `train_gpu`.
-    `use_measured`: whether plan.measured_tokens_per_s applies (it was measured on the configured pools)."""
+    `measured`: the plan.measured_tokens_per_s entries that apply (they were measured on the configured pools);
+    None: all of them."""
     p = cfg.plan
-    measured = p.measured_tokens_per_s if use_measured else {}
+    measured = p.measured_tokens_per_s if measured is None else measured
     weight_share = WEIGHT_BYTES[precision] / 2
     fp8_peak = precision == "fp8" and inf_gpu is not None and inf_gpu.fp8
     extract_flops = target.extract_flops_per_token / (2 if fp8_peak else 1)  # FP8 peak = 2x BF16
