@@ -9,8 +9,8 @@ Accounting (docs/planning.md, "Cost and days"): every row trains the same tokens
 training.epochs; a streaming row trains each part that many times before deleting it). The inference pool has
 `plan.inference_gpus` GPUs, the trainer `training.world_size`. Offline: generate, extract, train in sequence, each
 pool billed for its busy GPU-hours. Streaming: generate, then extract and train concurrently, both pools billed
-for the concurrent phase (the faster side waits for the slower). Colocated: every stage in sequence on the
-trainer's GPUs. Storage is billed at its at-rest (offline) or window (streaming) size for the whole run; transfer
+for the concurrent phase (the faster side waits for the slower). Colocated (offline only: the trainer holds every
+GPU while it trains): every stage in sequence on the trainer's GPUs. Storage is billed at its at-rest (offline) or window (streaming) size for the whole run; transfer
 charges the features once when the pools are apart.
 """
 
@@ -207,7 +207,9 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
         gen_h, ext_h = gen_tokens / r["generate"] / 3600, tokens / r["extract"] / 3600
         train_h = train_tokens / r["train"] / 3600
         letters = "/".join(rate_letter(inf.rates.sources[s]) for s in STAGES)
-        for mode in MODES:
+        # Colocated is offline only: the trainer holds every GPU while it trains, so nothing could extract beside
+        # it into a bounded window.
+        for mode in MODES if inf.name != COLOCATED else ("offline",):
             if inf.name == COLOCATED:  # one pool does everything, one stage at a time
                 hours = gen_h / trainers + ext_h / trainers + train_h / trainers
                 inf_billed, train_billed = gen_h + ext_h, train_h

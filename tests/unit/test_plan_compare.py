@@ -42,8 +42,9 @@ def test_the_seeds_figures_hold_in_the_comparison(fixed_plan):
     assert round(TOKENS * (51_200 + 5) / 1e12, 1) == 37.4 == round(fixed_plan["codecs"]["bf16"]["total_tb"], 1)
     cmp = fixed_plan["comparison"]
     assert cmp["train_tokens"] == TRAIN_TOKENS
-    # 7 inference options (6 GPU types + colocated) x bf16/fp8 x offline/streaming x fp8-zstd, bf16-zstd, q4
-    assert len(cmp["rows"]) == 7 * 2 * 2 * 3
+    # 6 GPU types x bf16/fp8 x offline/streaming x fp8-zstd, bf16-zstd, q4; colocated x bf16/fp8, offline only
+    assert len(cmp["rows"]) == 6 * 2 * 2 * 3 + 2 * 3 == 78
+    assert not [r for r in cmp["rows"] if r["inference"] == "colocated" and r["mode"] == "streaming"]
     assert {r["codec"] for r in cmp["rows"]} == {"fp8-zstd", "bf16-zstd", "q4"}
     assert {r["inference"] for r in cmp["rows"]} == {"colocated", "a100", "b200", "h100", "h200", "l40s",
                                                      "rtx-pro-6000"}
@@ -206,14 +207,14 @@ def test_cli_compare_table_json_and_default_line():
     runner = CliRunner()
     res = runner.invoke(app, ["plan", "--preset", "qwen3.6-27b", "--compare"])
     assert res.exit_code == 0, res.output
-    assert "Topologies by total cost (84 rows" in res.output
+    assert "Topologies by total cost (78 rows" in res.output
     assert re.search(r"cfg +rtx-pro-6000 +bf16 +offline +fp8-zstd \(lossy\)", res.output)
     assert re.search(r"best +\S+", res.output) and "features must come from the precision" in res.output
     first = runner.invoke(app, ["plan", "--preset", "qwen3.6-27b", "--json"]).output
     again = runner.invoke(app, ["plan", "--preset", "qwen3.6-27b", "--compare", "--json"]).output
     assert first == again  # stable: the same rows in the same order, --compare or not
     cmp = json.loads(first)["comparison"]
-    assert len(cmp["rows"]) == 84
+    assert len(cmp["rows"]) == 78
     assert list(cmp["rows"][0]) == [
         "key", "inference", "precision", "mode", "codec", "lossless", "pools", "storage_bytes", "storage_cost_usd",
         "transfer_bytes", "transfer_cost_usd", "bandwidth_bytes_per_s", "days", "total_cost_usd", "fits", "rates",
