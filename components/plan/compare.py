@@ -10,8 +10,8 @@ training.epochs; a streaming row trains each part that many times before deletin
 `plan.inference_gpus` GPUs, the trainer `training.world_size`. Offline: generate, extract, train in sequence, each
 pool billed for its busy GPU-hours. Streaming: generate, then extract and train concurrently, both pools billed
 for the concurrent phase (the faster side waits for the slower). Colocated (offline only: the trainer holds every
-GPU while it trains): every stage in sequence on the trainer's GPUs. Storage is billed at its at-rest (offline) or window (streaming) size for the whole run; transfer
-charges the features once when the pools are apart.
+GPU while it trains): every stage in sequence on the trainer's GPUs. Storage is billed at its at-rest (offline) or
+window (streaming) size for the whole run; transfer charges the features once when the pools are apart.
 """
 
 from __future__ import annotations
@@ -151,11 +151,7 @@ def gpu_price(cfg: RunConfig, pool: str, gpu_type: str) -> float:
     pool_cfg = getattr(cfg.pools, pool)
     if pool_cfg.usd_per_gpu_hour is not None and pool_cfg.gpu_type == gpu_type:
         return pool_cfg.usd_per_gpu_hour
-    price = cfg.plan.prices.gpu_usd_per_hour.get(gpu_type)
-    if price is None:
-        raise ConfigError(f"plan.prices.gpu_usd_per_hour has no price for {gpu_type!r} (set it, or "
-                          f"pools.{pool}.usd_per_gpu_hour)")
-    return price
+    return cfg.plan.prices.gpu_usd_per_hour[gpu_type]  # every GPU type has a default (a unit test checks)
 
 
 def _inference(cfg: RunConfig, name: str, gpu_type: str, gpus: int, pool: str, precision: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flashdraft import registry
 from flashdraft.config.base import Section
@@ -84,6 +84,15 @@ class PriceConfig(Section):
     gpu_usd_per_hour: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_GPU_USD_PER_HOUR), description="per planner GPU type (pools.*.gpu_type), "
         "US$ per GPU-hour; a pool's own pools.<pool>.usd_per_gpu_hour wins for that pool's GPU type")
+    @field_validator("gpu_usd_per_hour")
+    @classmethod
+    def _over_the_defaults(cls, prices: dict[str, float]) -> dict[str, float]:
+        """A price set for one GPU (`--set plan.prices.gpu_usd_per_hour.b200=4`) keeps the others' defaults."""
+        bad = [g for g, v in prices.items() if v <= 0]
+        if bad:
+            raise ValueError(f"prices must be > 0, got {', '.join(f'{g}={prices[g]}' for g in bad)}")
+        return {**DEFAULT_GPU_USD_PER_HOUR, **prices}
+
     storage_usd_per_tb_month: float = Field(default=23.0, ge=0, description="object storage, US$ per TB (1e12 "
                                             "bytes) a month (730 hours); S3 Standard's list price")
     transfer_usd_per_gb: float = Field(default=0.0, ge=0, description="US$ per GB (1e9 bytes) of features moved "

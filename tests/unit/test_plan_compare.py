@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 
 from flashdraft.cli import app
 from flashdraft.components.plan.compare import HOURS_PER_MONTH, rate_letter
+from flashdraft.components.plan.gpus import GPUS
 from flashdraft.components.plan.planner import PlanGateError, comparison_of, make_plan, run_plan
 from flashdraft.config import ConfigError, load_config
+from flashdraft.config.pipeline import DEFAULT_GPU_USD_PER_HOUR
 
 SAMPLES, TOKENS_PER_SAMPLE = 913_786, 800          # the seed's dataset (qwen3.6-27b preset)
 TOKENS = SAMPLES * TOKENS_PER_SAMPLE                # 731,028,800 extracted
@@ -186,11 +188,11 @@ def test_prices_are_config_with_clear_errors():
     assert row["pools"][1]["cost_usd"] == pytest.approx(base["pools"][1]["cost_usd"] / 5.99, rel=1e-3)
     with pytest.raises(ConfigError, match=r"plan.prices.gpu_usd_per_hour: unknown GPU types \['tpu'\]"):
         make_plan(load_config(preset="qwen3.6-27b", overrides={"plan.prices.gpu_usd_per_hour.tpu": 1.0}))
-    cfg = load_config(preset="qwen3.6-27b")
-    prices = {g: p for g, p in cfg.plan.prices.gpu_usd_per_hour.items() if g != "l40s"}
-    with pytest.raises(ConfigError, match="plan.prices.gpu_usd_per_hour has no price for 'l40s'"):
-        make_plan(cfg.model_copy(update={"plan": cfg.plan.model_copy(update={
-            "prices": cfg.plan.prices.model_copy(update={"gpu_usd_per_hour": prices})})}))
+    one = load_config(preset="qwen3.6-27b", overrides={"plan.prices.gpu_usd_per_hour.rtx-pro-6000": 0.66})
+    assert one.plan.prices.gpu_usd_per_hour == {**DEFAULT_GPU_USD_PER_HOUR, "rtx-pro-6000": 0.66}, "others kept"
+    assert set(DEFAULT_GPU_USD_PER_HOUR) == set(GPUS), "every planner GPU has a default price"
+    with pytest.raises(ConfigError, match=r"plan.prices.gpu_usd_per_hour: prices must be > 0, got h100=0.0"):
+        load_config(preset="qwen3.6-27b", overrides={"plan.prices.gpu_usd_per_hour.h100": 0})
     with pytest.raises(ConfigError, match="need GPU pools"):
         make_plan(load_config(preset="tiny", overrides={"plan.max_cost_usd": 10}))
     assert make_plan(load_config(preset="tiny"))["comparison"] is None
