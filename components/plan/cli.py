@@ -45,7 +45,8 @@ def plan(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     elif compare:  # wide: a row is one line
-        Console(width=180).print(Markdown(compare_markdown(comparison_of(report))))
+        gate_line = f"\n**Gate: {report['gate']}**\n" if report["gate"] else ""
+        Console(width=180).print(Markdown(compare_markdown(comparison_of(report)) + gate_line))
     else:
         Console(width=120).print(Markdown(plan_markdown(report)))
     if gate and report["gate"]:

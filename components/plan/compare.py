@@ -288,6 +288,16 @@ def _describe(row: Row) -> str:
     return f"{row.key} (${row.total_cost_usd:,.0f}, {row.days:,.1f} days)"
 
 
+def _name(rows: list[Row], configured: Row) -> str:
+    """The three cheapest of `rows`, and the cheapest that keeps the configured target precision when those three
+    change it (FP8 features train a drafter for the FP8 target only)."""
+    named = rows[:3]
+    same = next((r for r in rows if r.precision == configured.precision), None)
+    if same is not None and same not in named:
+        named.append(same)
+    return "; ".join(_describe(r) for r in named)
+
+
 def cost_gate(cmp: Comparison | None, cfg: RunConfig) -> str | None:
     """Why the run may not start on plan.max_cost_usd / plan.deadline_days, naming the cheaper or faster rows that
     fit; None when it may (or neither is set)."""
@@ -298,12 +308,13 @@ def cost_gate(cmp: Comparison | None, cfg: RunConfig) -> str | None:
         raise ConfigError("plan.max_cost_usd / plan.deadline_days need GPU pools to price (pools.trainer.gpu_type)")
     row = cmp.row(cmp.configured)
     if row is None:
-        raise ConfigError(f"plan: the configured topology {cmp.configured!r} is not among the compared rows")
+        raise ConfigError("plan.max_cost_usd / plan.deadline_days: the configured topology is not priced (an inference "
+                          "pool without pools.inference.gpu_type, or colocated streaming, which cannot run)")
     fitting = [r for r in cmp.rows if r.fits and r.key != row.key]
     msgs = []
     if limit is not None and row.total_cost_usd > limit:
         cheaper = [r for r in fitting if r.total_cost_usd <= limit and (deadline is None or r.days <= deadline)]
-        named = "; ".join(_describe(r) for r in cheaper[:3]) if cheaper else (
+        named = _name(cheaper, row) if cheaper else (
             "none of the compared rows fits the limit; the cheapest: " + _describe(fitting[0]) if fitting else
             "none of the compared rows fits memory")
         msgs.append(f"the configured topology {_describe(row)} costs over plan.max_cost_usd = ${limit:,.0f}. "
@@ -311,7 +322,7 @@ def cost_gate(cmp: Comparison | None, cfg: RunConfig) -> str | None:
     if deadline is not None and row.days > deadline:
         faster = [r for r in fitting if r.days <= deadline and (limit is None or r.total_cost_usd <= limit)]
         fastest = min(fitting, key=lambda r: (r.days, r.total_cost_usd), default=None)
-        named = "; ".join(_describe(r) for r in faster[:3]) if faster else (
+        named = _name(faster, row) if faster else (
             "none of the compared rows meets it; the fastest: " + _describe(fastest) if fastest else
             "none of the compared rows fits memory")
         msgs.append(f"the configured topology {_describe(row)} takes longer than plan.deadline_days = "

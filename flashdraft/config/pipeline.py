@@ -74,7 +74,7 @@ class PoolsConfig(Section):
 # Public on-demand list prices per GPU-hour, May 2026: the sources, and what each figure is, in docs/planning.md
 # ("Prices"). A default, not a quote: set your own (plan.prices.gpu_usd_per_hour.<gpu>, pools.<pool>.usd_per_gpu_hour).
 DEFAULT_GPU_USD_PER_HOUR = {"b200": 5.99, "h200": 3.79, "h100": 2.95, "rtx-pro-6000": 1.29, "a100": 1.29,
-                            "l40s": 0.99}
+                            "l40s": 0.92}
 
 
 class PriceConfig(Section):

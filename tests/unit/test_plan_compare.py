@@ -164,6 +164,8 @@ def test_gate_stops_on_max_cost_naming_a_cheaper_row(tmp_path):
     for key, cost in named:
         r = configured.row(key)
         assert r.fits and r.total_cost_usd <= limit and int(cost.replace(",", "")) == round(r.total_cost_usd)
+    # the three cheapest serve an FP8 target; the cheapest that keeps the configured bf16 weights is named too
+    assert [configured.row(k).precision for k, _ in named] == ["fp8", "fp8", "fp8", "bf16"]
     assert (tmp_path / cfg.run_id / "metrics" / "plan.json").is_file()
     # a limit above the configured cost passes
     assert run_plan(cfg.with_overrides({"plan.max_cost_usd": row.total_cost_usd + 1})).gate is None
