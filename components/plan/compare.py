@@ -119,7 +119,6 @@ class _Inference:
     name: str
     gpu_type: str
     precision: str
-    gpu: GpuSpec
     gpus: int
     price: float
     rates: Rates
@@ -170,8 +169,79 @@ def _inference(cfg: RunConfig, name: str, gpu_type: str, gpus: int, pool: str, p
     room = max(0, int(gpu.usable_bytes * VLLM_GPU_MEMORY_UTILIZATION) - weights - est.parts["vLLM forward workspace"])
     per_sequence = (shape.max_model_len * shape.kv_bytes_per_token + shape.state_bytes_per_sequence) \
         / shape.tensor_parallel
-    return _Inference(name, gpu_type, precision, gpu, gpus, gpu_price(cfg, pool, gpu_type), rates, est.peak_bytes,
+    return _Inference(name, gpu_type, precision, gpus, gpu_price(cfg, pool, gpu_type), rates, est.peak_bytes,
                       usable, weights, room, int(room // per_sequence) if per_sequence else 0)
+
+
+@dataclass(frozen=True)
+class StageHours:
+    """GPU-hours of work a stage needs (tokens / rate a GPU)."""
+
+    generate: float
+    extract: float
+    train: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A topology's wall-clock and billed GPU-hours per pool."""
+
+    hours: float              # wall clock
+    inference_billed: float   # GPU-hours the inference side pays for
+    train_billed: float
+    extract_seconds: float    # how long extraction writes to the store
+
+
+def schedule(h: StageHours, mode: str, inference_gpus: int | None, trainers: int) -> Schedule:
+    """Offline: stages in sequence, busy hours billed. Streaming: generate, then extract beside train, both pools
+    billed while the slower side runs. `inference_gpus` None: colocated, everything in sequence on the trainers."""
+    if inference_gpus is None:
+        return Schedule((h.generate + h.extract + h.train) / trainers, h.generate + h.extract, h.train,
+                        h.extract / trainers * 3600)
+    if mode == "offline":
+        return Schedule((h.generate + h.extract) / inference_gpus + h.train / trainers, h.generate + h.extract,
+                        h.train, h.extract / inference_gpus * 3600)
+    concurrent = max(h.extract / inference_gpus, h.train / trainers)
+    return Schedule(h.generate / inference_gpus + concurrent, h.generate + concurrent * inference_gpus,
+                    concurrent * trainers, concurrent * 3600)
+
+
+@dataclass(frozen=True)
+class _Trainer:
+    pool: str
+    gpu_type: str
+    gpus: int
+    price: float
+    memory: dict[str, Any]    # the plan's memory entry of the trainer pool
+
+
+def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: str, c: dict[str, Any],
+         sched: Schedule) -> Row:
+    """One topology priced: pools, storage for the run's duration, transfer, bandwidth, days."""
+    prices = cfg.plan.prices
+    at_rest = c["total_bytes"]
+    stored = at_rest if mode == "offline" else min(cfg.mode.window_bytes, at_rest)
+    storage_cost = stored / 1e12 * prices.storage_usd_per_tb_month * sched.hours / HOURS_PER_MONTH
+    transfer = 0 if inf.name == COLOCATED else at_rest
+    transfer_cost = transfer / 1e9 * prices.transfer_usd_per_gb
+    m = trainer.memory
+    train = PoolCost(pool=trainer.pool, stages="train", gpu=trainer.gpu_type, gpus=trainer.gpus,
+                     gpu_hours=round(sched.train_billed, 1), usd_per_gpu_hour=trainer.price,
+                     cost_usd=round(sched.train_billed * trainer.price, 2), peak_bytes_per_gpu=m["peak_bytes_per_gpu"],
+                     usable_bytes_per_gpu=m["usable_bytes_per_gpu"], fits=bool(m["fits"]),
+                     rate_sources={"train": inf.rates.sources["train"]})
+    inference = PoolCost(pool="inference" if inf.name != COLOCATED else trainer.pool, stages="generate, extract",
+                         gpu=inf.gpu_type, gpus=inf.gpus, gpu_hours=round(sched.inference_billed, 1),
+                         usd_per_gpu_hour=inf.price, cost_usd=round(sched.inference_billed * inf.price, 2),
+                         peak_bytes_per_gpu=inf.peak, usable_bytes_per_gpu=inf.usable, fits=inf.peak <= inf.usable,
+                         rate_sources={s: inf.rates.sources[s] for s in ("generate", "extract")})
+    total = sched.inference_billed * inf.price + sched.train_billed * trainer.price + storage_cost + transfer_cost
+    return Row(key=f"{inf.name}/{inf.precision}/{mode}/{codec}", inference=inf.name, precision=inf.precision,
+               mode=mode, codec=codec, lossless=bool(c["lossless"]), pools=[inference, train],
+               storage_bytes=int(stored), storage_cost_usd=round(storage_cost, 2), transfer_bytes=int(transfer),
+               transfer_cost_usd=round(transfer_cost, 2), bandwidth_bytes_per_s=int(at_rest / sched.extract_seconds),
+               days=round(sched.hours / 24, 2), total_cost_usd=round(total, 2), fits=inference.fits and train.fits,
+               rates="/".join(rate_letter(inf.rates.sources[s]) for s in STAGES))
 
 
 def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost, train_flops: float,
@@ -195,60 +265,18 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
     infs = [_inference(cfg, name, gpu_type, n, pool, precision, target, train_gpu, train_flops, cal)
             for name, gpu_type, n, pool in options for precision in PRECISIONS]
     train_price = gpu_price(cfg, train_pool, train_type)
-    codecs = codec_choices(cfg, plan["codecs"])
-    prices = cfg.plan.prices
+    trainer = _Trainer(train_pool, train_type, trainers, train_price, train_entry)
     rows = []
     for inf in infs:
         r = inf.rates.tokens_per_s
-        gen_h, ext_h = gen_tokens / r["generate"] / 3600, tokens / r["extract"] / 3600
-        train_h = train_tokens / r["train"] / 3600
-        letters = "/".join(rate_letter(inf.rates.sources[s]) for s in STAGES)
+        hours = StageHours(gen_tokens / r["generate"] / 3600, tokens / r["extract"] / 3600,
+                           train_tokens / r["train"] / 3600)
         # Colocated is offline only: the trainer holds every GPU while it trains, so nothing could extract beside
         # it into a bounded window.
         for mode in MODES if inf.name != COLOCATED else ("offline",):
-            if inf.name == COLOCATED:  # one pool does everything, one stage at a time
-                hours = gen_h / trainers + ext_h / trainers + train_h / trainers
-                inf_billed, train_billed = gen_h + ext_h, train_h
-                extract_s = ext_h / trainers * 3600
-            elif mode == "offline":
-                hours = (gen_h + ext_h) / inf.gpus + train_h / trainers
-                inf_billed, train_billed = gen_h + ext_h, train_h
-                extract_s = ext_h / inf.gpus * 3600
-            else:
-                concurrent = max(ext_h / inf.gpus, train_h / trainers)
-                hours = gen_h / inf.gpus + concurrent
-                inf_billed, train_billed = gen_h + concurrent * inf.gpus, concurrent * trainers
-                extract_s = concurrent * 3600
-            for codec in codecs:
-                c = plan["codecs"][codec]
-                at_rest = c["total_bytes"]
-                stored = at_rest if mode == "offline" else min(cfg.mode.window_bytes, at_rest)
-                storage_cost = stored / 1e12 * prices.storage_usd_per_tb_month * hours / HOURS_PER_MONTH
-                transfer = 0 if inf.name == COLOCATED else at_rest
-                transfer_cost = transfer / 1e9 * prices.transfer_usd_per_gb
-                inf_fits = inf.peak <= inf.usable
-                pools = [PoolCost(pool=train_pool, stages="train", gpu=train_type, gpus=trainers,
-                                  gpu_hours=round(train_billed, 1), usd_per_gpu_hour=train_price,
-                                  cost_usd=round(train_billed * train_price, 2),
-                                  peak_bytes_per_gpu=train_entry["peak_bytes_per_gpu"],
-                                  usable_bytes_per_gpu=train_entry["usable_bytes_per_gpu"],
-                                  fits=bool(train_entry["fits"]), rate_sources={"train": inf.rates.sources["train"]})]
-                inf_cost = PoolCost(pool="inference" if inf.name != COLOCATED else train_pool,
-                                    stages="generate, extract", gpu=inf.gpu_type, gpus=inf.gpus,
-                                    gpu_hours=round(inf_billed, 1), usd_per_gpu_hour=inf.price,
-                                    cost_usd=round(inf_billed * inf.price, 2), peak_bytes_per_gpu=inf.peak,
-                                    usable_bytes_per_gpu=inf.usable, fits=inf_fits,
-                                    rate_sources={s: inf.rates.sources[s] for s in ("generate", "extract")})
-                total = (inf_billed * inf.price + train_billed * train_price + storage_cost + transfer_cost)
-                rows.append(Row(
-                    key=f"{inf.name}/{inf.precision}/{mode}/{codec}", inference=inf.name, precision=inf.precision,
-                    mode=mode, codec=codec,
-                    lossless=bool(c["lossless"]), pools=[inf_cost, *pools], storage_bytes=int(stored),
-                    storage_cost_usd=round(storage_cost, 2), transfer_bytes=int(transfer),
-                    transfer_cost_usd=round(transfer_cost, 2),
-                    bandwidth_bytes_per_s=int(at_rest / extract_s),
-                    days=round(hours / 24, 2), total_cost_usd=round(total, 2),
-                    fits=inf_fits and bool(train_entry["fits"]), rates=letters))
+            sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainers)
+            rows += [_row(cfg, inf, trainer, mode, codec, plan["codecs"][codec], sched)
+                     for codec in codec_choices(cfg, plan["codecs"])]
     rows.sort(key=lambda r: (r.total_cost_usd, r.key))
     inf_pool = cfg.pools.pool_name("generate")
     name = COLOCATED if inf_pool == train_pool else getattr(cfg.pools, inf_pool).gpu_type
@@ -263,8 +291,8 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
         train_tokens=int(train_tokens),
         prices={"inference_usd_per_gpu_hour": {i.gpu_type: i.price for i in infs if i.name != COLOCATED},
                 "trainer_usd_per_gpu_hour": train_price,
-                "storage_usd_per_tb_month": prices.storage_usd_per_tb_month,
-                "transfer_usd_per_gb": prices.transfer_usd_per_gb},
+                "storage_usd_per_tb_month": cfg.plan.prices.storage_usd_per_tb_month,
+                "transfer_usd_per_gb": cfg.plan.prices.transfer_usd_per_gb},
         precision=[_precision_option(i) for i in infs if i.name == name])
 
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flashdraft.cli import app
-from flashdraft.components.plan.compare import HOURS_PER_MONTH, rate_letter
+from flashdraft.components.plan.compare import HOURS_PER_MONTH, StageHours, rate_letter, schedule
 from flashdraft.components.plan.gpus import GPUS
 from flashdraft.components.plan.planner import PlanGateError, comparison_of, make_plan, run_plan
 from flashdraft.config import ConfigError, load_config
@@ -198,6 +198,17 @@ def test_prices_are_config_with_clear_errors():
     with pytest.raises(ConfigError, match="need GPU pools"):
         make_plan(load_config(preset="tiny", overrides={"plan.max_cost_usd": 10}))
     assert make_plan(load_config(preset="tiny"))["comparison"] is None
+
+
+def test_schedule_when_extraction_is_the_slower_side():
+    """Streaming with too few inference GPUs: the trainers wait for extraction and are billed for it."""
+    work = StageHours(generate=10.0, extract=100.0, train=40.0)          # GPU-hours
+    s = schedule(work, "streaming", inference_gpus=2, trainers=8)
+    assert (s.hours, s.inference_billed, s.train_billed) == (10 / 2 + 100 / 2, 10 + 100, 100 / 2 * 8)
+    s = schedule(work, "offline", inference_gpus=2, trainers=8)
+    assert (s.hours, s.inference_billed, s.train_billed) == (110 / 2 + 40 / 8, 110, 40)
+    s = schedule(work, "offline", inference_gpus=None, trainers=8)       # colocated
+    assert (s.hours, s.inference_billed, s.train_billed, s.extract_seconds) == (150 / 8, 110, 40, 100 / 8 * 3600)
 
 
 def test_rate_letters():
