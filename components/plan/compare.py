@@ -31,6 +31,8 @@ from flashdraft.config import ConfigError, RunConfig
 COLOCATED = "colocated"
 PRECISIONS = ("bf16", "fp8")
 MODES = ("offline", "streaming")
+UNPRICED = ("an inference pool without pools.inference.gpu_type, or colocated streaming, which cannot run: the "
+            "trainer holds every GPU while it trains")
 HOURS_PER_MONTH = 730  # the clouds' billing month (365 x 24 / 12)
 FP8_CAVEAT = ("features must come from the precision that will be served: a drafter trained on FP8 features "
               "matches an FP8 target, not the BF16 one (and the reverse)")
@@ -94,7 +96,7 @@ class PrecisionOption(_Frozen):
 
 class Comparison(_Frozen):
     rows: list[Row]
-    configured: str | None       # the configured row's key (None: its GPU has no price or is unknown)
+    configured: str              # the configured topology's key (not among the rows when it cannot be priced)
     cheapest_in_deadline: str | None
     max_cost_usd: float | None
     deadline_days: float | None
@@ -285,7 +287,7 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
     best = next((r for r in rows if r.fits and (deadline is None or r.days <= deadline)), None)
     rows = [_mark(r, configured, best.key if best else None) for r in rows]
     return Comparison(
-        rows=rows, configured=configured if any(r.key == configured for r in rows) else None,
+        rows=rows, configured=configured,
         cheapest_in_deadline=best.key if best else None, max_cost_usd=cfg.plan.max_cost_usd,
         deadline_days=deadline, inference_gpus=cfg.plan.inference_gpus, trainer_gpus=trainers,
         train_tokens=int(train_tokens),
@@ -336,8 +338,8 @@ def cost_gate(cmp: Comparison | None, cfg: RunConfig) -> str | None:
         raise ConfigError("plan.max_cost_usd / plan.deadline_days need GPU pools to price (pools.trainer.gpu_type)")
     row = cmp.row(cmp.configured)
     if row is None:
-        raise ConfigError("plan.max_cost_usd / plan.deadline_days: the configured topology is not priced (an inference "
-                          "pool without pools.inference.gpu_type, or colocated streaming, which cannot run)")
+        raise ConfigError(f"plan.max_cost_usd / plan.deadline_days: the configured topology {cmp.configured} is not "
+                          f"priced ({UNPRICED})")
     fitting = [r for r in cmp.rows if r.fits and r.key != row.key]
     msgs = []
     if limit is not None and row.total_cost_usd > limit:
@@ -370,7 +372,7 @@ def summary_line(cmp: Comparison | None) -> str | None:
         best = next((r for r in cmp.rows if r.fits and r.key != row.key
                      and (cmp.deadline_days is None or r.days <= cmp.deadline_days)), None)
     head = (f"cost: ${row.total_cost_usd:,.0f} in {row.days:,.1f} days ({row.key}, rates {row.rates})" if row
-            else f"cost: the configured topology {cmp.configured} is not priced")
+            else f"cost: the configured topology {cmp.configured} is not priced ({UNPRICED})")
     tail = f"; cheapest alternative: ${best.total_cost_usd:,.0f} in {best.days:,.1f} days ({best.key})" if best \
         else "; no alternative fits"
     fastest = min((r for r in cmp.rows if r.fits), key=lambda r: (r.days, r.total_cost_usd), default=None)

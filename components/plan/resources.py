@@ -136,15 +136,14 @@ def pool_entry(estimate: MemoryEstimate, gpu: GpuSpec | None, budget_share: floa
 def memory_section(cfg: RunConfig, params: float, gpus: dict[str, GpuSpec | None],
                    cal: Calibration | None) -> dict[str, dict[str, Any]]:
     """Per pool (by name): predicted peak per GPU, the usable memory and whether it fits."""
-    stage_pool = cfg.pools.stage_pool
     out: dict[str, dict[str, Any]] = {}
     shape, assumed = train_shape(cfg)
     train = pool_entry(trainer_memory(shape, "cuda"), gpus.get("train"), 1.0, memory_factor(cal, shape))
     train.update(stage="train", anchors_per_row=shape.anchors_per_row, assumed=assumed)
-    out[stage_pool["train"]] = train
+    out[cfg.pools.pool_name("train")] = train  # pool_name: a partial stage_pool falls back to declared pools
     inf = inference_memory(inference_shape(cfg, params, WEIGHT_BYTES[cfg.plan.target_precision]))
     for stage in ("generate", "extract"):
-        pool = stage_pool[stage]
+        pool = cfg.pools.pool_name(stage)
         if pool in out:
             continue
         # vLLM takes its share up front; extraction (HF) may use it all: check against the stricter.

@@ -200,6 +200,19 @@ def test_prices_are_config_with_clear_errors():
     assert make_plan(load_config(preset="tiny"))["comparison"] is None
 
 
+def test_a_colocated_config_is_its_own_row_and_colocated_streaming_is_refused_a_price():
+    """generate and extract on the trainer pool (a partial pools.stage_pool: the rest keep their declared pools)."""
+    colocated = {"pools.stage_pool.generate": "trainer", "pools.stage_pool.extract": "trainer"}
+    plan = make_plan(load_config(preset="qwen3.6-27b", overrides=colocated))
+    assert list(plan["memory"]) == ["trainer"]
+    row = _rows(plan)["colocated/bf16/offline/fp8-zstd"]
+    assert row["configured"] and plan["comparison"]["configured"] == row["key"]
+    streaming = load_config(preset="qwen3.6-27b", overrides={**colocated, "mode.kind": "streaming",
+                                                             "plan.max_cost_usd": 10})
+    with pytest.raises(ConfigError, match="colocated/bf16/streaming/fp8-zstd is not priced"):
+        make_plan(streaming)
+
+
 def test_schedule_when_extraction_is_the_slower_side():
     """Streaming with too few inference GPUs: the trainers wait for extraction and are billed for it."""
     work = StageHours(generate=10.0, extract=100.0, train=40.0)          # GPU-hours
