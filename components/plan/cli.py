@@ -15,8 +15,9 @@ def plan(
     preset: PresetOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable report.")] = False,
-    gate: Annotated[bool, typer.Option("--gate", help="Exit 3 when offline storage exceeds the budget or a pool's "
-                                                      "predicted peak memory exceeds its GPU.")] = False,
+    gate: Annotated[bool, typer.Option(
+        "--gate", help="Exit 3 when offline storage exceeds the budget, a pool's predicted peak memory exceeds its "
+                       "GPU, or the planned cost or days exceed plan.max_cost_usd / plan.deadline_days.")] = False,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Every topology (inference GPU or colocated x BF16/FP8 weights x offline/streaming x "
                           "codec) with its cost, storage, bandwidth, days and memory fit, sorted by total cost "

@@ -8,8 +8,9 @@ the configured one (`--compare`): compare.py.
 Predicted peak memory per GPU and pool: resources.py, memory.py.
 
 The gate (`run_plan`) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes (naming a smaller
-codec, streaming mode or fewer samples), and any run whose predicted peak memory exceeds a pool's GPU (naming the
-levers: docs/planning.md).
+codec, streaming mode or fewer samples), any run whose predicted peak memory exceeds a pool's GPU (naming the
+levers: docs/planning.md), and any run whose planned cost or days exceed plan.max_cost_usd / plan.deadline_days
+(naming cheaper or faster topologies: compare.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the fea
 
 
 class PlanGateError(RuntimeError):
-    """An offline run would not fit its storage budget."""
+    """The run may not start: storage budget, a pool's memory, plan.max_cost_usd or plan.deadline_days."""
 
 
 def _fmt_bytes(n: float) -> str:
