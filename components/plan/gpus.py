@@ -24,6 +24,7 @@ class GpuSpec:
     bf16_tflops: float
     source: str
     memory_mib: float = 0.0  # total as the driver reports it (0: memory_gb as GiB)
+    fp8: bool = True  # FP8 tensor cores (Ada, Hopper, Blackwell): an FP8 target's prefill runs at 2x the BF16 peak
 
     @property
     def usable_bytes(self) -> int:
@@ -40,7 +41,7 @@ GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec("NVIDIA H100 SXM", 80, 3350, 989, "H100 datasheet, dense BF16", 81559),
     "h200": GpuSpec("NVIDIA H200 SXM", 141, 4800, 989, "H200 datasheet, dense BF16", 143771),
     "l40s": GpuSpec("NVIDIA L40S", 48, 864, 362, "L40S datasheet, dense BF16", 46068),
-    "a100": GpuSpec("NVIDIA A100 SXM 80GB", 80, 2039, 312, "A100 datasheet, dense BF16", 81920),
+    "a100": GpuSpec("NVIDIA A100 SXM 80GB", 80, 2039, 312, "A100 datasheet, dense BF16", 81920, fp8=False),
 }
 
 

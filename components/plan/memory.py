@@ -18,6 +18,7 @@ from flashdraft.flops import drafted
 
 Device = Literal["cuda", "cpu"]
 GiB = 2**30
+WEIGHT_BYTES = {"bf16": 2, "fp8": 1}  # bytes a target parameter takes on the inference GPU (plan.target_precision)
 LOSS_CHUNK_ELEMENTS = 2**26  # flashdraft/drafter/loss.py's CHUNK_ELEMENTS (a unit test keeps them equal)
 
 
@@ -248,11 +249,12 @@ class InferenceShape:
     num_features: int
     vocab_size: int
     gpu_memory_utilization: float
+    weight_bytes_per_param: float = 2  # bf16; an FP8 checkpoint 1 (its scales are negligible)
 
 
 def inference_memory(s: InferenceShape) -> MemoryEstimate:
     """Peak of the inference pool: the larger of generation (vLLM) and extraction (HF prefill)."""
-    weights = int(2 * s.target_params / s.tensor_parallel)
+    weights = int(s.weight_bytes_per_param * s.target_params / s.tensor_parallel)
     kv = int(s.batch * s.max_model_len * s.kv_bytes_per_token / s.tensor_parallel)
     state = int(s.batch * s.state_bytes_per_sequence / s.tensor_parallel)
     # vLLM's forward workspace: one step of max(batch, 2048) tokens through the widest layer, and the logits.
@@ -264,7 +266,8 @@ def inference_memory(s: InferenceShape) -> MemoryEstimate:
                   + T * s.num_features * s.hidden_size * 2 * 2               # captured features + their host copy
                   + T * s.kv_bytes_per_token)                                 # the forward's own KV
     extract = weights + prefill
-    parts = {"target weights (bf16)": weights, "vLLM KV cache (batch x max_model_len)": kv,
+    precision = "bf16" if s.weight_bytes_per_param == 2 else "fp8"
+    parts = {f"target weights ({precision})": weights, "vLLM KV cache (batch x max_model_len)": kv,
              "vLLM recurrent state (batch)": state, "vLLM forward workspace": workspace,
              "extraction prefill (batch_tokens)": prefill}
     if generate >= extract:

@@ -3,16 +3,14 @@
 Arithmetic over the run config only: bytes per token for every codec, bytes at rest (offline) or the bounded
 window (streaming), object counts, tokens to generate and extract, GPU-hours per stage on each pool, the bandwidth
 streaming needs and the inference:trainer GPU ratio. Throughput models are deliberately simple and overridable
-(`plan.measured_tokens_per_s`, or a calibration file: resources.py):
-- generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes;
-- extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * params * deepest layer / layers);
-- training: flashdraft/flops.py's `trainer_flops` of one per-rank step over its tokens, at `plan.train_efficiency`
-  of the trainer GPU's dense BF16 peak.
+(`plan.measured_tokens_per_s`, or a calibration file): rates.py. Every topology priced in money and days beside
+the configured one (`--compare`): compare.py.
 Predicted peak memory per GPU and pool: resources.py, memory.py.
 
 The gate (`run_plan`) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes (naming a smaller
-codec, streaming mode or fewer samples), and any run whose predicted peak memory exceeds a pool's GPU (naming the
-levers: docs/planning.md).
+codec, streaming mode or fewer samples), any run whose predicted peak memory exceeds a pool's GPU (naming the
+levers: docs/planning.md), and any run whose planned cost or days exceed plan.max_cost_usd / plan.deadline_days
+(naming cheaper or faster topologies: compare.py).
 """
 
 from __future__ import annotations
@@ -22,8 +20,10 @@ from typing import Any
 
 from flashdraft import layout
 from flashdraft.calibration import load_calibration
+from flashdraft.components.plan.compare import Comparison, compare_topologies, cost_gate, summary_line
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
-from flashdraft.components.plan.resources import calibrate_rates, memory_gate, memory_section, train_shape, window_keys
+from flashdraft.components.plan.rates import TargetCost, stage_rates
+from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
@@ -34,7 +34,7 @@ ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the fea
 
 
 class PlanGateError(RuntimeError):
-    """An offline run would not fit its storage budget."""
+    """The run may not start: storage budget, a pool's memory, plan.max_cost_usd or plan.deadline_days."""
 
 
 def _fmt_bytes(n: float) -> str:
@@ -96,16 +96,6 @@ def _layer_kinds(geo) -> dict[str, int] | None:
     return {k: list(geo.layer_types).count(k) for k in dict.fromkeys(geo.layer_types)}
 
 
-def decode_weight_bytes(total: float, active: float, experts: int, per_token: int, batch: int) -> float:
-    """bf16 weight bytes one decode step of `batch` sequences reads: every dense weight, and of an MoE's routed
-    experts the share the batch touches (1 - (1 - k/E)^batch; ~all of them at a batch of 64 with 8 of 128)."""
-    if not experts or not per_token or active >= total:
-        return 2 * total
-    routed = (total - active) * experts / (experts - per_token)
-    touched = 1 - (1 - per_token / experts) ** batch
-    return 2 * ((total - routed) + routed * touched)
-
-
 def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
     pool = cfg.pools.for_stage(stage)
     return gpu_spec(pool.gpu_type, cfg.plan.gpu_overrides) if pool.gpu_type else None
@@ -138,34 +128,19 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     shard_count = math.ceil(at_rest / cfg.features.shard_bytes)
 
     # -- throughput ---------------------------------------------------------------------------------------
-    params = target_section["params"]                # every expert: what the inference GPUs hold
-    active = target_section["active_params"]         # what a token runs through: the FLOPs
+    cost = TargetCost(params=target_section["params"], active=target_section["active_params"],
+                      num_experts=target.geometry.num_experts, experts_per_token=target.geometry.experts_per_token,
+                      extract_flops_per_token=2 * target_section["active_params"] * (max(ids) + 1) / layers)
+    params = cost.params
     gen_tokens = int(tokens * cfg.plan.response_fraction)
-    measured = cfg.plan.measured_tokens_per_s
     inf_gpu, train_gpu = _pool_gpu(cfg, "generate"), _pool_gpu(cfg, "train")
-    rates: dict[str, float | None] = {"generate": measured.get("generate"), "extract": measured.get("extract"),
-                                      "train": measured.get("train")}
-    if inf_gpu and rates["generate"] is None:
-        weight_bytes = decode_weight_bytes(params, active, target.geometry.num_experts,
-                                           target.geometry.experts_per_token, cfg.plan.decode_batch)
-        bandwidth = inf_gpu.bandwidth_gbs * 1e9
-        rates["generate"] = cfg.plan.decode_batch * cfg.plan.decode_efficiency * bandwidth / weight_bytes
-    if inf_gpu and rates["extract"] is None:
-        flops_per_token = 2 * active * (max(ids) + 1) / layers
-        rates["extract"] = cfg.plan.prefill_efficiency * inf_gpu.bf16_tflops * 1e12 / flops_per_token
     shape, _ = train_shape(cfg)
     step_flops = trainer_flops(shape, window_keys(cfg))
     train_flops_per_token = sum(step_flops.values()) / shape.tokens_per_step
-    if train_gpu and rates["train"] is None:
-        rates["train"] = cfg.plan.train_efficiency * train_gpu.bf16_tflops * 1e12 / train_flops_per_token
-    sources = {stage: "plan.measured_tokens_per_s" if stage in measured else "assumed (model)" for stage in rates}
     cal = load_calibration(cfg.plan.calibration) if cfg.plan.calibration else None
     gpus = {"generate": inf_gpu, "extract": _pool_gpu(cfg, "extract"), "train": train_gpu}
-    if cal is not None:
-        sources.update(calibrate_rates(cfg, cal, rates, {"extract": 2 * active * (max(ids) + 1) / layers,
-                                                         "train": train_flops_per_token,
-                                                         "generate_bytes": params * 2 / cfg.plan.decode_batch},
-                                       gpus))
+    found = stage_rates(cfg, cost, inf_gpu, train_gpu, train_flops_per_token, cal, cfg.plan.target_precision)
+    rates, sources = found.tokens_per_s, found.sources
 
     def hours(stage_tokens: float, rate: float | None) -> float | None:
         return round(stage_tokens / rate / 3600, 1) if rate else None
@@ -210,7 +185,9 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         "train_flops_per_step": {k: float(f"{v:.4g}") for k, v in step_flops.items()},
         "calibration": cal.origin() if cal else None,
     }
-    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus)]
+    comparison = compare_topologies(cfg, plan, cost, train_flops_per_token, cal)
+    plan["comparison"] = comparison.to_json() if comparison else None
+    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus), cost_gate(comparison, cfg)]
     plan["gate"] = " | ".join(g for g in gates if g) or None
     return plan
 
@@ -258,9 +235,17 @@ def plan_markdown(plan: dict[str, Any]) -> str:
               f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
               f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
     lines += memory_markdown(plan)
+    line = summary_line(comparison_of(plan))
+    if line:
+        lines += ["", f"- {line}"]
     if plan["gate"]:
         lines += ["", f"**Gate: {plan['gate']}**"]
     return "\n".join(lines) + "\n"
+
+
+def comparison_of(plan: dict[str, Any]) -> Comparison | None:
+    """The plan's topology comparison, typed (None for a CPU run)."""
+    return Comparison.model_validate(plan["comparison"]) if plan.get("comparison") else None
 
 
 def target_lines(plan: dict[str, Any]) -> list[str]:

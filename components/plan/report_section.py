@@ -1,11 +1,13 @@
 """What the plan adds to the run report: the projection for the planned dataset (GPU-hours per pool, bytes at
-rest) under the verdict, and the planned storage figures as scalars."""
+rest, the configured topology's cost and days beside the cheapest and the fastest alternative) under the verdict,
+and the planned storage figures as scalars."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from flashdraft import registry
+from flashdraft.components.plan.compare import summary_line
 from flashdraft.reporting import RunView, StageReport, fmt, fmt_bytes
 
 if TYPE_CHECKING:
@@ -41,5 +43,7 @@ def projection(plan: PlanSummary) -> str | None:
         return None
     hours = ", ".join(f"{pool} pool {h:,.1f} GPU-hours ({gpu})" for pool, (h, gpu) in pools.items())
     at_rest = fmt_bytes(plan.total_bytes_at_rest) if plan.total_bytes_at_rest is not None else "-"
+    cost = summary_line(plan.comparison)
     return (f"{fmt(plan.samples)} samples x {fmt(plan.tokens_per_sample)} tokens: {hours}; {at_rest} of hidden "
-            f"states at rest ({plan.codec}){'' if not plan.calibration else f'; rates from {plan.calibration}'}")
+            f"states at rest ({plan.codec}){'' if not plan.calibration else f'; rates from {plan.calibration}'}"
+            + (f"; {cost}" if cost else ""))

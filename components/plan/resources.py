@@ -19,6 +19,7 @@ from typing import Any
 from flashdraft.calibration import Calibration, TrainShape
 from flashdraft.components.plan.gpus import GPUS, GpuSpec
 from flashdraft.components.plan.memory import (
+    WEIGHT_BYTES,
     InferenceShape,
     MemoryEstimate,
     fmt_gib,
@@ -82,7 +83,7 @@ def window_keys(cfg: RunConfig) -> float:
     return min(mean_pos, w) if w else mean_pos
 
 
-def inference_shape(cfg: RunConfig, params: float) -> InferenceShape:
+def inference_shape(cfg: RunConfig, params: float, weight_bytes_per_param: float = 2) -> InferenceShape:
     H, L = cfg.target.hidden_size, cfg.target.num_layers
     p = cfg.plan
     return InferenceShape(
@@ -93,7 +94,7 @@ def inference_shape(cfg: RunConfig, params: float) -> InferenceShape:
         max_model_len=cfg.generation.max_model_len or cfg.data.max_prompt_tokens + cfg.data.max_response_tokens,
         prefill_tokens=cfg.features.batch_tokens, num_features=cfg.features.num_features,
         vocab_size=p.target_vocab or cfg.target.vocab_size or DEFAULT_VOCAB,
-        gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION)
+        gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION, weight_bytes_per_param=weight_bytes_per_param)
 
 
 def memory_factor(cal: Calibration | None, shape: TrainShape) -> tuple[float, str] | None:
@@ -135,15 +136,14 @@ def pool_entry(estimate: MemoryEstimate, gpu: GpuSpec | None, budget_share: floa
 def memory_section(cfg: RunConfig, params: float, gpus: dict[str, GpuSpec | None],
                    cal: Calibration | None) -> dict[str, dict[str, Any]]:
     """Per pool (by name): predicted peak per GPU, the usable memory and whether it fits."""
-    stage_pool = cfg.pools.stage_pool
     out: dict[str, dict[str, Any]] = {}
     shape, assumed = train_shape(cfg)
     train = pool_entry(trainer_memory(shape, "cuda"), gpus.get("train"), 1.0, memory_factor(cal, shape))
     train.update(stage="train", anchors_per_row=shape.anchors_per_row, assumed=assumed)
-    out[stage_pool["train"]] = train
-    inf = inference_memory(inference_shape(cfg, params))
+    out[cfg.pools.pool_name("train")] = train  # pool_name: a partial stage_pool falls back to declared pools
+    inf = inference_memory(inference_shape(cfg, params, WEIGHT_BYTES[cfg.plan.target_precision]))
     for stage in ("generate", "extract"):
-        pool = stage_pool[stage]
+        pool = cfg.pools.pool_name(stage)
         if pool in out:
             continue
         # vLLM takes its share up front; extraction (HF) may use it all: check against the stricter.
@@ -224,16 +224,18 @@ def _train_levers(cfg: RunConfig, gpu: GpuSpec, entry: dict[str, Any]) -> list[s
 
 
 def calibrate_rates(cfg: RunConfig, cal: Calibration, rates: dict[str, float | None],
-                    flops_per_token: dict[str, float | None], gpus: dict[str, GpuSpec | None]) -> dict[str, str]:
-    """Replace `rates` in place with the calibration's (unless plan.measured_tokens_per_s set them); returns
-    stage -> where the figure came from. `flops_per_token`: this plan's FLOPs a token per stage, and under
-    "generate_bytes" its weight bytes read per generated token (the decode model's weights / decode_batch)."""
+                    flops_per_token: dict[str, float | None], gpus: dict[str, GpuSpec | None],
+                    measured: set[str]) -> dict[str, str]:
+    """Replace `rates` in place with the calibration's (except the `measured` stages: plan.measured_tokens_per_s
+    set them); returns stage -> where the figure came from. `flops_per_token`: this plan's FLOPs a token per
+    stage, and under "generate_bytes" its weight bytes read per generated token (the decode model's weights /
+    decode_batch)."""
     sources = {}
     cal_peak = cal.gpu.bf16_tflops_peak or (GPUS[cal.gpu.gpu_type].bf16_tflops if cal.gpu.gpu_type in GPUS else None)
     for stage in ("generate", "extract", "train"):
         rate = getattr(cal.rates, stage)
         gpu = gpus.get(stage)
-        if rate is None or stage in cfg.plan.measured_tokens_per_s or gpu is None:
+        if rate is None or stage in measured or gpu is None:
             continue
         same_gpu = cal.gpu.gpu_type is not None and gpu.name == GPUS.get(cal.gpu.gpu_type, gpu).name \
             and cal.gpu.gpu_type in GPUS

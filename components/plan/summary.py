@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from flashdraft.components.plan import report_section
+from flashdraft.components.plan.compare import Comparison
 from flashdraft.stage import StageSummary, numbers
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class PlanSummary(StageSummary):
         None, description="per pool: peak_bytes_per_gpu, usable_bytes_per_gpu, fits, phase, parts, peak_source")
     train_flops_per_step: dict[str, float] | None = Field(None, description="one rank's step FLOPs by part")
     calibration: str | None = Field(None, description="where the calibration's measured figures come from")
+    comparison: Comparison | None = Field(
+        None, description="every topology's cost, days and memory fit, sorted by total cost (plan --compare)")
     gate: str | None = Field(None, description="why the run may not start (storage or memory); None when it may")
 
     @property

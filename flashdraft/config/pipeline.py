@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flashdraft import registry
 from flashdraft.config.base import Section
@@ -41,6 +41,9 @@ class PoolConfig(Section):
     memory_request: str = Field(default="8Gi", description="pod memory request (Kubernetes quantity)")
     shm_size: str | None = Field(default=None, description="size of a memory-backed /dev/shm (NCCL and "
                                  "dataloaders need more than the container default); None = the default")
+    usd_per_gpu_hour: float | None = Field(default=None, gt=0, description="what one of this pool's GPUs costs "
+                                           "an hour (plan's cost); None = plan.prices.gpu_usd_per_hour of its "
+                                           "gpu_type")
 
 
 class PoolsConfig(Section):
@@ -66,6 +69,35 @@ class PoolsConfig(Section):
 
     def for_stage(self, stage: str) -> PoolConfig:
         return getattr(self, self.pool_name(stage))
+
+
+# Public on-demand list prices per GPU-hour, May 2026: the sources, and what each figure is, in docs/planning.md
+# ("Prices"). A default, not a quote: set your own (plan.prices.gpu_usd_per_hour.<gpu>, pools.<pool>.usd_per_gpu_hour).
+DEFAULT_GPU_USD_PER_HOUR = {"b200": 5.99, "h200": 3.79, "h100": 2.95, "rtx-pro-6000": 1.29, "a100": 1.29,
+                            "l40s": 0.92}
+
+
+class PriceConfig(Section):
+    """What the plan's cost figures charge (`flashdraft plan --compare`): GPU-hours by GPU type, storage by TB-month
+    and transfer by GB. Defaults dated and sourced in docs/planning.md; always overridable."""
+
+    gpu_usd_per_hour: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_USD_PER_HOUR), description="per planner GPU type (pools.*.gpu_type), "
+        "US$ per GPU-hour; a pool's own pools.<pool>.usd_per_gpu_hour wins for that pool's GPU type")
+    @field_validator("gpu_usd_per_hour")
+    @classmethod
+    def _over_the_defaults(cls, prices: dict[str, float]) -> dict[str, float]:
+        """A price set for one GPU (`--set plan.prices.gpu_usd_per_hour.b200=4`) keeps the others' defaults."""
+        bad = [g for g, v in prices.items() if v <= 0]
+        if bad:
+            raise ValueError(f"prices must be > 0, got {', '.join(f'{g}={prices[g]}' for g in bad)}")
+        return {**DEFAULT_GPU_USD_PER_HOUR, **prices}
+
+    storage_usd_per_tb_month: float = Field(default=23.0, ge=0, description="object storage, US$ per TB (1e12 "
+                                            "bytes) a month (730 hours); S3 Standard's list price")
+    transfer_usd_per_gb: float = Field(default=0.0, ge=0, description="US$ per GB (1e9 bytes) of features moved "
+                                       "from the inference pool to the trainer pool when they sit in different "
+                                       "places (egress); 0 = same place")
 
 
 class PlanConfig(Section):
@@ -105,6 +137,17 @@ class PlanConfig(Section):
     calibration: str | None = Field(
         default=None, description="a calibration JSON (flashdraft/calibration.py; `flashdraft plan --calibrate`): "
         "its measured rates and trainer peaks replace the assumed ones")
+    prices: PriceConfig = Field(default_factory=PriceConfig, description=PriceConfig.__doc__)
+    inference_gpus: int = Field(default=8, ge=1, description="inference-pool GPUs the run uses at once, for the "
+                                "plan's wall-clock days (the trainer's are training.nproc_per_node x num_nodes)")
+    target_precision: Literal["bf16", "fp8"] = Field(
+        default="bf16", description="precision the inference pool holds the target's weights in, for plan's memory "
+        "and rates: fp8 plans an FP8 checkpoint (e.g. Qwen/Qwen3.6-27B-FP8; set target.model to run it). Features "
+        "must come from the precision that will be served")
+    max_cost_usd: float | None = Field(default=None, gt=0, description="the plan gate stops a run whose planned "
+                                       "cost (GPUs, storage, transfer) exceeds this, naming cheaper topologies")
+    deadline_days: float | None = Field(default=None, gt=0, description="the plan gate stops a run whose planned "
+                                        "wall-clock days exceed this, naming faster topologies")
     zstd_ratio: dict[str, float] = Field(
         default_factory=lambda: {"bf16-zstd": 0.71, "fp8-zstd": 0.86}, description="compressed / raw size of the "
         "zstd codecs; defaults measured by `make bench` on SmolLM2 features")

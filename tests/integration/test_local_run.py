@@ -28,6 +28,25 @@ def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):
     assert "plan" in summary
 
 
+def test_plan_gate_stops_a_run_over_its_max_cost_naming_a_cheaper_row(tmp_path):
+    """Issue 41: the tiny run planned on GPU pools for a billion samples (plan-only figures: the gate stops it before
+    anything reads them), with plan.max_cost_usd between the cheapest row's cost and the configured one's."""
+    from flashdraft.components.plan.planner import comparison_of, make_plan
+
+    cfg = load_config(preset="tiny", overrides={
+        "storage.root": f"file://{tmp_path}/store", "pools.trainer.gpu_type": "b200",
+        "pools.inference.gpu_type": "rtx-pro-6000", "data.expected_samples": 10**9})
+    cmp = comparison_of(make_plan(cfg))
+    configured, cheapest = cmp.row(cmp.configured), cmp.rows[0]
+    assert cheapest.total_cost_usd < configured.total_cost_usd
+    limit = (cheapest.total_cost_usd + configured.total_cost_usd) / 2
+    result = run_local(cfg.with_overrides({"plan.max_cost_usd": limit}), str(tmp_path / "kfp"))
+    assert result["state"] == "FAILED"
+    assert result["failure"].stage == "plan" and result["failure"].error_type == "PlanGateError"
+    assert "plan.max_cost_usd" in result["failure"].error and cheapest.key in result["failure"].error
+    store = open_store(cfg.storage, cfg.run_id)
+    assert not store.list(f"{layout.PROMPTS}/"), "nothing ran after the gate"
+
 @pytest.mark.integration
 def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path):
     """A target path that does not exist: prep (the first stage that loads the tokenizer) fails naming

@@ -143,6 +143,10 @@ def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_na
     assert f"trainer pool {plan.gpu_hours['train']['gpu_hours']:,.1f} GPU-hours" in line
     assert f"{fmt_bytes(plan.total_bytes_at_rest)} of hidden states at rest ({plan.codec})" in line
     assert f"{plan.samples:,} samples" in line
+    # issue 41: cost and days beside the alternatives, from the stored comparison
+    configured = plan.comparison.row(plan.comparison.configured)
+    assert (f"cost: ${configured.total_cost_usd:,.0f} in {configured.days:,.1f} days ({configured.key}" in line
+            and "cheapest alternative: $" in line)
     assert projection(plan_of("tiny")) is None, "CPU pools: nothing to project"
     shards = [{"codec": {"name": "fp8-zstd", "scale": "token"}}, {"codec": {"name": "fp8-zstd"}}]
     assert stored_codec(shards) == "fp8-zstd" and stored_codec([]) is None

@@ -1,0 +1,430 @@
+"""`flashdraft plan --compare`: the decision this project exists for, in money and days. Every topology for this
+target and dataset (the inference pool on each known GPU type or colocated on the trainer's GPUs, x BF16 or FP8
+target weights, x offline or streaming, x the selected, the smallest lossless and the q4 codec), each with its
+GPU-hours and cost per pool, storage and its cost, the bandwidth it needs, wall-clock days, whether each pool's
+memory fits and whether each rate was measured; sorted by total cost, the configured row and the cheapest row that
+meets `plan.deadline_days` marked. The plan gate stops on `plan.max_cost_usd` and `plan.deadline_days` from here.
+
+Accounting (docs/planning.md, "Cost and days"): every row trains the same tokens (samples x tokens x
+training.epochs; a streaming row trains each part that many times before deleting it). The inference pool has
+`plan.inference_gpus` GPUs, the trainer `training.world_size`. Offline: generate, extract, train in sequence, each
+pool billed for its busy GPU-hours. Streaming: generate, then extract and train concurrently, both pools billed
+for the concurrent phase (the faster side waits for the slower). Colocated (offline only: the trainer holds every
+GPU while it trains): every stage in sequence on the trainer's GPUs. Storage is billed at its at-rest (offline) or
+window (streaming) size for the whole run; transfer charges the features once when the pools are apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from flashdraft.calibration import Calibration
+from flashdraft.components.plan.gpus import GPUS, GpuSpec, gpu_spec
+from flashdraft.components.plan.memory import WEIGHT_BYTES, fmt_gib, inference_memory
+from flashdraft.components.plan.rates import FP8_NOTE, STAGES, Rates, TargetCost, stage_rates
+from flashdraft.components.plan.resources import VLLM_GPU_MEMORY_UTILIZATION, inference_shape
+from flashdraft.config import ConfigError, RunConfig
+
+COLOCATED = "colocated"
+PRECISIONS = ("bf16", "fp8")
+MODES = ("offline", "streaming")
+UNPRICED = ("an inference pool without pools.inference.gpu_type, or colocated streaming, which cannot run: the "
+            "trainer holds every GPU while it trains")
+HOURS_PER_MONTH = 730  # the clouds' billing month (365 x 24 / 12)
+FP8_CAVEAT = ("features must come from the precision that will be served: a drafter trained on FP8 features "
+              "matches an FP8 target, not the BF16 one (and the reverse)")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolCost(_Frozen):
+    """One pool of one topology: its GPUs, billed GPU-hours and cost, and whether its peak memory fits."""
+
+    pool: str                 # inference, trainer
+    stages: str
+    gpu: str                  # planner GPU type (pools.*.gpu_type)
+    gpus: int
+    gpu_hours: float          # billed: busy hours, plus the waiting of a streaming pool
+    usd_per_gpu_hour: float
+    cost_usd: float
+    peak_bytes_per_gpu: int
+    usable_bytes_per_gpu: int
+    fits: bool
+    rate_sources: dict[str, str]
+
+
+class Row(_Frozen):
+    """One topology, priced."""
+
+    key: str                  # inference/precision/mode/codec
+    inference: str            # a GPU type, or "colocated" (the trainer's GPUs)
+    precision: str
+    mode: str
+    codec: str
+    lossless: bool
+    pools: list[PoolCost]
+    storage_bytes: int        # offline: at rest; streaming: the window's peak
+    storage_cost_usd: float
+    transfer_bytes: int
+    transfer_cost_usd: float
+    bandwidth_bytes_per_s: int  # what extraction writes to the store while it runs
+    days: float
+    total_cost_usd: float
+    fits: bool
+    rates: str                # generate/extract/train: M measured, C carried from a calibration, A assumed
+    configured: bool = False
+    cheapest_in_deadline: bool = False
+
+
+class PrecisionOption(_Frozen):
+    """The target's weights in one precision on the configured inference GPU: memory, KV room, assumed rates."""
+
+    precision: str
+    gpu: str
+    weights_bytes_per_gpu: int
+    kv_room_bytes_per_gpu: int   # vLLM's share of the GPU left for KV cache and recurrent state
+    sequences: int               # full-length sequences (generation.max_model_len) that room holds
+    generate_tokens_per_s: float
+    extract_tokens_per_s: float
+    rate_sources: dict[str, str]
+
+
+class Comparison(_Frozen):
+    rows: list[Row]
+    configured: str              # the configured topology's key (not among the rows when it cannot be priced)
+    cheapest_in_deadline: str | None
+    max_cost_usd: float | None
+    deadline_days: float | None
+    inference_gpus: int
+    trainer_gpus: int
+    train_tokens: int
+    prices: dict[str, Any]
+    precision: list[PrecisionOption] = []
+    caveat: str = FP8_CAVEAT
+
+    def row(self, key: str | None) -> Row | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class _Inference:
+    """An inference option's rates and memory (independent of mode and codec)."""
+
+    name: str
+    gpu_type: str
+    precision: str
+    gpus: int
+    price: float
+    rates: Rates
+    peak: int
+    usable: int
+    weights: int
+    kv_room: int
+    sequences: int
+
+
+def rate_letter(source: str) -> str:
+    """M measured on this GPU, C a calibration's measurement carried to it, A assumed (FP8 always)."""
+    if FP8_NOTE in source:
+        return "A"
+    if source.startswith(("plan.measured", "measured on")):
+        return "M"
+    return "C" if "carried" in source else "A"
+
+
+def codec_choices(cfg: RunConfig, codecs: dict[str, dict[str, Any]]) -> list[str]:
+    """The selected codec, the smallest lossless one and q4 (each once)."""
+    lossless = min((c for c, v in codecs.items() if v["lossless"]), key=lambda c: codecs[c]["total_bytes"])
+    return list(dict.fromkeys([cfg.features.codec, lossless, "q4"]))
+
+
+def gpu_price(cfg: RunConfig, pool: str, gpu_type: str) -> float:
+    """US$ per GPU-hour of `gpu_type` in `pool`: the pool's own price when it is that pool's configured GPU type,
+    else plan.prices.gpu_usd_per_hour."""
+    pool_cfg = getattr(cfg.pools, pool)
+    if pool_cfg.usd_per_gpu_hour is not None and pool_cfg.gpu_type == gpu_type:
+        return pool_cfg.usd_per_gpu_hour
+    return cfg.plan.prices.gpu_usd_per_hour[gpu_type]  # every GPU type has a default (a unit test checks)
+
+
+def _inference(cfg: RunConfig, name: str, gpu_type: str, gpus: int, pool: str, precision: str,
+               target: TargetCost, train_gpu: GpuSpec, train_flops: float, cal: Calibration | None) -> _Inference:
+    gpu = gpu_spec(gpu_type, cfg.plan.gpu_overrides)
+    inf_pool = cfg.pools.pool_name("generate")
+    configured = (gpu_type == getattr(cfg.pools, inf_pool).gpu_type and precision == cfg.plan.target_precision
+                  and (name == COLOCATED) == (inf_pool == cfg.pools.pool_name("train")))
+    measured = {s: v for s, v in cfg.plan.measured_tokens_per_s.items() if configured or s == "train"}
+    rates = stage_rates(cfg, target, gpu, train_gpu, train_flops, cal, precision, measured)
+    shape = inference_shape(cfg, target.params, WEIGHT_BYTES[precision])
+    est = inference_memory(shape)
+    share = VLLM_GPU_MEMORY_UTILIZATION if est.phase.startswith("generation") else 1.0
+    usable = int(gpu.usable_bytes * share)
+    weights = est.parts[f"target weights ({precision})"]
+    room = max(0, int(gpu.usable_bytes * VLLM_GPU_MEMORY_UTILIZATION) - weights - est.parts["vLLM forward workspace"])
+    per_sequence = (shape.max_model_len * shape.kv_bytes_per_token + shape.state_bytes_per_sequence) \
+        / shape.tensor_parallel
+    return _Inference(name, gpu_type, precision, gpus, gpu_price(cfg, pool, gpu_type), rates, est.peak_bytes,
+                      usable, weights, room, int(room // per_sequence) if per_sequence else 0)
+
+
+@dataclass(frozen=True)
+class StageHours:
+    """GPU-hours of work a stage needs (tokens / rate a GPU)."""
+
+    generate: float
+    extract: float
+    train: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A topology's wall-clock and billed GPU-hours per pool."""
+
+    hours: float              # wall clock
+    inference_billed: float   # GPU-hours the inference side pays for
+    train_billed: float
+    extract_seconds: float    # how long extraction writes to the store
+
+
+def schedule(h: StageHours, mode: str, inference_gpus: int | None, trainers: int) -> Schedule:
+    """Offline: stages in sequence, busy hours billed. Streaming: generate, then extract beside train, both pools
+    billed while the slower side runs. `inference_gpus` None: colocated, everything in sequence on the trainers."""
+    if inference_gpus is None:
+        return Schedule((h.generate + h.extract + h.train) / trainers, h.generate + h.extract, h.train,
+                        h.extract / trainers * 3600)
+    if mode == "offline":
+        return Schedule((h.generate + h.extract) / inference_gpus + h.train / trainers, h.generate + h.extract,
+                        h.train, h.extract / inference_gpus * 3600)
+    concurrent = max(h.extract / inference_gpus, h.train / trainers)
+    return Schedule(h.generate / inference_gpus + concurrent, h.generate + concurrent * inference_gpus,
+                    concurrent * trainers, concurrent * 3600)
+
+
+@dataclass(frozen=True)
+class _Trainer:
+    pool: str
+    gpu_type: str
+    gpus: int
+    price: float
+    memory: dict[str, Any]    # the plan's memory entry of the trainer pool
+
+
+def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: str, c: dict[str, Any],
+         sched: Schedule) -> Row:
+    """One topology priced: pools, storage for the run's duration, transfer, bandwidth, days."""
+    prices = cfg.plan.prices
+    at_rest = c["total_bytes"]
+    stored = at_rest if mode == "offline" else min(cfg.mode.window_bytes, at_rest)
+    storage_cost = stored / 1e12 * prices.storage_usd_per_tb_month * sched.hours / HOURS_PER_MONTH
+    transfer = 0 if inf.name == COLOCATED else at_rest
+    transfer_cost = transfer / 1e9 * prices.transfer_usd_per_gb
+    m = trainer.memory
+    train = PoolCost(pool=trainer.pool, stages="train", gpu=trainer.gpu_type, gpus=trainer.gpus,
+                     gpu_hours=round(sched.train_billed, 1), usd_per_gpu_hour=trainer.price,
+                     cost_usd=round(sched.train_billed * trainer.price, 2), peak_bytes_per_gpu=m["peak_bytes_per_gpu"],
+                     usable_bytes_per_gpu=m["usable_bytes_per_gpu"], fits=bool(m["fits"]),
+                     rate_sources={"train": inf.rates.sources["train"]})
+    inference = PoolCost(pool="inference" if inf.name != COLOCATED else trainer.pool, stages="generate, extract",
+                         gpu=inf.gpu_type, gpus=inf.gpus, gpu_hours=round(sched.inference_billed, 1),
+                         usd_per_gpu_hour=inf.price, cost_usd=round(sched.inference_billed * inf.price, 2),
+                         peak_bytes_per_gpu=inf.peak, usable_bytes_per_gpu=inf.usable, fits=inf.peak <= inf.usable,
+                         rate_sources={s: inf.rates.sources[s] for s in ("generate", "extract")})
+    total = sched.inference_billed * inf.price + sched.train_billed * trainer.price + storage_cost + transfer_cost
+    return Row(key=f"{inf.name}/{inf.precision}/{mode}/{codec}", inference=inf.name, precision=inf.precision,
+               mode=mode, codec=codec, lossless=bool(c["lossless"]), pools=[inference, train],
+               storage_bytes=int(stored), storage_cost_usd=round(storage_cost, 2), transfer_bytes=int(transfer),
+               transfer_cost_usd=round(transfer_cost, 2), bandwidth_bytes_per_s=int(at_rest / sched.extract_seconds),
+               days=round(sched.hours / 24, 2), total_cost_usd=round(total, 2), fits=inference.fits and train.fits,
+               rates="/".join(rate_letter(inf.rates.sources[s]) for s in STAGES))
+
+
+def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost, train_flops: float,
+                       cal: Calibration | None) -> Comparison | None:
+    """Every topology priced (module docstring); None when the trainer pool has no GPU type (a CPU run)."""
+    train_pool = cfg.pools.pool_name("train")
+    train_type = getattr(cfg.pools, train_pool).gpu_type
+    if not train_type:
+        return None
+    unknown = sorted(set(cfg.plan.prices.gpu_usd_per_hour) - set(GPUS))
+    if unknown:
+        raise ConfigError(f"plan.prices.gpu_usd_per_hour: unknown GPU types {unknown}; known: "
+                          f"{', '.join(sorted(GPUS))}")
+    train_gpu = gpu_spec(train_type, cfg.plan.gpu_overrides)
+    trainers = cfg.training.world_size
+    train_entry = plan["memory"][train_pool]
+    tokens, gen_tokens = plan["total_tokens"], plan["tokens_to_generate"]
+    train_tokens = tokens * cfg.training.epochs
+    options = [(COLOCATED, train_type, trainers, train_pool)] + [(g, g, cfg.plan.inference_gpus, "inference")
+                                                                  for g in sorted(GPUS)]
+    infs = [_inference(cfg, name, gpu_type, n, pool, precision, target, train_gpu, train_flops, cal)
+            for name, gpu_type, n, pool in options for precision in PRECISIONS]
+    train_price = gpu_price(cfg, train_pool, train_type)
+    trainer = _Trainer(train_pool, train_type, trainers, train_price, train_entry)
+    rows = []
+    for inf in infs:
+        r = inf.rates.tokens_per_s
+        hours = StageHours(gen_tokens / r["generate"] / 3600, tokens / r["extract"] / 3600,
+                           train_tokens / r["train"] / 3600)
+        # Colocated is offline only: the trainer holds every GPU while it trains, so nothing could extract beside
+        # it into a bounded window.
+        for mode in MODES if inf.name != COLOCATED else ("offline",):
+            sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainers)
+            rows += [_row(cfg, inf, trainer, mode, codec, plan["codecs"][codec], sched)
+                     for codec in codec_choices(cfg, plan["codecs"])]
+    rows.sort(key=lambda r: (r.total_cost_usd, r.key))
+    inf_pool = cfg.pools.pool_name("generate")
+    name = COLOCATED if inf_pool == train_pool else getattr(cfg.pools, inf_pool).gpu_type
+    configured = f"{name}/{cfg.plan.target_precision}/{cfg.mode.kind}/{cfg.features.codec}"
+    deadline = cfg.plan.deadline_days
+    best = next((r for r in rows if r.fits and (deadline is None or r.days <= deadline)), None)
+    rows = [_mark(r, configured, best.key if best else None) for r in rows]
+    return Comparison(
+        rows=rows, configured=configured,
+        cheapest_in_deadline=best.key if best else None, max_cost_usd=cfg.plan.max_cost_usd,
+        deadline_days=deadline, inference_gpus=cfg.plan.inference_gpus, trainer_gpus=trainers,
+        train_tokens=int(train_tokens),
+        prices={"inference_usd_per_gpu_hour": {i.gpu_type: i.price for i in infs if i.name != COLOCATED},
+                "trainer_usd_per_gpu_hour": train_price,
+                "storage_usd_per_tb_month": cfg.plan.prices.storage_usd_per_tb_month,
+                "transfer_usd_per_gb": cfg.plan.prices.transfer_usd_per_gb},
+        precision=[_precision_option(i) for i in infs if i.name == name])
+
+
+def _mark(row: Row, configured: str, best: str | None) -> Row:
+    if row.key not in (configured, best):
+        return row
+    return row.model_copy(update={"configured": row.key == configured, "cheapest_in_deadline": row.key == best})
+
+
+def _precision_option(inf: _Inference) -> PrecisionOption:
+    r = inf.rates
+    return PrecisionOption(precision=inf.precision, gpu=inf.gpu_type, weights_bytes_per_gpu=inf.weights,
+                           kv_room_bytes_per_gpu=inf.kv_room, sequences=inf.sequences,
+                           generate_tokens_per_s=round(r.tokens_per_s["generate"], 1),
+                           extract_tokens_per_s=round(r.tokens_per_s["extract"], 1),
+                           rate_sources={s: r.sources[s] for s in ("generate", "extract")})
+
+
+# -- the gate ------------------------------------------------------------------------------------------------------
+def _describe(row: Row) -> str:
+    return f"{row.key} (${row.total_cost_usd:,.0f}, {row.days:,.1f} days)"
+
+
+def _name(rows: list[Row], configured: Row) -> str:
+    """The three cheapest of `rows`, and the cheapest that keeps the configured target precision when those three
+    change it (FP8 features train a drafter for the FP8 target only)."""
+    named = rows[:3]
+    same = next((r for r in rows if r.precision == configured.precision), None)
+    if same is not None and same not in named:
+        named.append(same)
+    return "; ".join(_describe(r) for r in named)
+
+
+def cost_gate(cmp: Comparison | None, cfg: RunConfig) -> str | None:
+    """Why the run may not start on plan.max_cost_usd / plan.deadline_days, naming the cheaper or faster rows that
+    fit; None when it may (or neither is set)."""
+    limit, deadline = cfg.plan.max_cost_usd, cfg.plan.deadline_days
+    if limit is None and deadline is None:
+        return None
+    if cmp is None:
+        raise ConfigError("plan.max_cost_usd / plan.deadline_days need GPU pools to price (pools.trainer.gpu_type)")
+    row = cmp.row(cmp.configured)
+    if row is None:
+        raise ConfigError(f"plan.max_cost_usd / plan.deadline_days: the configured topology {cmp.configured} is not "
+                          f"priced ({UNPRICED})")
+    fitting = [r for r in cmp.rows if r.fits and r.key != row.key]
+    msgs = []
+    if limit is not None and row.total_cost_usd > limit:
+        cheaper = [r for r in fitting if r.total_cost_usd <= limit and (deadline is None or r.days <= deadline)]
+        named = _name(cheaper, row) if cheaper else (
+            "none of the compared rows fits the limit; the cheapest: " + _describe(fitting[0]) if fitting else
+            "none of the compared rows fits memory")
+        msgs.append(f"the configured topology {_describe(row)} costs over plan.max_cost_usd = ${limit:,.0f}. "
+                    f"Cheaper rows (flashdraft plan --compare): {named}")
+    if deadline is not None and row.days > deadline:
+        faster = [r for r in fitting if r.days <= deadline and (limit is None or r.total_cost_usd <= limit)]
+        fastest = min(fitting, key=lambda r: (r.days, r.total_cost_usd), default=None)
+        named = _name(faster, row) if faster else (
+            "none of the compared rows meets it; the fastest: " + _describe(fastest) if fastest else
+            "none of the compared rows fits memory")
+        msgs.append(f"the configured topology {_describe(row)} takes longer than plan.deadline_days = "
+                    f"{deadline:g}. Faster rows (flashdraft plan --compare): {named}")
+    return " | ".join(msgs) or None
+
+
+# -- output --------------------------------------------------------------------------------------------------------
+def summary_line(cmp: Comparison | None) -> str | None:
+    """The default plan output's one line: the configured topology's cost and days, and the cheapest
+    alternative's (meeting plan.deadline_days when set)."""
+    if cmp is None:
+        return None
+    row = cmp.row(cmp.configured)
+    best = cmp.row(cmp.cheapest_in_deadline)
+    if best is not None and row is not None and best.key == row.key:
+        best = next((r for r in cmp.rows if r.fits and r.key != row.key
+                     and (cmp.deadline_days is None or r.days <= cmp.deadline_days)), None)
+    head = (f"cost: ${row.total_cost_usd:,.0f} in {row.days:,.1f} days ({row.key}, rates {row.rates})" if row
+            else f"cost: the configured topology {cmp.configured} is not priced ({UNPRICED})")
+    tail = f"; cheapest alternative: ${best.total_cost_usd:,.0f} in {best.days:,.1f} days ({best.key})" if best \
+        else "; no alternative fits"
+    fastest = min((r for r in cmp.rows if r.fits), key=lambda r: (r.days, r.total_cost_usd), default=None)
+    fast = f"; fastest: ${fastest.total_cost_usd:,.0f} in {fastest.days:,.1f} days ({fastest.key})" if fastest \
+        and fastest.key not in (getattr(row, "key", None), getattr(best, "key", None)) else ""
+    return head + tail + fast + " (flashdraft plan --compare)"
+
+
+def _fits_cell(row: Row) -> str:
+    bad = [p.pool for p in row.pools if not p.fits]
+    return "yes" if not bad else "**no**: " + ", ".join(dict.fromkeys(bad))
+
+
+def compare_markdown(cmp: Comparison | None) -> str:
+    """The comparison as Markdown: the table, its legend, the target-precision lines and the caveat."""
+    if cmp is None:
+        return "No comparison: the trainer pool has no GPU type (pools.trainer.gpu_type).\n"
+    p = cmp.prices
+    lines = [f"### Topologies by total cost ({len(cmp.rows)} rows; {cmp.inference_gpus} inference GPUs, "
+             f"{cmp.trainer_gpus} trainer GPUs, {cmp.train_tokens:,} training tokens in every row)", "",
+             "| | inference pool | weights | mode | codec | inference GPU-hours, cost | trainer GPU-hours, cost | "
+             "storage, cost | writes | days | total | fits | rates |",
+             "|---|---|---|---|---|---|---|---|---:|---:|---:|---|---|"]
+    for r in cmp.rows:
+        mark = " ".join(m for m, on in (("cfg", r.configured), ("best", r.cheapest_in_deadline)) if on)
+        inf, train = r.pools
+        inference = inf.gpu if r.inference != COLOCATED else f"colocated ({inf.gpu})"
+        lines.append(
+            f"| {mark} | {inference} | {r.precision} | {r.mode} | {r.codec}{'' if r.lossless else ' (lossy)'} | "
+            f"{inf.gpu_hours:,.0f} h ${inf.cost_usd:,.0f} | {train.gpu_hours:,.0f} h ${train.cost_usd:,.0f} | "
+            f"{r.storage_bytes / 1e12:,.1f} TB ${r.storage_cost_usd:,.0f} | {r.bandwidth_bytes_per_s / 1e9:,.2f} GB/s "
+            f"| {r.days:,.1f} | ${r.total_cost_usd:,.0f} | {_fits_cell(r)} | {r.rates} |")
+    deadline = f"plan.deadline_days = {cmp.deadline_days:g}" if cmp.deadline_days else "no plan.deadline_days"
+    lines += ["", f"- cfg: the configured topology ({cmp.configured}); best: the cheapest row that fits and meets "
+              f"the deadline ({deadline}): {cmp.cheapest_in_deadline or 'none'}",
+              "- rates generate/extract/train: M measured, C carried from a calibration's measurement to this GPU "
+              "(its share of the bandwidth or peak), A assumed (the throughput model scaled by each GPU's "
+              "bandwidth and FLOPs; FP8 rows always assumed)",
+              "- prices (plan.prices, pools.*.usd_per_gpu_hour; docs/planning.md): " + ", ".join(
+                  f"{g} ${v:,.2f}" for g, v in p["inference_usd_per_gpu_hour"].items())
+              + f"; trainer ${p['trainer_usd_per_gpu_hour']:,.2f} a GPU-hour; storage "
+              f"${p['storage_usd_per_tb_month']:,.2f} a TB-month; transfer ${p['transfer_usd_per_gb']:,.3f} a GB",
+              "- offline: stages in sequence, busy GPU-hours billed; streaming: extract and train together, both "
+              "pools billed while the slower runs; colocated: everything in sequence on the trainer's GPUs; "
+              "storage billed at rest (offline) or at the window (streaming) for the whole run; writes: what "
+              "extraction sends to the store while it runs"]
+    if cmp.precision:
+        lines += ["", "Target precision on the inference pool (" + cmp.precision[0].gpu + "):"]
+        for o in cmp.precision:
+            lines.append(f"- {o.precision}: weights {fmt_gib(o.weights_bytes_per_gpu)} a GPU, KV room "
+                         f"{fmt_gib(o.kv_room_bytes_per_gpu)} ({o.sequences:,} full-length sequences), generate "
+                         f"{o.generate_tokens_per_s:,.0f} and extract {o.extract_tokens_per_s:,.0f} tokens/s a GPU "
+                         f"({o.rate_sources['generate']})")
+        lines.append(f"- caveat: {cmp.caveat}")
+    return "\n".join(lines) + "\n"
