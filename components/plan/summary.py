@@ -17,8 +17,9 @@ class CodecPlan(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     lossless: bool = Field(description="the codec reproduces bf16 features exactly")
-    bytes_per_token: float = Field(description="stored bytes per token, all feature layers")
-    total_bytes: float = Field(description="bytes at rest for the whole run with this codec")
+    bytes_per_token: float | None = Field(description="stored bytes per token, all feature layers; None: unavailable")
+    total_bytes: float | None = Field(description="bytes at rest for the whole run with this codec; None: unavailable")
+    unavailable: str | None = Field(None, description="why the codec cannot hold the target's rows (n/a in the table)")
 
 
 class PlanSummary(StageSummary):
