@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flashdraft import layout
+from flashdraft import layout, registry
 from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.resources import calibrate_rates, memory_gate, memory_section, train_shape, window_keys
@@ -122,7 +122,7 @@ def decode_weight_bytes(total: float, active: float, experts: int, per_token: in
 
 
 def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
-    pool = cfg.pools.for_stage(stage)
+    pool = registry.current().pool_config(cfg.pools, stage)
     return gpu_spec(pool.gpu_type, cfg.plan.gpu_overrides) if pool.gpu_type else None
 
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.components.plan import report_section
 from flashdraft.stage import StageSummary, numbers
-
-if TYPE_CHECKING:
-    from flashdraft.reporting import RunView, StageReport
 
 
 class CodecPlan(BaseModel):
@@ -68,10 +64,6 @@ class PlanSummary(StageSummary):
         sel = self.selected
         return numbers({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
                         "planned_total_bytes": sel.total_bytes if sel else None})
-
-    @classmethod
-    def report(cls, summary: PlanSummary | None, run: RunView) -> StageReport:
-        return report_section.report(summary, run)
 
     @classmethod
     def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from flashdraft.config import RunConfig
 from flashdraft.provenance import Provenance
 from flashdraft.provenance import current as current_provenance
 from flashdraft.reporting import RunView, Section, StageReport, fmt
-from flashdraft.stage import numbers
+from flashdraft.stage import load_ref, numbers
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
 
 def stage_reports(run: RunView) -> list[StageReport]:
     """Every registered stage's contribution, in pipeline order."""
-    reports = (spec.summary.report(run.summary(spec.name), run) for spec in registry.current())
+    reports = (load_ref(spec.report)(run.summary(spec.name), run) for spec in registry.current() if spec.report)
     return [r for r in reports if r is not None]
 
 
