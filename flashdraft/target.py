@@ -5,7 +5,8 @@
   into a cached safetensors checkpoint.
 * `tiny`: a tiny random model from a fixed config and seed, saved once so every process sees identical weights:
   a plain Qwen3 with the SmolLM2 tokenizer, or with `target.architecture=qwen3_5` the production target's own
-  hybrid class (`Qwen3_5ForConditionalGeneration`) with the real Qwen3.5/3.6 tokenizer (flashdraft.qwen_tokenizer).
+  hybrid class (`Qwen3_5ForConditionalGeneration`) with the real Qwen3.5/3.6 tokenizer
+  (flashdraft.qwen_tokenizer).
 * `random`: a published architecture (`RANDOM_ARCHITECTURES`) at full width, depth cut to `target.num_layers`,
   written one shard at a time from a meta-device model so its memory stays bounded (docs/rehearsal.md).
 Every source resolves to a local folder (config.json, safetensors, tokenizer), so stages only call
