@@ -1,8 +1,8 @@
 """`flashdraft report`: one self-contained HTML page, a Markdown summary and a flat dict of scalars for a run.
 
 Everything comes from what the stages committed to the run's store, and every section but the run's own (verdict
-line, run, stages, throughput) is a stage's: each registered stage's summary type reports itself
-(`StageSummary.report`, flashdraft/reporting.py). The report can be regenerated at any time with `flashdraft
+line, run, stages, throughput) is a stage's: each registered stage's report section (its `StageSpec.report`
+reference, flashdraft/reporting.py). The report can be regenerated at any time with `flashdraft
 report --run RUN_URI`, and it renders for a partial or failed run: a missing section says "not run" instead of
 failing. The outputs are committed under reports/ and, for a KFP component, also written to local artifact paths.
 """
