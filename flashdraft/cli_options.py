@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from flashdraft.store import ObjectStore
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Run config YAML (merged over --preset).")]
-# The list is read from the presets folder (flashdraft/presets/*.yaml), so a new preset shows without an edit here.
+# The list is read from the presets folder (flashdraft/presets/*.yaml), so a new preset shows without an edit
+# here.
 PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help=f"Packaged preset: {', '.join(preset_names())} "
                                                                       "(`flashdraft presets`).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config field, e.g. --set "
@@ -42,8 +43,8 @@ def fail(exc: BaseException | str, code: int = 1) -> typer.Exit:
 
 def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
     """The store of `--run RUN_URI` (S3 credentials from the environment, as for every store), after the read
-    preflight (`flashdraft.store.check_readable`): no credentials or a dead endpoint ends the command in one line
-    within seconds. Opened read-only: a give-up advises running the command again, not rerunning a stage."""
+    preflight (`flashdraft.store.check_readable`): no credentials or a dead endpoint ends the command in one
+    line within seconds. Opened read-only: a give-up advises running the command again, not rerunning a stage."""
     from pydantic import ValidationError
 
     from flashdraft.store import ObjectStore, check_readable

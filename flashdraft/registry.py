@@ -13,9 +13,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from flashdraft.errors import ConfigError
 from flashdraft.stage import Pool, StageSpec, StageSummary, load_ref
+
+if TYPE_CHECKING:
+    from flashdraft.config.pipeline import PoolConfig, PoolsConfig
 
 BUILTIN_STAGES = tuple(f"flashdraft.components.{package}.stage:SPEC" for package in (
     "plan", "prep", "generate", "extract", "stream_end", "train", "evaluate", "export", "report"))
@@ -72,9 +76,19 @@ class StageRegistry:
                 out.add(spec.name)
         return [s.name for s in self.specs if s.name in out]
 
-    def default_pools(self) -> dict[str, Pool]:
-        """pools.stage_pool's default: each stage's declared pool."""
-        return {s.name: s.pool for s in self.specs if s.command or s.reuse}
+    def pool_name(self, pools: PoolsConfig, stage: str) -> Pool:
+        """The pool `stage` runs on: the run's `pools.stage_pool` entry, else the stage's declared pool. Here, not
+        in the config: the config is data and knows no stage; the registry combines the two."""
+        if stage in pools.stage_pool:
+            return pools.stage_pool[stage]
+        try:
+            return self.get(stage).pool
+        except ValueError:
+            raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}") from None
+
+    def pool_config(self, pools: PoolsConfig, stage: str) -> PoolConfig:
+        """The `pools` section of the pool `stage` runs on (`pool_name`)."""
+        return getattr(pools, self.pool_name(pools, stage))
 
     def summary_of(self, stage: str, value: StageSummary | dict[str, Any]) -> StageSummary:
         """`value` as `stage`'s summary type. A model passes through; a dict (a stored metrics file, a TrainJob's

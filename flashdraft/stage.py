@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
     from flashdraft.provenance import Provenance
-    from flashdraft.reporting import RunView, StageReport
 
 Pool = Literal["cpu", "inference", "trainer"]
 HOUR = 3600
@@ -102,12 +101,6 @@ class StageSummary(BaseModel):
         """The software versions this stage recorded for the run (the export's), if it records them."""
         return None
 
-    @classmethod
-    def report(cls, summary: Any, run: RunView) -> StageReport | None:
-        """What the stage adds to the run report (flashdraft/reporting.py), given its committed summary (None
-        when it left none); None: nothing."""
-        return None
-
     def status_detail(self) -> str:
         """Lines `flashdraft status` prints below its table for this stage ("" for none)."""
         return ""
@@ -151,6 +144,10 @@ class StageSpec:
     reuse: bool = True  # False: runs every time (the plan gate, the report): cheap, and never a cached answer
     command: bool = True  # has a `flashdraft <name>` command
     cli: str | None = None  # "module:function": a typer command with options of its own; None: the generic one
+    # "module:function" called as f(summary or None, run: reporting.RunView) -> reporting.StageReport: what the
+    # stage adds to the run report, given its committed summary (None when it left none); None: nothing. A
+    # reference, so this contract needs nothing of the report's types (reporting.py reads summaries of this one).
+    report: str | None = None
     component: str | None = None  # "module:function": a KFP component body; None: the generic stage_task
     # Runs once every other stage has ended, succeeded or failed (the report: the pipeline's exit handler): not a
     # row of the status table, and a stage added to the registry goes before it.

@@ -5,7 +5,8 @@
   into a cached safetensors checkpoint.
 * `tiny`: a tiny random model from a fixed config and seed, saved once so every process sees identical weights:
   a plain Qwen3 with the SmolLM2 tokenizer, or with `target.architecture=qwen3_5` the production target's own
-  hybrid class (`Qwen3_5ForConditionalGeneration`) with the real Qwen3.5/3.6 tokenizer (flashdraft.qwen_tokenizer).
+  hybrid class (`Qwen3_5ForConditionalGeneration`) with the real Qwen3.5/3.6 tokenizer
+  (flashdraft.qwen_tokenizer).
 * `random`: a published architecture (`RANDOM_ARCHITECTURES`) at full width, depth cut to `target.num_layers`,
   written one shard at a time from a meta-device model so its memory stays bounded (docs/rehearsal.md).
 Every source resolves to a local folder (config.json, safetensors, tokenizer), so stages only call
@@ -27,9 +28,13 @@ import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flashdraft.config import ConfigError, RunConfig, TargetConfig
 from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # transformers >= 5.25 swaps layers for kernels downloaded from the Hub at load time unless told not to: code
 # fetched at run time (the same trust question as trust_remote_code), a network call an air-gapped cluster cannot
@@ -266,6 +271,20 @@ def resolve_model_dir(target: TargetConfig) -> Path | str:
     if target.source == "random":
         return _atomic_save(lambda out: _build_random(target, out), _built_dir(target))
     raise ValueError(f"target.source: unknown {target.source!r}")
+
+
+def target_embeddings(target: TargetConfig) -> tuple[Tensor, Tensor]:
+    """(embedding [V, H], LM head [V, H]) of `target`, memory-mapped from its safetensors (target_weights.py)."""
+    from flashdraft.target_weights import load_target_embeddings  # torch: not at import (the CLI's start-up)
+
+    return load_target_embeddings(resolve_model_dir(target), target.revision, target.model)
+
+
+def target_init(target: TargetConfig, layer_ids: list[int]) -> tuple[list[dict[str, Tensor]], Tensor | None]:
+    """The tensors of `target`'s decoder layers `layer_ids` and its final norm (`drafter.init=target`)."""
+    from flashdraft.target_weights import load_target_init
+
+    return load_target_init(resolve_model_dir(target), target.revision, target.model, layer_ids)
 
 
 def _hub_kwargs(target: TargetConfig) -> dict:
@@ -536,9 +555,7 @@ class Target:
 
     def embeddings(self):
         """(embedding [V, H], LM head [V, H]), memory-mapped from the checkpoint (a tied head is the embedding)."""
-        from flashdraft.drafter.target_weights import load_target_embeddings  # a cycle: it imports this module
-
-        return load_target_embeddings(self.config)
+        return target_embeddings(self.config)
 
 
 _GEOMETRY_CACHE: dict[str, TargetGeometry] = {}

@@ -55,7 +55,8 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
         return dsl.component(func, base_image=images[pool], install_kfp_package=False)
 
     out = {spec.name: comp(load_ref(spec.component) if spec.component else stages.stage_task,
-                           cfg.pools.pool_name(spec.name)) for spec in stage_registry.current()}
+                           stage_registry.current().pool_name(cfg.pools, spec.name))
+           for spec in stage_registry.current()}
     out["train-launcher"] = comp(stages.train_multinode, "cpu")
     return out
 
@@ -106,7 +107,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         cfg_args = {"config_yaml": config_yaml, "overrides": overrides}
 
         def placed(stage: str, task: Any, pool: str | None = None) -> Any:
-            pool = pool or pools.pool_name(stage)
+            pool = pool or stage_registry.current().pool_name(pools, stage)
             return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name,
                          retries=not local).set_display_name(stage)
 

@@ -8,5 +8,6 @@ SPEC = StageSpec(
     upstream=("train",), continue_on=("*",),
     doc="Speculative decoding on every eval suite: tau, per-position acceptance, tokens/s, lossless check.",
     reads=("target", "eval", "features.layer_ids", "features.num_features", "data.chat_template_kwargs"),
-    ignores=TARGET_HINTS, cli="flashdraft.components.evaluate.cli:evaluate",
+    ignores=TARGET_HINTS, report="flashdraft.components.evaluate.report_section:report",
+    cli="flashdraft.components.evaluate.cli:evaluate",
     component="flashdraft.pipelines.stages:evaluate")

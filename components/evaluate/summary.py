@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.components.evaluate import report_section
 from flashdraft.stage import StageSummary, numbers
 from flashdraft.target import same_model
-
-if TYPE_CHECKING:
-    from flashdraft.reporting import RunView, StageReport
 
 
 class DecodeStats(BaseModel):
@@ -114,10 +110,6 @@ class EvaluateSummary(StageSummary):
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
             out.update({f"acceptance_{k + 1}_{key}": float(a) for k, a in enumerate(s.acceptance_per_position or [])})
         return out
-
-    @classmethod
-    def report(cls, summary: EvaluateSummary | None, run: RunView) -> StageReport:
-        return report_section.report(summary, run)
 
     def lossless_line(self) -> str:
         """The lossless verdict in words (the model card and the report's verdict share it)."""

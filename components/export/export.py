@@ -133,8 +133,18 @@ def write_folder(folder: str | Path, files: dict[str, bytes]) -> Path:
 
 
 def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
-    """Every committed export format of the run into `out_dir/<format>/` (run-local's local copy)."""
-    return {fmt: write_folder(Path(out_dir) / fmt, read_export(store, fmt)) for fmt in exported_formats(store)}
+    """Every committed export format of the run into `out_dir/<format>/` (run-local's local copy), each folder
+    then named as the format's `local` in the export's summary (metrics/export.json), so the record a script reads
+    says where the copy is, as the console does."""
+    folders = {fmt: write_folder(Path(out_dir) / fmt, read_export(store, fmt)) for fmt in exported_formats(store)}
+    key = layout.metrics_key("export")
+    if folders and store.is_committed(key):
+        summary = ExportSummary.model_validate(store.get_json_verified(key))
+        formats = summary.formats or {}
+        for fmt, folder in folders.items():
+            formats.setdefault(fmt, {})["local"] = str(folder)
+        store.commit_json(key, summary.model_copy(update={"formats": formats}).dump())
+    return folders
 
 
 def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:

@@ -8,5 +8,6 @@ SPEC = StageSpec(
     # evaluate: the model card in every export folder carries the evaluation, so a new evaluation re-exports
     upstream=("train", "evaluate"), continue_on=("*",), reads=("target", "export"), ignores=TARGET_HINTS,
     doc="Export the latest training checkpoint to the object store (export/) and a local folder.",
-    outputs=("export/",), cli="flashdraft.components.export.cli:export",
+    outputs=("export/",), report="flashdraft.components.export.report_section:report",
+    cli="flashdraft.components.export.cli:export",
     component="flashdraft.pipelines.stages:export")

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
-from flashdraft.components.export import report_section
 from flashdraft.provenance import Provenance
 from flashdraft.stage import StageSummary, numbers
-
-if TYPE_CHECKING:
-    from flashdraft.reporting import RunView, StageReport
 
 
 class ExportSummary(StageSummary):
@@ -34,10 +30,6 @@ class ExportSummary(StageSummary):
 
     def figures(self) -> dict[str, float]:
         return numbers({"step": self.step})
-
-    @classmethod
-    def report(cls, summary: ExportSummary | None, run: RunView) -> StageReport:
-        return report_section.report(summary, run)
 
     def recorded_provenance(self) -> Provenance | None:
         return self.provenance

@@ -8,5 +8,6 @@ SPEC = StageSpec(
     per_shard=True, upstream=("generate",),
     doc="Capture the target's DFlash-layer hidden states for one generation shard into committed feature shards.",
     reads=("target", "features"), ignores=("features.queue_depth",),
-    outputs=("features/",), cli="flashdraft.components.extract.cli:extract",
+    outputs=("features/",), report="flashdraft.components.extract.report_section:report",
+    cli="flashdraft.components.extract.cli:extract",
     component="flashdraft.pipelines.stages:extract")

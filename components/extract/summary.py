@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.components.extract import report_section
 from flashdraft.stage import StageSummary, numbers
-
-if TYPE_CHECKING:
-    from flashdraft.reporting import RunView, StageReport
 
 
 class PartStats(BaseModel):
@@ -51,10 +47,6 @@ class ExtractSummary(StageSummary):
     def figures(self) -> dict[str, float]:
         return numbers({"samples": self.samples, "tokens": self.tokens, "bytes": self.bytes,
                         "new_tokens": self.new_tokens, "extract_seconds": self.elapsed_s})
-
-    @classmethod
-    def report(cls, summary: ExtractSummary | None, run: RunView) -> StageReport:
-        return report_section.report(summary, run)
 
     @classmethod
     def derive(cls, figures: dict[str, float]) -> dict[str, float]:

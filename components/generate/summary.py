@@ -29,8 +29,8 @@ class GenerateSummary(StageSummary):
     tokens_per_s: float | None = Field(None, description="generated tokens per second")
     backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
     backend: str | None = Field(None, description="generation.backend")
-    fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also in every "
-                                    "chunk's commit record")
+    fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also "
+                                    "in every chunk's commit record")
 
     def figures(self) -> dict[str, float]:
         return numbers({"samples": self.samples, "generated_tokens": self.generated_tokens,

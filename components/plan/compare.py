@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from flashdraft import registry
 from flashdraft.calibration import Calibration
 from flashdraft.components.plan.gpus import GPUS, GpuSpec, gpu_spec
 from flashdraft.components.plan.memory import WEIGHT_BYTES, fmt_gib, inference_memory
@@ -158,9 +159,9 @@ def gpu_price(cfg: RunConfig, pool: str, gpu_type: str) -> float:
 def _inference(cfg: RunConfig, name: str, gpu_type: str, gpus: int, pool: str, precision: str,
                target: TargetCost, train_gpu: GpuSpec, train_flops: float, cal: Calibration | None) -> _Inference:
     gpu = gpu_spec(gpu_type, cfg.plan.gpu_overrides)
-    inf_pool = cfg.pools.pool_name("generate")
+    inf_pool = registry.current().pool_name(cfg.pools, "generate")
     configured = (gpu_type == getattr(cfg.pools, inf_pool).gpu_type and precision == cfg.plan.target_precision
-                  and (name == COLOCATED) == (inf_pool == cfg.pools.pool_name("train")))
+                  and (name == COLOCATED) == (inf_pool == registry.current().pool_name(cfg.pools, "train")))
     measured = {s: v for s, v in cfg.plan.measured_tokens_per_s.items() if configured or s == "train"}
     rates = stage_rates(cfg, target, gpu, train_gpu, train_flops, cal, precision, measured)
     shape = inference_shape(cfg, target.params, WEIGHT_BYTES[precision])
@@ -249,7 +250,7 @@ def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: s
 def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost, train_flops: float,
                        cal: Calibration | None) -> Comparison | None:
     """Every topology priced (module docstring); None when the trainer pool has no GPU type (a CPU run)."""
-    train_pool = cfg.pools.pool_name("train")
+    train_pool = registry.current().pool_name(cfg.pools, "train")
     train_type = getattr(cfg.pools, train_pool).gpu_type
     if not train_type:
         return None
@@ -280,7 +281,7 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
             rows += [_row(cfg, inf, trainer, mode, codec, plan["codecs"][codec], sched)
                      for codec in codec_choices(cfg, plan["codecs"])]
     rows.sort(key=lambda r: (r.total_cost_usd, r.key))
-    inf_pool = cfg.pools.pool_name("generate")
+    inf_pool = registry.current().pool_name(cfg.pools, "generate")
     name = COLOCATED if inf_pool == train_pool else getattr(cfg.pools, inf_pool).gpu_type
     configured = f"{name}/{cfg.plan.target_precision}/{cfg.mode.kind}/{cfg.features.codec}"
     deadline = cfg.plan.deadline_days

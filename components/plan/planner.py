@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flashdraft import layout
+from flashdraft import layout, registry
 from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.compare import Comparison, compare_topologies, cost_gate, summary_line
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
@@ -59,6 +59,21 @@ def feature_bytes_per_token(cfg: RunConfig, codec: str, hidden: int) -> float:
         raise ConfigError(f"features: {exc}") from None
 
 
+def codec_cost(cfg: RunConfig, codec: str, hidden: int, tokens: float) -> dict[str, Any]:
+    """One row of the plan's codec table. A codec that cannot hold rows of `hidden` values (q4 blocks that do not
+    divide it) reads n/a with the reason instead of failing the plan: only the selected codec may refuse the run."""
+    params = codec_for(cfg, codec)
+    try:
+        params.check_geometry(hidden)
+    except CodecSpecError as exc:
+        return {"bytes_per_token": None, "total_bytes": None, "total_tb": None, "total_tib": None,
+                "lossless": params.lossless, "unavailable": str(exc)}
+    bpt = feature_bytes_per_token(cfg, codec, hidden)
+    total = tokens * (bpt + ID_BYTES_PER_TOKEN)
+    return {"bytes_per_token": round(bpt, 1), "total_bytes": int(total), "total_tb": round(total / 1e12, 2),
+            "total_tib": round(total / 2**40, 2), "lossless": params.lossless, "unavailable": None}
+
+
 def planning_target(cfg: RunConfig) -> tuple[RunConfig, Target, dict[str, Any]]:
     """The target resolved once (its own config where its files are here, else the config's hints), the config
     with every target figure the planner reads filled in from it, and the plan's `target` section: each figure
@@ -97,7 +112,7 @@ def _layer_kinds(geo) -> dict[str, int] | None:
 
 
 def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
-    pool = cfg.pools.for_stage(stage)
+    pool = registry.current().pool_config(cfg.pools, stage)
     return gpu_spec(pool.gpu_type, cfg.plan.gpu_overrides) if pool.gpu_type else None
 
 
@@ -115,14 +130,12 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
     tokens = samples * tps
     ids = cfg.layer_ids(layers)
 
-    codecs = {}
-    for codec in CODECS:
-        bpt = feature_bytes_per_token(cfg, codec, hidden)
-        total = tokens * (bpt + ID_BYTES_PER_TOKEN)
-        codecs[codec] = {"bytes_per_token": round(bpt, 1), "total_bytes": int(total),
-                         "total_tb": round(total / 1e12, 2), "total_tib": round(total / 2**40, 2),
-                         "lossless": codec_for(cfg, codec).lossless}
+    codecs = {codec: codec_cost(cfg, codec, hidden, tokens) for codec in CODECS}
     selected = codecs[cfg.features.codec]
+    if selected["unavailable"]:
+        usable = ", ".join(c for c, v in codecs.items() if not v["unavailable"])
+        raise ConfigError(f"features.codec={cfg.features.codec}: {selected['unavailable']} (codecs that hold it: "
+                          f"{usable or 'none'})")
     at_rest = selected["total_bytes"]
     window = min(cfg.mode.window_bytes, at_rest)
     shard_count = math.ceil(at_rest / cfg.features.shard_bytes)
@@ -202,7 +215,7 @@ def gate_message(cfg: RunConfig, plan: dict[str, Any]) -> str | None:
     if plan["mode"] != "offline" or plan["fits_budget"]:
         return None
     alternatives = []
-    fitting = [c for c, v in plan["codecs"].items() if v["total_bytes"] <= budget]
+    fitting = [c for c, v in plan["codecs"].items() if not v["unavailable"] and v["total_bytes"] <= budget]
     if fitting:
         alternatives.append("a smaller codec: " + ", ".join(
             f"{c} ({_fmt_bytes(plan['codecs'][c]['total_bytes'])})" for c in fitting))
@@ -222,6 +235,9 @@ def plan_markdown(plan: dict[str, Any]) -> str:
              "| codec | lossless | bytes/token | x bf16 | at rest |", "|---|---|---:|---:|---:|"]
     for codec, v in plan["codecs"].items():
         mark = " (selected)" if codec == plan["codec"] else ""
+        if v["unavailable"]:
+            lines.append(f"| {codec}{mark} | {'yes' if v['lossless'] else 'no'} | n/a ({v['unavailable']}) | - | - |")
+            continue
         lines.append(f"| {codec}{mark} | {'yes' if v['lossless'] else 'no'} | {v['bytes_per_token']:,.0f} | "
                      f"{v['bytes_per_token'] / plan['bytes_per_token']:.3f} | {_fmt_bytes(v['total_bytes'])} |")
     lines += ["", "| stage | GPU | tokens | tokens/s/GPU | GPU-hours |", "|---|---|---:|---:|---:|"]

@@ -13,9 +13,11 @@ memory factor carries to another shape or GPU: docs/planning.md, "Calibration fi
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
+from flashdraft import registry
 from flashdraft.calibration import Calibration, TrainShape
 from flashdraft.components.plan.gpus import GPUS, GpuSpec
 from flashdraft.components.plan.memory import (
@@ -136,14 +138,15 @@ def pool_entry(estimate: MemoryEstimate, gpu: GpuSpec | None, budget_share: floa
 def memory_section(cfg: RunConfig, params: float, gpus: dict[str, GpuSpec | None],
                    cal: Calibration | None) -> dict[str, dict[str, Any]]:
     """Per pool (by name): predicted peak per GPU, the usable memory and whether it fits."""
+    pool_of = functools.partial(registry.current().pool_name, cfg.pools)
     out: dict[str, dict[str, Any]] = {}
     shape, assumed = train_shape(cfg)
     train = pool_entry(trainer_memory(shape, "cuda"), gpus.get("train"), 1.0, memory_factor(cal, shape))
     train.update(stage="train", anchors_per_row=shape.anchors_per_row, assumed=assumed)
-    out[cfg.pools.pool_name("train")] = train  # pool_name: a partial stage_pool falls back to declared pools
+    out[pool_of("train")] = train
     inf = inference_memory(inference_shape(cfg, params, WEIGHT_BYTES[cfg.plan.target_precision]))
     for stage in ("generate", "extract"):
-        pool = cfg.pools.pool_name(stage)
+        pool = pool_of(stage)
         if pool in out:
             continue
         # vLLM takes its share up front; extraction (HF) may use it all: check against the stricter.

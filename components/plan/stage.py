@@ -10,5 +10,5 @@ SPEC = StageSpec(
         "GPU, or changed settings.",
     reads=("target", "data", "features", "mode", "plan", "pools", "training", "storage.budget_bytes", "drafter",
            "generation.tensor_parallel", "generation.max_model_len"),
-    cli="flashdraft.components.plan.cli:plan",
+    report="flashdraft.components.plan.report_section:report", cli="flashdraft.components.plan.cli:plan",
     component="flashdraft.pipelines.stages:plan_gate")

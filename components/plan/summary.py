@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.components.plan import report_section
 from flashdraft.components.plan.compare import Comparison
 from flashdraft.stage import StageSummary, numbers
-
-if TYPE_CHECKING:
-    from flashdraft.reporting import RunView, StageReport
 
 
 class CodecPlan(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     lossless: bool = Field(description="the codec reproduces bf16 features exactly")
-    bytes_per_token: float = Field(description="stored bytes per token, all feature layers")
-    total_bytes: float = Field(description="bytes at rest for the whole run with this codec")
+    bytes_per_token: float | None = Field(description="stored bytes per token, all feature layers; None: unavailable")
+    total_bytes: float | None = Field(description="bytes at rest for the whole run with this codec; None: unavailable")
+    unavailable: str | None = Field(None, description="why the codec cannot hold the target's rows (n/a in the table)")
 
 
 class PlanSummary(StageSummary):
@@ -70,10 +67,6 @@ class PlanSummary(StageSummary):
         sel = self.selected
         return numbers({"planned_bytes_per_token": sel.bytes_per_token if sel else None,
                         "planned_total_bytes": sel.total_bytes if sel else None})
-
-    @classmethod
-    def report(cls, summary: PlanSummary | None, run: RunView) -> StageReport:
-        return report_section.report(summary, run)
 
     @classmethod
     def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """`flashdraft report`: one self-contained HTML page, a Markdown summary and a flat dict of scalars for a run.
 
 Everything comes from what the stages committed to the run's store, and every section but the run's own (verdict
-line, run, stages, throughput) is a stage's: each registered stage's summary type reports itself
-(`StageSummary.report`, flashdraft/reporting.py). The report can be regenerated at any time with `flashdraft
+line, run, stages, throughput) is a stage's: each registered stage's report section (its `StageSpec.report`
+reference, flashdraft/reporting.py). The report can be regenerated at any time with `flashdraft
 report --run RUN_URI`, and it renders for a partial or failed run: a missing section says "not run" instead of
 failing. The outputs are committed under reports/ and, for a KFP component, also written to local artifact paths.
 """
@@ -25,7 +25,7 @@ from flashdraft.config import RunConfig
 from flashdraft.provenance import Provenance
 from flashdraft.provenance import current as current_provenance
 from flashdraft.reporting import RunView, Section, StageReport, fmt
-from flashdraft.stage import numbers
+from flashdraft.stage import load_ref, numbers
 from flashdraft.store import NotCommittedError, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
 
 def stage_reports(run: RunView) -> list[StageReport]:
     """Every registered stage's contribution, in pipeline order."""
-    reports = (spec.summary.report(run.summary(spec.name), run) for spec in registry.current())
+    reports = (load_ref(spec.report)(run.summary(spec.name), run) for spec in registry.current() if spec.report)
     return [r for r in reports if r is not None]
 
 

@@ -12,5 +12,6 @@ SPEC = StageSpec(
              "training.preempt_after", "mode.window_bytes", "mode.window_shards"),
     # streaming: the consumed parts are gone, so there is nothing to train on from a finished stream
     continue_on=("training.max_steps", "training.epochs"), streaming_continue_on=(), commits_result=True,
-    outputs=("checkpoints/", "metrics/stream.json"), cli="flashdraft.components.train.cli:train",
+    outputs=("checkpoints/", "metrics/stream.json"), report="flashdraft.components.train.report_section:report",
+    cli="flashdraft.components.train.cli:train",
     component="flashdraft.pipelines.stages:train")

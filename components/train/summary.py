@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.components.train import report_section
 from flashdraft.stage import StageSummary, numbers
-
-if TYPE_CHECKING:
-    from flashdraft.reporting import RunView, StageReport
 
 
 class FinalTrainStats(BaseModel):
@@ -68,7 +64,3 @@ class TrainSummary(StageSummary):
                         "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
                         "tokens_per_s": self.tokens_per_s, "heldout_tau": last.get("tau"),
                         "heldout_slot1_accuracy": (last.get("acc_by_pos") or [None])[0]})
-
-    @classmethod
-    def report(cls, summary: TrainSummary | None, run: RunView) -> StageReport:
-        return report_section.report(summary, run)

@@ -7,9 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from flashdraft import registry
 from flashdraft.config.base import Section
-from flashdraft.errors import ConfigError
 
 
 class ModeConfig(Section):
@@ -55,20 +53,9 @@ class PoolsConfig(Section):
                                   "generate, extract, evaluate")
     trainer: PoolConfig = Field(default_factory=PoolConfig, description="GPU pool for train")
     stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
-        default_factory=lambda: dict(registry.current().default_pools()),
-        description="stage -> pool; defaults to each stage's declared pool (components/<stage>/stage.py)")
-
-    def pool_name(self, stage: str) -> str:
-        """The pool `stage` runs on: this table's entry, else the stage's declared pool."""
-        if stage in self.stage_pool:
-            return self.stage_pool[stage]
-        try:
-            return registry.current().get(stage).pool
-        except ValueError:
-            raise ConfigError(f"pools.stage_pool has no entry for stage {stage!r}") from None
-
-    def for_stage(self, stage: str) -> PoolConfig:
-        return getattr(self, self.pool_name(stage))
+        default_factory=dict, description="stage -> pool, for a stage placed elsewhere than its declared pool "
+        "(components/<stage>/stage.py); a stage not named runs on its declared pool (the registry supplies it: "
+        "flashdraft/registry.py `pool_name`)")
 
 
 # Public on-demand list prices per GPU-hour, May 2026: the sources, and what each figure is, in docs/planning.md

@@ -2,7 +2,7 @@
 conditioned on fused target-layer features `hidden_norm(fc(concat(features of the n target layers)))` injected as
 extra keys/values in every layer. DFlash2 (`geometry.kind`) adds block convolutions and a candidate selector.
 
-Embedding and LM head are the target's, frozen (target_weights.py). They are non-persistent buffers, so
+Embedding and LM head are the target's, frozen (flashdraft/target_weights.py). They are non-persistent buffers, so
 `state_dict()` holds exactly what training changes: the layers, `fc`, the norms, DFlash2's selector, the trainable
 `mask_embedding` when the target has no mask token or free row (geometry.py `resolve_mask_token`), and `d2t` (the
 draft vocabulary).

@@ -22,9 +22,8 @@ from safetensors.torch import save_file
 from flashdraft.config import TargetConfig
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
 from flashdraft.drafter.geometry import DrafterGeometry, geometry_from_hf, resolve_mask_token
-from flashdraft.drafter.target_weights import load_target_embeddings, load_target_init
 from flashdraft.store import ObjectStore
-from flashdraft.target import load_tokenizer, text_config
+from flashdraft.target import load_tokenizer, target_embeddings, target_init, text_config
 from flashdraft.zlab import read_zlab
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def drafter_from_parts(config: dict[str, Any], weights: dict[str, torch.Tensor],
     the same (`upcast_matmul`)."""
     geometry = DrafterGeometry(**config)
     target_cfg = target if target is not None else TargetConfig(**geometry.target)
-    embed, head = load_target_embeddings(target_cfg)
+    embed, head = target_embeddings(target_cfg)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=True)
     model.set_frozen(embed, head)
@@ -98,7 +97,7 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
         geometry = replace(geometry, kind="dflash2", conv_kernel_size=d.conv_kernel_size,
                            conv_group_size=d.conv_group_size, selector_rank=d.selector_rank,
                            selector_top_k=d.selector_top_k)
-    embed, head = load_target_embeddings(cfg.target)
+    embed, head = target_embeddings(cfg.target)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
     if frozen_dtype is not None:
         embed, head = embed.to(frozen_dtype), head.to(frozen_dtype)  # no copy when the checkpoint has that dtype
@@ -106,6 +105,6 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
     model.init_weights(cfg.training.seed if seed is None else seed, cfg.drafter.mask_init)
     if cfg.drafter.init == "target":
         ids = cfg.drafter.resolved_init_layers(int(text_cfg.num_hidden_layers))
-        copied = model.init_from_target(*load_target_init(cfg.target, ids))
+        copied = model.init_from_target(*target_init(cfg.target, ids))
         log.info("drafter init from target layers %s: %d tensors copied", ids, len(copied))
     return model.to(device)

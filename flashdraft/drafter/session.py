@@ -6,12 +6,9 @@ through the layers and extends the cache with the newly verified positions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:  # annotation only: dflash_drafter.py imports this module
-    from flashdraft.drafter.dflash_drafter import DFlashDrafter
 
 
 @dataclass
@@ -24,12 +21,27 @@ class ContextCache:
     length: int
 
 
+class SessionDrafter(Protocol):
+    """What a session calls on its drafter (DFlashDrafter, dflash_drafter.py, which builds sessions): named here
+    so this module depends on no drafter module."""
+
+    def extend_context(self, cache: ContextCache | None, features: torch.Tensor) -> ContextCache: ...
+
+    def cached_draft_hidden(self, cache: ContextCache, last_token: int) -> torch.Tensor: ...
+
+    def draft_hidden(self, context_features: torch.Tensor, last_token: int) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def propose_from_hidden(self, hidden: torch.Tensor, last_token: int) -> torch.Tensor: ...
+
+
 class DraftSession:
     """One sequence's drafting state: `extend` with the features of newly verified positions, `propose` the B-1
     drafts after the newest verified token. cached=False recomputes the whole context every cycle (the reference
     for the cache)."""
 
-    def __init__(self, drafter: DFlashDrafter, cached: bool = True):
+    def __init__(self, drafter: SessionDrafter, cached: bool = True):
         self.drafter, self.cached = drafter, cached
         self.cache: ContextCache | None = None
         self.features: torch.Tensor | None = None

@@ -44,6 +44,8 @@ def test_streaming_peak_stored_bytes_stay_within_the_window(tiny_streaming_run):
     # the export, copied where run-local says: the store's folder as is (model card included, no commit records)
     zlab = folder / "exports" / cfg.run_id / "zlab"
     assert {k: (folder / v).resolve() for k, v in result["exports"].items()} == {"zlab": zlab.resolve()}
+    assert store.get_json_verified(layout.metrics_key("export"))["formats"]["zlab"]["local"] == \
+        result["exports"]["zlab"], "metrics/export.json names the folder run-local wrote"
     assert [f"export/zlab/{f.name}" for f in sorted(zlab.iterdir())] == store.list("export/zlab/")
     assert (zlab / "README.md").is_file() and not any(f.name.endswith(".commit") for f in zlab.iterdir())
     assert (f"drafter (zlab, serve the folder as is; its README.md has the command): {result['exports']['zlab']}"

@@ -5,7 +5,8 @@ checkpoint would be (no geometry hints: the stages must read everything from the
 Each is small enough for a 2-core CI machine and keeps its family's distinguishing trait: Llama's llama3 rope
 scaling, Qwen3's q/k norms, Qwen3-MoE's routed experts, gpt-oss's attention sinks + alternating sliding/full
 attention (window 8, shorter than the test prompts, so rollback past the window is exercised) + MoE, and the
-Qwen3.5 hybrid's Gated DeltaNet layers under a multimodal wrapper."""
+Qwen3.5 hybrid's Gated DeltaNet layers under a multimodal wrapper. `llama_h160` is the Llama 160 wide: a geometry
+that is not a multiple of 64 (q4's default block), as user checkpoints can be."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from pathlib import Path
 from flashdraft.config import TargetConfig
 from flashdraft.target import resolve_model_dir
 
-FAMILIES = ("llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5")
+FAMILIES = ("llama", "llama_h160", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5")
 SLIDING_WINDOW = 8  # gpt-oss's window here: shorter than every prompt, so verify blocks cross it
 HIDDEN = 64
+ODD_HIDDEN = {"llama_h160": 160}  # families built wider than HIDDEN, with a size q4_block=64 does not divide
+
+
+def hidden_size(family: str) -> int:
+    """The hidden size `build_family` gives `family`."""
+    return ODD_HIDDEN.get(family, HIDDEN)
 
 
 def _tokenizer():
@@ -27,18 +34,18 @@ def _tokenizer():
 
 def build_family(family: str, out: Path) -> Path:
     """Save a seeded tiny random `family` checkpoint (8 decoder layers: the fewest with 5 distinct DFlash ids,
-    64 wide) with a tokenizer to `out`."""
+    `hidden_size(family)` wide) with a tokenizer to `out`."""
     import torch
     import transformers as tf
 
     if (out / "config.json").is_file():
         return out
     tok = _tokenizer()
-    common = dict(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=8,
+    common = dict(vocab_size=len(tok), hidden_size=hidden_size(family), intermediate_size=128, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                   tie_word_embeddings=False)
-    if family == "llama":
+    if family in ("llama", "llama_h160"):
         cfg = tf.LlamaConfig(**common, rope_parameters={
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 256})

@@ -2,6 +2,7 @@
 
 import pytest
 
+from flashdraft import registry
 from flashdraft.config import ConfigError, load_config
 from flashdraft.config.overrides import parse_override
 from flashdraft.drafter.defaults import default_gamma, dflash_layer_ids
@@ -25,8 +26,8 @@ def test_presets_load_and_derive():
     assert prod.layer_ids() == [1, 16, 31, 46, 61]
     assert prod.target.trust_remote_code is False
     assert prod.drafter.resolved_gamma == 7.0
-    assert prod.pools.for_stage("train").accelerator_count == 8
-    assert prod.pools.for_stage("generate").gpu_type == "rtx-pro-6000"
+    assert registry.current().pool_config(prod.pools, "train").accelerator_count == 8
+    assert registry.current().pool_config(prod.pools, "generate").gpu_type == "rtx-pro-6000"
     local = load_config(preset="smollm2-local")
     assert local.layer_ids() == [1, 8, 14, 20, 27]
     assert local.drafter.resolved_gamma == default_gamma(8) == 4.0

@@ -6,15 +6,14 @@ from __future__ import annotations
 import torch
 
 from flashdraft.drafter.persistence import build_drafter
-from flashdraft.drafter.target_weights import load_target_init
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
-from flashdraft.target import load_hf_config
+from flashdraft.target import load_hf_config, target_init
 
 
 def test_init_from_target_copies_the_named_layers_and_final_norm(tiny_cfg):
     cfg = tiny_cfg.with_overrides({"drafter.num_layers": 2, "drafter.init": "target", "drafter.init_layers": [5, 7]})
     model = build_drafter(cfg, load_hf_config(cfg.target), seed=0)
-    layers, norm = load_target_init(cfg.target, [5, 7])
+    layers, norm = target_init(cfg.target, [5, 7])
     for i in range(2):
         own = dict(model.layers[i].named_parameters())
         assert layers[i] and all(torch.equal(own[k], v.float()) for k, v in layers[i].items() if k in own)

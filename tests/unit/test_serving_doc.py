@@ -140,3 +140,19 @@ def test_an_export_folder_is_committed_once_by_its_manifest(tmp_path):
     with pytest.raises(ExportError):
         read_export(store, "zlab")
     assert download_export(store, tmp_path) == {} and list(tmp_path.iterdir()) == []
+
+
+def test_the_local_copy_is_named_in_the_export_summary(exported, tmp_path):
+    """run-local's copy of the export (download_export) is what metrics/export.json names as each format's local
+    folder: the record a script reads says what the console printed, and the rest of the summary is unchanged."""
+    cfg, _, _ = exported
+    store = open_store(cfg.storage, cfg.run_id)
+    before = store.get_json_verified(layout.metrics_key("export"))
+    folders = download_export(store, tmp_path / "exports" / cfg.run_id)
+    assert set(folders) == {"zlab", "speculators"}
+    after = store.get_json_verified(layout.metrics_key("export"))
+    assert {fmt: f["local"] for fmt, f in after["formats"].items()} == {fmt: str(p) for fmt, p in folders.items()}
+    for fmt, f in after["formats"].items():
+        assert {k: v for k, v in f.items() if k != "local"} == \
+            {k: v for k, v in before["formats"][fmt].items() if k != "local"}
+    assert {k: v for k, v in after.items() if k != "formats"} == {k: v for k, v in before.items() if k != "formats"}

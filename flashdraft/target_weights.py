@@ -1,6 +1,9 @@
 """The target's tensors the drafter reads straight from the target's safetensors, never loading the whole target:
 the frozen embedding and LM head (memory-mapped), and the decoder layers and final norm that `drafter.init=target`
 starts from. Hub ids download only the index and the shards holding those tensors.
+
+Below flashdraft/target.py (which resolves a target to its folder or Hub id and calls these through
+`target_embeddings` / `target_init`): this module reads files and imports nothing of flashdraft's.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 from safetensors import safe_open
-
-from flashdraft.target import resolve_model_dir
 
 
 def _is_embedding(name: str) -> bool:
@@ -73,13 +74,14 @@ def mmap_tensor(path: Path, name: str) -> torch.Tensor:
     return raw[8 + n + start:8 + n + end].view(SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
 
 
-def load_target_embeddings(target_cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embed [V, H], lm_head [V, H]) from the target checkpoint, memory-mapped in the checkpoint's dtype
-    (`mmap_tensor`); tied heads share the embedding."""
-    files = _weight_files(resolve_model_dir(target_cfg), target_cfg.revision)
+def load_target_embeddings(model_dir: Path | str, revision: str | None, model: str
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed [V, H], lm_head [V, H]) from the target checkpoint in `model_dir` (a folder or Hub id; `model` names
+    it in errors), memory-mapped in the checkpoint's dtype (`mmap_tensor`); tied heads share the embedding."""
+    files = _weight_files(model_dir, revision)
     embed_name, head_name = _pick(list(files), "embed_tokens.weight"), _pick(list(files), "lm_head.weight")
     if embed_name is None:
-        raise KeyError(f"target {target_cfg.model}: no '*embed_tokens.weight' tensor in its safetensors")
+        raise KeyError(f"target {model}: no '*embed_tokens.weight' tensor in its safetensors")
 
     embed = mmap_tensor(files[embed_name], embed_name)
     head = mmap_tensor(files[head_name], head_name) if head_name is not None else embed
@@ -96,18 +98,19 @@ def target_layer_prefixes(names: list[str]) -> dict[int, str]:
     return out
 
 
-def load_target_init(target_cfg, layer_ids: list[int]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor | None]:
+def load_target_init(model_dir: Path | str, revision: str | None, model: str, layer_ids: list[int]
+                     ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor | None]:
     """Per requested target decoder layer, its tensors by drafter-layer name (`self_attn.q_proj.weight`, ...), and
     the target's final norm weight: the `drafter.init=target` starting point."""
 
     def wanted(name: str) -> bool:
         return ".layers." in name or name.endswith("norm.weight")
 
-    files = _weight_files(resolve_model_dir(target_cfg), target_cfg.revision, wanted)
+    files = _weight_files(model_dir, revision, wanted)
     prefixes = target_layer_prefixes(list(files))
     missing = [i for i in layer_ids if i not in prefixes]
     if missing:
-        raise KeyError(f"target {target_cfg.model}: no decoder layer(s) {missing} (drafter.init_layers)")
+        raise KeyError(f"target {model}: no decoder layer(s) {missing} (drafter.init_layers)")
 
     def read(name: str) -> torch.Tensor:
         with safe_open(str(files[name]), "pt") as f:
