@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from flashdraft.components.train import report_section
+from flashdraft.provenance import ParentIdentity
 from flashdraft.stage import StageSummary, numbers
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class TrainSummary(StageSummary):
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
     resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
                                      "or retried task, or training.preempt_after); None = trained from step 0")
+    parent: ParentIdentity | None = Field(None, description="the pretrained drafter training started from "
+                                          "(drafter.init=pretrained); None = a new drafter")
     peak_memory_bytes: int | None = Field(None, description="rank 0's peak memory in this launch: CUDA peak "
                                           "allocated, or on a CPU the peak RSS (mapped head pages included)")
 

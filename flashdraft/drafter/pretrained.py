@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load as load_bytes
 
 from flashdraft.errors import ConfigError
+from flashdraft.provenance import ParentIdentity
 from flashdraft.zlab import MASK_ST
 
 ZLAB_CONFIG = "config.json"
@@ -36,20 +37,6 @@ FOLLOWED = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediat
 # Settings with a default: they must equal the checkpoint's (train, plan and evaluate read them from the config).
 REQUIRED = ("num_layers", "block_size")
 DFLASH2_ONLY = ("candidate_selector.", "_conv.")
-
-
-@dataclass(frozen=True)
-class ParentIdentity:
-    """Which drafter a run started from: what the report, the model card and the runner's fingerprint name."""
-
-    source: str  # drafter.init_from as given
-    format: str  # flashdraft | zlab | speculators
-    revision: str | None  # the Hub commit the cache resolved (hf:), else None
-    sha256: str  # of the weights file's bytes
-
-    def line(self) -> str:
-        rev = f" @ {self.revision[:12]}" if self.revision else ""
-        return f"{self.source}{rev} ({self.format}, weights sha256 {self.sha256[:12]})"
 
 
 @dataclass(frozen=True)
@@ -156,7 +143,7 @@ def read_parent(init_from: str, storage=None, *, num_target_layers: int | None =
                                                   f"{where}/{ZLAB_CONFIG}")
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"drafter.init_from={where}: not a DFlash drafter checkpoint ({exc})") from None
-    identity = ParentIdentity(where, fmt, revision(), hashlib.sha256(raw).hexdigest())
+    identity = ParentIdentity(source=where, format=fmt, revision=revision(), sha256=hashlib.sha256(raw).hexdigest())
     return Parent(geometry, weights, identity)
 
 
@@ -237,9 +224,6 @@ def build_pretrained(cfg, target_hf_config, *, seed: int, attn_impl: str = "auto
         raise ConfigError(f"drafter.init_from={parent.identity.source}: its weights do not fit its own config "
                           f"(missing or unexpected: {', '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''})")
     model.refresh_head()
+    model.parent = parent.identity
     return model, parent.identity, fresh
-
-
-def identity_dict(identity: ParentIdentity | None) -> dict[str, Any] | None:
-    return asdict(identity) if identity is not None else None
 
