@@ -126,7 +126,9 @@ def _layers_geometry(c: dict[str, Any]) -> dict[str, Any]:
         "hidden_size": c["hidden_size"], "num_heads": c["num_attention_heads"],
         "num_kv_heads": c["num_key_value_heads"],
         "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-        "intermediate_size": c["intermediate_size"], "rope_theta": c["rope_theta"], "rms_norm_eps": c["rms_norm_eps"],
+        "intermediate_size": c["intermediate_size"], "rms_norm_eps": c["rms_norm_eps"],
+        # transformers 5 writes it under rope_parameters (speculators' converter does)
+        "rope_theta": c["rope_theta"] if "rope_theta" in c else c["rope_parameters"]["rope_theta"],
         "vocab_size": c["vocab_size"], "num_layers": c["num_hidden_layers"],
         "max_position_embeddings": c.get("max_position_embeddings", 32768),
         "initializer_range": c.get("initializer_range", 0.02),
