@@ -15,6 +15,7 @@ layers) is refused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -76,14 +77,20 @@ def _hf_reader(spec: str) -> tuple[Reader, str, Callable[[], str | None]]:
     return read, f"hf:{spec}", lambda: resolved.get("commit")
 
 
-def _store_reader(uri: str, storage) -> Reader:
+def _source_store(uri: str, storage):
+    """The store folder `uri` names; a run's checkpoints/ resolves to its newest checkpoint (latest.json)."""
     from flashdraft.drafter.persistence import CONFIG_FILE
     from flashdraft.store import ObjectStore
 
     store = ObjectStore(uri.rstrip("/"), storage)
     if not store.exists(CONFIG_FILE) and not store.exists(ZLAB_CONFIG) and store.exists("latest.json"):
-        latest = json.loads(store.get("latest.json"))  # a run's checkpoints/: follow it to the newest
+        latest = json.loads(store.get("latest.json"))
         store = store.child(latest["prefix"].rstrip("/").rsplit("/", 1)[-1])
+    return store
+
+
+def _store_reader(uri: str, storage) -> Reader:
+    store = _source_store(uri, storage)
 
     def read(name: str) -> bytes | None:
         if store.is_committed(name):
@@ -91,6 +98,45 @@ def _store_reader(uri: str, storage) -> Reader:
         return store.get(name) if store.exists(name) else None
 
     return read
+
+
+def weights_digest(init_from: str, storage=None) -> str:
+    """The sha256 of the pretrained drafter's model.safetensors, as cheaply as its place allows (the runner's
+    fingerprint: a changed parent refuses or reruns like any changed setting): a store's commit record, a Hub
+    cache blob's name (huggingface_hub names LFS blobs by their sha256), else the file hashed. A Hub file not in
+    the cache is named by `init_from` itself (pin a commit with @revision to make that an identity); a missing
+    file reads "missing" (loading it fails with its own error)."""
+    from flashdraft.drafter.persistence import WEIGHTS_FILE
+
+    if init_from.startswith("hf:"):
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, _, revision = init_from.removeprefix("hf:").partition("@")
+        found = try_to_load_from_cache(repo, WEIGHTS_FILE, revision=revision or None)
+        if not isinstance(found, str):
+            return init_from
+        blob = Path(found).resolve()
+        return blob.name if re.fullmatch(r"[0-9a-f]{64}", blob.name) else _file_sha256(blob)
+    if "://" in init_from:
+        store = _source_store(init_from, storage)
+        record = store.read_commit(WEIGHTS_FILE)
+        if record is not None:
+            return record.sha256
+        return hashlib.sha256(store.get(WEIGHTS_FILE)).hexdigest() if store.exists(WEIGHTS_FILE) else "missing"
+    path = Path(init_from).expanduser() / WEIGHTS_FILE
+    return _file_sha256(path) if path.is_file() else "missing"
+
+
+def _file_sha256(path: Path) -> str:
+    stat = path.stat()  # a file rewritten in place gets a new mtime: hashed again
+    return _hashed(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _hashed(path: str, mtime_ns: int, size: int) -> str:
+    """A file's sha256, once per version of it in this process (the runner asks for every task it checks)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _folder_reader(folder: Path) -> Reader:

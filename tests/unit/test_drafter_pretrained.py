@@ -15,7 +15,7 @@ from flashdraft.components.export.export import run_export
 from flashdraft.config import ConfigError
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.persistence import build_drafter
-from flashdraft.drafter.pretrained import read_parent
+from flashdraft.drafter.pretrained import read_parent, weights_digest
 from flashdraft.store import open_store
 from flashdraft.target import load_hf_config
 
@@ -77,6 +77,9 @@ def test_the_parent_is_named_by_source_format_and_weights_digest(source, tmp_pat
     assert parent.identity.format == "zlab" and parent.identity.revision is None
     assert parent.identity.sha256 == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     assert read_parent(str(tmp_path / "out" / "speculators"), num_target_layers=8).identity.format == "speculators"
+    assert weights_digest(str(folder)) == parent.identity.sha256
+    store_export = open_store(source[0].storage, "tiny").url("export/zlab/")
+    assert weights_digest(store_export) == read_parent(store_export).identity.sha256 == parent.identity.sha256
 
 
 def test_hf_repo_is_read_through_the_cache_offline(source, tmp_path, monkeypatch):
@@ -97,7 +100,8 @@ def test_hf_repo_is_read_through_the_cache_offline(source, tmp_path, monkeypatch
     for spec in ("hf:someone/tiny-dflash", f"hf:someone/tiny-dflash@{commit}"):
         _, loaded = _pretrained(cfg, spec)
         _same_drafts(model, loaded)
-        assert read_parent(spec).identity.revision == commit
+        parent = read_parent(spec)
+        assert parent.identity.revision == commit and weights_digest(spec) == parent.identity.sha256
     with pytest.raises(ConfigError, match=r"hf:someone/absent.*Hugging Face cache"):
         _pretrained(cfg, "hf:someone/absent")
 

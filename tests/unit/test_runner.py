@@ -90,6 +90,23 @@ def test_more_training_carries_on_other_training_changes_are_refused_and_evaluat
     assert run_task(more.with_overrides({"training.num_threads": 1}), "train", body=train).skipped
 
 
+def test_the_pretrained_parent_s_weights_are_part_of_the_fingerprint(cfg, tmp_path):
+    """drafter.init_from names a place; the weights found there are the identity: new weights under the same name
+    are refused for training (a new run_id, or --from train) and evaluated again."""
+    folder = tmp_path / "parent"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights one")
+    pre = cfg.with_overrides({"drafter.init": "pretrained", "drafter.init_from": str(folder)})
+    train, evaluate = TrainBody(pre, steps=1), Body(drafter={"tau": 1.5})
+    run_task(pre, "train", body=train)
+    run_task(pre, "evaluate", body=evaluate)
+    assert run_task(pre, "train", body=train).skipped and run_task(pre, "evaluate", body=evaluate).skipped
+    (folder / "model.safetensors").write_bytes(b"weights two")
+    with pytest.raises(StageInputsChanged, match=r"^train: .*drafter.init_from@sha256 .*--from train"):
+        run_task(pre, "train", body=train)
+    assert not run_task(pre, "evaluate", body=evaluate).skipped and evaluate.calls == 2
+
+
 def test_a_changed_upstream_result_is_refused_downstream(cfg):
     prep, generate = Body(num_shards=1), Body(samples=3)
     run_task(cfg, "prep", body=prep)
