@@ -42,3 +42,5 @@ def test_an_evaluate_only_run_evaluates_the_pretrained_drafter_and_trains_nothin
     meta = card_meta(card)["flashdraft"]
     assert meta["parent"]["sha256"] == mine.parent.sha256 and meta["training"]["step"] == 0
     assert "## Parent" in card and "evaluated as is, not trained here" in card
+    report = open(result["report"]).read()
+    assert "Pretrained parent" in report and mine.parent.sha256 in report and "pretrained drafter, as is" in report
