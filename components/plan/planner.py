@@ -210,7 +210,11 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         "train_flops_per_step": {k: float(f"{v:.4g}") for k, v in step_flops.items()},
         "calibration": cal.origin() if cal else None,
     }
-    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus)]
+    if cfg.evaluate_only:  # no features are stored and nothing trains: only the inference pool's memory can refuse
+        plan["evaluate_only"] = True
+        gates = [memory_gate(cfg, {p: m for p, m in plan["memory"].items() if m["stage"] != "train"}, gpus)]
+    else:
+        gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus)]
     plan["gate"] = " | ".join(g for g in gates if g) or None
     return plan
 
