@@ -234,6 +234,9 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
     The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
     spec = registry.current().get(stage_name)
+    if spec.skipped_for(cfg):
+        raise ConfigError(f"{spec.name}: this run evaluates a pretrained drafter as is (drafter.init=pretrained, "
+                          "training.max_steps=0) and has no such task; set training.max_steps >= 1 to train on")
     store = open_store(cfg.storage, cfg.run_id)
     task = status.task_name(spec.name, shard)
     previous = status.read_record(store, spec.name, shard)
