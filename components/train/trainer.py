@@ -300,6 +300,7 @@ class Trainer:
                 "heldout": state["heldout"], "heldout_samples": [sid for _, _, sid in self.schedule.heldout],
                 "resumed_from": self.resumed_from, "peak_memory_bytes": self.peak_memory_bytes(),
                 "parent": raw.parent.model_dump() if raw.parent is not None else None,
+                "dflash2_initialised": len(raw.initialised_not_loaded),
                 "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
 
 

@@ -270,6 +270,6 @@ def build_pretrained(cfg, target_hf_config, *, seed: int, attn_impl: str = "auto
         raise ConfigError(f"drafter.init_from={parent.identity.source}: its weights do not fit its own config "
                           f"(missing or unexpected: {', '.join(wrong[:4])}{' ...' if len(wrong) > 4 else ''})")
     model.refresh_head()
-    model.parent = parent.identity
+    model.parent, model.initialised_not_loaded = parent.identity, fresh
     return model, parent.identity, fresh
 

@@ -33,3 +33,7 @@ def test_training_on_starts_from_the_exported_drafter(tiny_cfg, tmp_path, kind):
     assert start["tau"] == pytest.approx(end["tau"], abs=1e-6)
     assert start["acc_by_pos"] == pytest.approx(end["acc_by_pos"], abs=1e-6)
     assert after.steps == 3 and after.heldout[-1]["step"] == 3
+    assert (after.dflash2_initialised > 0) == (kind == "dflash2") and before.dflash2_initialised == 0
+    line = after.headline(after.figures())
+    assert line.endswith("trained on from a pretrained drafter" + (
+        f" (DFlash checkpoint: {after.dflash2_initialised} DFlash2 tensors initialised)" if kind == "dflash2" else ""))
