@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from flashdraft import layout
-from flashdraft.drafter.persistence import CONFIG_FILE, WEIGHTS_FILE
+from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.store import ObjectStore
 
 

@@ -70,7 +70,17 @@ def config_inputs(spec: StageSpec, cfg: RunConfig) -> dict[str, Any]:
                 raise ValueError(f"stage {spec.name!r} reads {path!r}, which is not a config field")
             node = getattr(node, part)
         out.update(_leaves(node, path))
-    return {k: v for k, v in sorted(out.items()) if not _ignored(k, spec.ignores)}
+    out = {k: v for k, v in sorted(out.items()) if not _ignored(k, spec.ignores)}
+    if "drafter.init_from" in out and cfg.drafter.init == "pretrained":
+        from flashdraft.drafter.pretrained import weights_digest
+
+        out[PARENT_WEIGHTS] = weights_digest(cfg.drafter.init_from, cfg.storage)
+    return out
+
+
+# The pretrained drafter's identity beside drafter.init_from (the same name can come to hold other weights). Not a
+# config field: a record made before it existed has no such field, and `_field_default` reads None for it.
+PARENT_WEIGHTS = "drafter.init_from@sha256"
 
 
 def _field_default(path: str) -> Any:
@@ -224,6 +234,9 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
     The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
     spec = registry.current().get(stage_name)
+    if spec.skipped_for(cfg):
+        raise ConfigError(f"{spec.name}: this run evaluates a pretrained drafter as is (drafter.init=pretrained, "
+                          "training.max_steps=0) and has no such task; set training.max_steps >= 1 to train on")
     store = open_store(cfg.storage, cfg.run_id)
     task = status.task_name(spec.name, shard)
     previous = status.read_record(store, spec.name, shard)

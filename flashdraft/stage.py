@@ -128,6 +128,9 @@ class StageSpec:
     run: str | None = None  # "module:function" called as f(cfg) or, per_shard, f(cfg, shard); returns `summary`
     doc: str = ""  # one line: the CLI command's help and docs/stages.md
     per_shard: bool = False  # one task per prompt shard (a ParallelFor on a cluster)
+    # Makes training data or trains: an evaluate-only run (RunConfig.evaluate_only: a pretrained drafter with
+    # training.max_steps 0) has no task of it, on a cluster or in run-local.
+    trains: bool = False
     upstream: tuple[str, ...] = ()  # stages whose committed results this one reads
     streaming_upstream: tuple[str, ...] | None = None  # upstream in mode.kind=streaming, when it differs
     reads: tuple[str, ...] = ()  # config sections or fields ("data", "eval.max_new_tokens") in the fingerprint
@@ -152,6 +155,10 @@ class StageSpec:
     # Runs once every other stage has ended, succeeded or failed (the report: the pipeline's exit handler): not a
     # row of the status table, and a stage added to the registry goes before it.
     exit_handler: bool = False
+
+    def skipped_for(self, cfg: RunConfig) -> bool:
+        """This run has no task of this stage (`trains` in an evaluate-only run)."""
+        return self.trains and cfg.evaluate_only
 
     def upstream_for(self, cfg: RunConfig) -> tuple[str, ...]:
         if cfg.mode.kind == "streaming" and self.streaming_upstream is not None:

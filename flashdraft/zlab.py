@@ -95,16 +95,18 @@ def split_mask(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     return body, weights.get("mask_embedding")
 
 
-def _read_attention(c: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """layer_types/sliding_window back from a z-lab config; refuses what our layers cannot run (causal blocks)."""
+def _read_attention(c: dict[str, Any], where: str, causal: bool | None = None) -> dict[str, Any]:
+    """layer_types/sliding_window back from a z-lab (or speculators' transformer_layer_config) config; refuses what
+    our layers cannot run (causal blocks). `causal`: the format's own flag, when it has one."""
     types = c.get("layer_types")
-    causal = c.get("is_causal")
+    if causal is None:
+        causal = c.get("is_causal")
     if causal is None:
         causal = (c.get("dflash_config") or {}).get("causal")
     if causal is None:  # vLLM's rule: without an explicit flag a sliding_attention layer is causal
         causal = bool(types) and "sliding_attention" in types
     if causal:
-        raise ValueError(f"{folder}/config.json: causal DFlash layers (is_causal, dflash_config.causal, or "
+        raise ValueError(f"{where}: causal DFlash layers (is_causal, dflash_config.causal, or "
                          "sliding_attention without is_causal: false) are not supported; flashdraft drafters "
                          "attend bidirectionally inside a block")
     if types is None and c.get("use_sliding_window"):
@@ -113,8 +115,91 @@ def _read_attention(c: dict[str, Any], folder: Path) -> dict[str, Any]:
         return {"layer_types": list(types) if types else None, "sliding_window": None}
     window = (c.get("dflash_config") or {}).get("swa_window_size") or c.get("sliding_window")
     if window is None:
-        raise ValueError(f"{folder}/config.json: sliding_attention layers but no sliding_window")
+        raise ValueError(f"{where}: sliding_attention layers but no sliding_window")
     return {"layer_types": list(types), "sliding_window": int(window)}
+
+
+def _layers_geometry(c: dict[str, Any]) -> dict[str, Any]:
+    """The Qwen3-layer fields every format states the same way (z-lab's top level, speculators'
+    transformer_layer_config)."""
+    return {
+        "hidden_size": c["hidden_size"], "num_heads": c["num_attention_heads"],
+        "num_kv_heads": c["num_key_value_heads"],
+        "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+        "intermediate_size": c["intermediate_size"], "rms_norm_eps": c["rms_norm_eps"],
+        # transformers 5 writes it under rope_parameters (speculators' converter does)
+        "rope_theta": c["rope_theta"] if "rope_theta" in c else c["rope_parameters"]["rope_theta"],
+        "vocab_size": c["vocab_size"], "num_layers": c["num_hidden_layers"],
+        "max_position_embeddings": c.get("max_position_embeddings", 32768),
+        "initializer_range": c.get("initializer_range", 0.02),
+    }
+
+
+def _draft_vocab_back(weights: dict[str, torch.Tensor]) -> None:
+    """`d2t` offsets back to target ids, in place; the reduced head is rebuilt from the target's."""
+    if "d2t" in weights:
+        weights["d2t"] = weights["d2t"].long() + torch.arange(weights["d2t"].numel())
+        weights.pop("lm_head.weight", None)
+
+
+def zlab_geometry(c: dict[str, Any], weights: dict[str, torch.Tensor], mask: torch.Tensor | None,
+                  where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A z-lab config.json, its weights and its optional trained mask embedding -> (DrafterGeometry fields,
+    trainable weights by our names). `where` names the config file in errors."""
+    archs = c.get("architectures", [])
+    if not {"DFlashDraftModel", "DFlash2DraftModel"} & set(archs):
+        raise ValueError(f"{where}: architectures {archs} is neither DFlashDraftModel nor DFlash2DraftModel")
+    dflash, extra = c["dflash_config"], c.get("flashdraft", {})
+    dflash2 = {}
+    if "DFlash2DraftModel" in archs:
+        missing = [k for k in DFLASH2_KEYS if k not in dflash]
+        if missing:
+            raise ValueError(f"{where}: DFlash2DraftModel without dflash_config {missing}")
+        for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                             ("final_logit_softcapping", None)):
+            if dflash.get(key) not in (neutral, None, 0, 0.0):
+                raise ValueError(f"{where}: dflash_config.{key}={dflash[key]} is not supported "
+                                 "(flashdraft drafters use none)")
+        dflash2 = {"kind": "dflash2", **{k: int(dflash[k]) for k in DFLASH2_KEYS}}
+    weights = dict(weights)
+    _draft_vocab_back(weights)
+    if mask is not None:
+        weights["mask_embedding"] = mask
+    geometry = {
+        **_layers_geometry(c), "block_size": c.get("block_size") or dflash["block_size"],
+        "target_layer_ids": dflash["target_layer_ids"], "num_target_layers": c["num_target_layers"],
+        "mask_token_id": dflash["mask_token_id"], "trainable_mask": mask is not None,
+        "target": extra.get("target", {}), **_read_attention(c, where),
+        "draft_vocab_size": c.get("draft_vocab_size") if "d2t" in weights else None, **dflash2,
+    }
+    return geometry, weights
+
+
+def speculators_geometry(c: dict[str, Any], weights: dict[str, torch.Tensor], where: str, *,
+                         num_target_layers: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A speculators DFlash config.json and its weights -> (DrafterGeometry fields, trainable weights by our
+    names). The format names target layers by vLLM's capture ids (z-lab id + 1) and does not record the target's
+    layer count: `num_target_layers` is the target's. Its full embedding and LM head are the target's own and are
+    dropped (the drafter reads the target's); a trained mask embedding travels as `mask_embedding`."""
+    if c.get("speculators_model_type") != "dflash":
+        raise ValueError(f"{where}: speculators_model_type {c.get('speculators_model_type')!r} is not 'dflash'")
+    layer = c["transformer_layer_config"]
+    weights = {k: v for k, v in weights.items() if k not in ("embed_tokens.weight",)}
+    if "d2t" not in weights:
+        weights.pop("lm_head.weight", None)
+    _draft_vocab_back(weights)
+    weights.pop("t2d", None)  # speculators' reverse map; ours is rebuilt from d2t
+    draft_vocab = c.get("draft_vocab_size")
+    geometry = {
+        **_layers_geometry(layer), "block_size": c["block_size"],
+        "target_layer_ids": [int(i) - 1 for i in c["aux_hidden_state_layer_ids"]],
+        "num_target_layers": num_target_layers, "mask_token_id": c["mask_token_id"],
+        "trainable_mask": "mask_embedding" in weights, "target": {},
+        **_read_attention(layer, where, causal=not c.get("sliding_window_non_causal", False)
+                          if "sliding_attention" in (layer.get("layer_types") or []) else False),
+        "draft_vocab_size": draft_vocab if "d2t" in weights and draft_vocab != layer["vocab_size"] else None,
+    }
+    return geometry, weights
 
 
 def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -123,40 +208,5 @@ def read_zlab(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
 
     folder = Path(folder)
     c = json.loads((folder / "config.json").read_text())
-    archs = c.get("architectures", [])
-    if not {"DFlashDraftModel", "DFlash2DraftModel"} & set(archs):
-        raise ValueError(f"{folder}/config.json: architectures {archs} is neither DFlashDraftModel nor "
-                         "DFlash2DraftModel")
-    dflash, extra = c["dflash_config"], c.get("flashdraft", {})
-    dflash2 = {}
-    if "DFlash2DraftModel" in archs:
-        missing = [k for k in DFLASH2_KEYS if k not in dflash]
-        if missing:
-            raise ValueError(f"{folder}/config.json: DFlash2DraftModel without dflash_config {missing}")
-        for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
-                             ("final_logit_softcapping", None)):
-            if dflash.get(key) not in (neutral, None, 0, 0.0):
-                raise ValueError(f"{folder}/config.json: dflash_config.{key}={dflash[key]} is not supported "
-                                 "(flashdraft drafters use none)")
-        dflash2 = {"kind": "dflash2", **{k: int(dflash[k]) for k in DFLASH2_KEYS}}
-    weights = load_file(str(folder / "model.safetensors"))
-    if "d2t" in weights:  # offsets back to target ids; the reduced head is rebuilt from the target's
-        weights["d2t"] = weights["d2t"].long() + torch.arange(weights["d2t"].numel())
-        weights.pop("lm_head.weight", None)
-    trainable = (folder / MASK_ST).is_file()
-    if trainable:
-        weights["mask_embedding"] = load_file(str(folder / MASK_ST))["mask_embedding"]
-    geometry = {
-        "hidden_size": c["hidden_size"], "num_heads": c["num_attention_heads"],
-        "num_kv_heads": c["num_key_value_heads"],
-        "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-        "intermediate_size": c["intermediate_size"], "rope_theta": c["rope_theta"], "rms_norm_eps": c["rms_norm_eps"],
-        "vocab_size": c["vocab_size"], "num_layers": c["num_hidden_layers"],
-        "block_size": c.get("block_size") or dflash["block_size"], "target_layer_ids": dflash["target_layer_ids"],
-        "num_target_layers": c["num_target_layers"], "mask_token_id": dflash["mask_token_id"],
-        "trainable_mask": trainable, "max_position_embeddings": c.get("max_position_embeddings", 32768),
-        "initializer_range": c.get("initializer_range", 0.02), "target": extra.get("target", {}),
-        **_read_attention(c, folder),
-        "draft_vocab_size": c.get("draft_vocab_size") if "d2t" in weights else None, **dflash2,
-    }
-    return geometry, weights
+    mask = load_file(str(folder / MASK_ST))["mask_embedding"] if (folder / MASK_ST).is_file() else None
+    return zlab_geometry(c, load_file(str(folder / "model.safetensors")), mask, f"{folder}/config.json")

@@ -4,8 +4,10 @@
       plan gate ─> prep ─> ParallelFor(shards): generate ─> ParallelFor(shards): extract ─> train ─> evaluate ─> export
 
 offline: train waits for every extract shard (fan-in). streaming: train starts with the extract loop and consumes
-shards through the object store's bounded window. The DAG shape (mode, single pod vs TrainJob) is fixed when the
-pipeline is built from a config; the plan gate refuses a run whose config asks for another shape. Everything else
+shards through the object store's bounded window. Evaluate only (a pretrained drafter, training.max_steps 0): plan
+gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. The DAG shape (mode, single pod vs
+TrainJob, evaluate only) is fixed when the pipeline is built from a config; the plan gate refuses a run whose config
+asks for another shape. Everything else
 (the whole config YAML, dotted overrides, node pools, GPU counts, the S3 Secret's name) is a run parameter.
 """
 
@@ -63,7 +65,8 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
                    local: bool = False, parallelism: int = 0, images: dict[str, str] | None = None) -> Any:
-    """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode and num_nodes.
+    """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode, num_nodes and
+    `cfg.evaluate_only`.
 
     local: the build for kfp.local, which differs in three honest ways. It runs sibling tasks one after another,
     so in streaming mode the train task runs the extraction producers itself (background process) instead of a
@@ -74,8 +77,6 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     """
     images = images or stage_images(registry, tag)
     c = _components(images, cfg)
-    streaming = cfg.mode.kind == "streaming"
-    multinode = cfg.training.num_nodes > 1
     pools = cfg.pools
     # One line (JSON is YAML): KFP echoes defaults into a comment header, and a multi-line default breaks the file.
     default_yaml = json.dumps(cfg.model_dump(mode="json"), sort_keys=False)
@@ -111,17 +112,18 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name,
                          retries=not local).set_display_name(stage)
 
-        (exit_spec,) = [spec for spec in stage_registry.current() if spec.exit_handler]
-        with dsl.ExitHandler(placed(exit_spec.name, c[exit_spec.name](**cfg_args)), name="run"):
-            gate = placed("plan", c["plan"](**cfg_args, compiled_mode=cfg.mode.kind,
-                                            compiled_num_nodes=cfg.training.num_nodes))
-            prep = placed("prep", c["prep"](**cfg_args)).after(gate)
+        def training_tasks(prep: Any) -> dict[str, Any]:
+            """generate and extract per shard, then train (offline fan-in, streaming, or the TrainJob launcher):
+            the tasks of every run that trains."""
+            streaming, multinode = cfg.mode.kind == "streaming", cfg.training.num_nodes > 1
             with dsl.ParallelFor(prep.output, parallelism=parallelism, name="generate-shards") as shard:
                 gen = placed("generate", c["generate"](**cfg_args, shard=shard))
             extracted: Any = []
+            tasks = {"generate": gen}
             if not (streaming and local):
                 with dsl.ParallelFor(prep.output, parallelism=parallelism, name="extract-shards") as s:
                     ext = placed("extract", c["extract"](**cfg_args, shard=s)).after(gen)
+                tasks["extract"] = ext
                 if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
                     placed("stream-end", c["stream-end"](**cfg_args)).after(ext).ignore_upstream_failure()
                 else:
@@ -129,24 +131,36 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             if multinode:
                 train = placed("train-launcher", c["train-launcher"](
                     **cfg_args, extracted=extracted, image=images["trainer"], namespace=trainjob_namespace,
-                    node_selector=trainer_node_selector, tolerations=trainer_tolerations, gpus_per_node=trainer_gpus,
-                    s3_secret_name=s3_secret_name, runtime_ref=trainjob_runtime), pool="cpu")
+                    node_selector=trainer_node_selector, tolerations=trainer_tolerations,
+                    gpus_per_node=trainer_gpus, s3_secret_name=s3_secret_name, runtime_ref=trainjob_runtime),
+                    pool="cpu")
             else:
                 train = placed("train", c["train"](**cfg_args, extracted=extracted,
                                                    run_producers=streaming and local))
-            # streaming: the trainer runs beside the extract loop, once responses exist.
-            train.after(gen)
-            tasks = {"plan": gate, "prep": prep, "generate": gen, "train": train,
-                     **({"extract": ext} if not (streaming and local) else {})}
+            train.after(gen)  # streaming: the trainer runs beside the extract loop, once responses exist
+            tasks["train"] = train
+            return tasks
+
+        (exit_spec,) = [spec for spec in stage_registry.current() if spec.exit_handler]
+        with dsl.ExitHandler(placed(exit_spec.name, c[exit_spec.name](**cfg_args)), name="run"):
+            gate = placed("plan", c["plan"](**cfg_args, compiled_mode=cfg.mode.kind,
+                                            compiled_num_nodes=cfg.training.num_nodes,
+                                            compiled_evaluate_only=cfg.evaluate_only))
+            prep = placed("prep", c["prep"](**cfg_args)).after(gate)
+            tasks = {"plan": gate, "prep": prep}
+            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (StageSpec.trains)
+                tasks.update(training_tasks(prep))
             for spec in stage_registry.current():
-                if spec.name in WIRED or spec.exit_handler:
+                if spec.name in WIRED or spec.exit_handler or spec.skipped_for(cfg):
                     continue
                 if spec.per_shard:
                     raise ValueError(f"stage {spec.name!r}: the pipeline fans out only generate and extract per "
                                      "shard; declare it per_shard=False (it may still loop over shards itself)")
                 generic = {} if spec.component else {"stage": spec.name}
                 task = placed(spec.name, c[spec.name](**cfg_args, **generic))
-                for name in spec.upstream_for(cfg) or ("prep",):
+                reg = stage_registry.current()
+                upstream = [n for n in spec.upstream_for(cfg) if not reg.get(n).skipped_for(cfg)]
+                for name in upstream or ("prep",):
                     task.after(tasks[name])
                 tasks[spec.name] = task
 

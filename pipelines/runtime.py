@@ -33,8 +33,10 @@ def stage_config(config_yaml: str, overrides: dict[str, Any] | None) -> RunConfi
         return load_config(path, overrides=dict(overrides or {}))
 
 
-def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes: int) -> None:
-    """The DAG was built for one mode and one training launcher; refuse a config that needs another."""
+def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes: int,
+                         compiled_evaluate_only: bool = False) -> None:
+    """The DAG was built for one mode, one training launcher, and with or without its training tasks; refuse a
+    config that needs another."""
     if cfg.mode.kind != compiled_mode:
         raise ConfigError(
             f"mode.kind={cfg.mode.kind!r} but this pipeline was compiled for mode {compiled_mode!r}: recompile with "
@@ -44,6 +46,12 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
             f"training.num_nodes={cfg.training.num_nodes} but this pipeline was compiled for num_nodes="
             f"{compiled_num_nodes}: single-pod and TrainJob training are different DAGs; recompile with "
             f"`flashdraft compile --set training.num_nodes={cfg.training.num_nodes}`")
+    if cfg.evaluate_only != compiled_evaluate_only:
+        now = "evaluates a pretrained drafter only" if cfg.evaluate_only else "trains"
+        raise ConfigError(
+            f"training.max_steps={cfg.training.max_steps} with drafter.init={cfg.drafter.init}: this run {now}, but "
+            f"the pipeline was compiled {'without' if compiled_evaluate_only else 'with'} its generate, extract and "
+            "train tasks; recompile with the same drafter.init and training.max_steps")
 
 
 def to_json(summary: StageSummary) -> str:

@@ -15,7 +15,7 @@ from kfp.dsl import HTML, Markdown, Metrics, Output
 
 
 def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_num_nodes: int,
-              metrics: Output[Metrics]) -> str:
+              compiled_evaluate_only: bool, metrics: Output[Metrics]) -> str:
     """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
     from flashdraft.components.plan.planner import run_plan
     from flashdraft.pipelines import runtime
@@ -24,7 +24,7 @@ def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_nu
     cfg = runtime.stage_config(config_yaml, overrides)
 
     def body() -> dict:
-        runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes))
+        runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes), bool(compiled_evaluate_only))
         check_run(cfg)  # a changed setting no committed stage can carry on from stops the run here
         return run_plan(cfg)
 

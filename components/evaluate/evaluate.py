@@ -100,17 +100,25 @@ def trained_drafter_prefix(store: ObjectStore) -> str:
 
 def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
                    baseline: bool = True) -> tuple[Proposer, str, Proposer | None]:
-    """(trained drafter, its URI, the untrained baseline: same architecture and the trainer's own init seed, so
-    the difference is exactly what training bought; None when no prompt uses it). Both keep the frozen
-    embedding/LM head in the target checkpoint's dtype, memory-mapped (a full-width fp32 copy is 10 GB)."""
+    """(the drafter to evaluate, its URI, the baseline; None when no prompt uses it). The drafter is the trained
+    one (the latest checkpoint), or in an evaluate-only run the pretrained one as is (drafter.init_from). The
+    baseline is the untrained drafter (same architecture, the trainer's own init seed, so the difference is
+    exactly what training bought), or the pretrained parent a run trained on from (tau before and after); an
+    evaluate-only run has none. Both keep the frozen embedding/LM head in the target checkpoint's dtype,
+    memory-mapped (a full-width fp32 copy is 10 GB)."""
     from flashdraft.drafter.persistence import build_drafter, load_drafter
     from flashdraft.target import resolve_target
 
+    def start() -> Proposer:  # what training starts from: seeded random, target layers, or the pretrained parent
+        return build_drafter(cfg, resolve_target(cfg).hf_config(), init="random", seed=cfg.training.seed,
+                             tokenizer=tok, device=device, frozen_dtype=None).eval()
+
+    if cfg.evaluate_only:
+        drafter = start()
+        return drafter, drafter.parent.source, None
     prefix = trained_drafter_prefix(store)
     trained = load_drafter(store, prefix=prefix, target=cfg.target, device=device).eval()
-    untrained = build_drafter(cfg, resolve_target(cfg).hf_config(), init="random", seed=cfg.training.seed,
-                              tokenizer=tok, device=device, frozen_dtype=None).eval() if baseline else None
-    return trained, store.url(prefix), untrained
+    return trained, store.url(prefix), start() if baseline else None
 
 
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
@@ -234,6 +242,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
     n_base0 = len(first) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(first))
+    n_base0 = 0 if cfg.evaluate_only else n_base0  # the pretrained drafter as is: nothing to compare it with
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)
     log.info("evaluate: suites %s, drafter %s, device %s, %d threads",
              ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri, device,
@@ -250,9 +259,12 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, row.get("tau", 0), row.get("speedup"))
     metrics = combine_suites(suites, results, reference)
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
+    parent = getattr(baseline if baseline is not None else trained, "parent", None)
     metrics.update(stage="evaluate", run_id=cfg.run_id, target_model=cfg.target.model, drafter_uri=trained_uri,
-                   baseline_init="random", host_cpus=os.cpu_count(), host_load_1m=round(os.getloadavg()[0], 2),
-                   store_io=io_counters(io0))
+                   baseline_init=None if baseline is None else cfg.drafter.init, host_cpus=os.cpu_count(),
+                   host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0),
+                   parent=parent.model_dump() if parent is not None else None,
+                   evaluate_only=cfg.evaluate_only)
     summary = EvaluateSummary.model_validate(metrics)
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s\n%s",
              metrics["drafter"].get("tau", 0), metrics.get("baseline", {}).get("tau", 0),

@@ -54,10 +54,18 @@ def lossless_note(ev: EvaluateSummary) -> str:
 def sections(ev: EvaluateSummary, run: RunView) -> list:
     target_rate = ev.target.tokens_per_s if ev.target else None
     rows = [["", "tau", "tokens/s", "speedup vs target"], ["target alone (greedy)", "-", fmt(target_rate), "1"]]
-    for decoder, label in ((ev.drafter, "trained drafter"), (ev.baseline, "untrained baseline")):
+    pretrained = ev.baseline_init == "pretrained"
+    labels = ("pretrained drafter, as is" if ev.evaluate_only else "trained drafter",
+              "the pretrained parent (before)" if pretrained else "untrained baseline")
+    for decoder, label in zip((ev.drafter, ev.baseline), labels, strict=True):
         if decoder is not None:
             rows.append([label, fmt(decoder.tau), fmt(decoder.tokens_per_s), fmt(decoder.speedup)])
     out = [("Speculative decoding", rows)]
+    if ev.parent is not None:
+        p = ev.parent
+        out.append(("Pretrained parent", [["source", p.source], ["format", p.format],
+                                          ["revision", p.revision or "-"], ["weights sha256", p.sha256],
+                                          ["trained here", "no (evaluate only)" if ev.evaluate_only else "yes"]]))
     if ev.suites:
         out.append(("Per-suite results (paper layout)", ev.suite_table(run.target)))
     out.append(("Lossless check", lossless_note(ev)))

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flashdraft.provenance import ParentIdentity
 from flashdraft.stage import StageSummary, numbers
 from flashdraft.target import same_model
 
@@ -76,7 +77,7 @@ class EvaluateSummary(StageSummary):
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "tau",
-        "tau {tau:,.2f} (untrained {baseline_tau:,.2f}), lossless {lossless}")
+        "tau {tau:,.2f} ({baseline_label} {baseline_tau:,.2f}), lossless {lossless}")
 
     num_prompts: int | None = Field(None, description="held-out prompts decoded")
     max_new_tokens: int | None = Field(None, description="tokens decoded per prompt")
@@ -89,7 +90,11 @@ class EvaluateSummary(StageSummary):
     lossless: LosslessCheck | None = Field(None, description="the lossless check")
     prompts: list[dict[str, Any]] = Field(default_factory=list, description="per-prompt figures")
     drafter_uri: str | None = Field(None, description="the evaluated checkpoint")
-    baseline_init: str | None = Field(None, description="how the untrained baseline was initialised")
+    baseline_init: str | None = Field(None, description="how the baseline was initialised (drafter.init): random "
+                                      "or target (untrained), pretrained (the parent a run trained on from)")
+    parent: ParentIdentity | None = Field(None, description="the pretrained drafter (drafter.init=pretrained): the "
+                                          "one evaluated (evaluate only) or the baseline (trained on from)")
+    evaluate_only: bool | None = Field(None, description="the pretrained drafter evaluated as is (no training)")
     host_cpus: int | None = Field(None, description="CPUs of the host (load makes CPU timings noisy)")
     host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
 
@@ -104,7 +109,8 @@ class EvaluateSummary(StageSummary):
         passed = (1.0 if ll.passed else 0.0) if ll and ll.checked else None
         out = numbers({"tau": drafter.tau, "baseline_tau": self.baseline.tau if self.baseline else None,
                        "target_tokens_per_s": target.tokens_per_s,
-                       "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed})
+                       "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed,
+                       "baseline_pretrained": 1.0 if self.baseline_init == "pretrained" else None})
         for s in self.suites:
             key = s.name.replace("-", "_").replace(".", "_")
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
@@ -126,7 +132,8 @@ class EvaluateSummary(StageSummary):
     @classmethod
     def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:
         lossless = {1.0: "passed", 0.0: "FAILED"}.get(figures.get("lossless_passed", -1.0), "not checked")
-        return {**figures, "lossless": lossless}
+        label = "pretrained" if figures.get("baseline_pretrained") else "untrained"
+        return {**figures, "lossless": lossless, "baseline_label": label}
 
     def suite_table(self, target: str | None = None) -> list[list[str]]:
         """The paper-layout table (header first), one row per suite, as the report, `flashdraft status` and the

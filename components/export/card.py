@@ -109,6 +109,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
     train = _metrics(store, "train", TrainSummary)
     ev = _metrics(store, "evaluate", EvaluateSummary)
     tokens = extracted_tokens(store)
+    parent = (train.parent if train else None) or (ev.parent if ev else None)
     folder = local_folder(cfg.run_id, fmt)
     suites = {s.name: {k: v for k, v in (("tau", s.tau), ("prompts", s.prompts), ("lossless", s.lossless_passed))
                        if v is not None}
@@ -127,6 +128,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
                                                  "target_layer_ids", "draft_vocab_size", "trainable_mask",
                                                  "mask_token_id")}, "dtype": dtype},
             "training": {"step": step, "final": final, "tokens": train.tokens if train else None},
+            "parent": parent.model_dump() if parent else None,
             "eval": {"suites": suites, "lossless": ev.lossless_line() if ev else "not evaluated"},
         },
     }
@@ -144,8 +146,20 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
              "is lossless: greedy outputs are the target's own.", ""]
     if g.get("kind") == "dflash2":
         lines += ["vLLM serves DFlash2 on its GPU Model Runner V2 only.", ""]
-    lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype)]]), "",
-              "## Training", ""]
+    lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype)]]), ""]
+    if parent is not None:
+        rev = f", revision `{parent.revision}`" if parent.revision else ""
+        what = ("evaluated as is, not trained here" if cfg.evaluate_only
+                else f"trained on from it for {step} step{'' if step == 1 else 's'}")
+        lines += ["## Parent", "", f"Started from `{parent.source}` ({parent.format} format{rev}, model.safetensors "
+                  f"sha256 `{parent.sha256}`): {what}.", ""]
+        if ev is not None and ev.baseline_init == "pretrained" and ev.baseline and ev.drafter:
+            lines += [f"Held-out tau on the first suite: {ev.baseline.tau} before (the parent), {ev.drafter.tau} "
+                      "after.", ""]
+    if cfg.evaluate_only:
+        lines += ["## Training", "", "None in this run (training.max_steps 0): the parent, re-exported.", ""]
+        return _finish_card(lines, cfg, g, ev, target, files)
+    lines += ["## Training", ""]
     sources = ", ".join(f"`{s.uri}`" for s in cfg.data.sources)
     lines += [f"- prompts: {sources}; {prep.num_train if prep and prep.num_train is not None else 'unknown'} "
               f"train prompts, {prep.num_eval if prep and prep.num_eval is not None else 'unknown'} held out "
@@ -157,6 +171,12 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
               f"- {step} optimizer step{'' if step == 1 else 's'}{'' if final else ' (training had not finished)'}"
               + (f", {train.tokens:,} tokens" if train and train.tokens else "")
               + (f", final loss {train.final.loss:.3f}" if train and train.final else ""), ""]
+    return _finish_card(lines, cfg, g, ev, target, files)
+
+
+def _finish_card(lines: list[str], cfg: RunConfig, g: dict[str, Any], ev: EvaluateSummary | None, target: str,
+                 files: dict[str, bytes]) -> str:
+    """The card's evaluation, files and license sections after `lines`."""
     lines += ["## Evaluation", ""]
     if ev is None or not ev.suites:
         lines += ["Not evaluated before this export (`flashdraft evaluate`, then export again).", ""]

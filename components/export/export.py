@@ -16,6 +16,7 @@ import logging
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
@@ -176,23 +177,34 @@ def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -
                                              .contiguous() for k, v in tensors.items()})}
 
 
-def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSummary:
-    """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
-    `out_dir/<format>/`, in the formats and dtype of `cfg.export` (so a pipeline run asks for them like any
-    other setting; `flashdraft export --dtype/--speculators` override them)."""
+def _exported_drafter(cfg: RunConfig, store: ObjectStore) -> tuple[Any, dict[str, Any]]:
+    """(the drafter to export, {prefix, step, final}): the latest training checkpoint, or in an evaluate-only run
+    the pretrained drafter as is (re-exported in the run's formats and dtype; step 0)."""
     from flashdraft.checkpoint import latest_checkpoint
-    from flashdraft.drafter.persistence import load_drafter
+    from flashdraft.drafter.persistence import build_drafter, load_drafter
     from flashdraft.target import resolve_target
 
-    dtype = cfg.export.dtype
-    io0 = io_counters()
-    store = open_store(cfg.storage, cfg.run_id)
+    if cfg.evaluate_only:
+        drafter = build_drafter(cfg, resolve_target(cfg).hf_config())
+        return drafter, {"prefix": drafter.parent.source, "step": 0, "final": True}
     latest = latest_checkpoint(store)
     if latest is None:
         raise ExportError(f"no training checkpoint in {store.url(layout.CHECKPOINTS)}: run `flashdraft train` first")
     if not latest["final"]:
         log.warning("exporting %s: training has not finished (step %d)", latest["prefix"], latest["step"])
-    drafter = load_drafter(store, prefix=latest["prefix"], target=cfg.target)
+    return load_drafter(store, prefix=latest["prefix"], target=cfg.target), latest
+
+
+def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSummary:
+    """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
+    `out_dir/<format>/`, in the formats and dtype of `cfg.export` (so a pipeline run asks for them like any
+    other setting; `flashdraft export --dtype/--speculators` override them)."""
+    from flashdraft.target import resolve_target
+
+    dtype = cfg.export.dtype
+    io0 = io_counters()
+    store = open_store(cfg.storage, cfg.run_id)
+    drafter, latest = _exported_drafter(cfg, store)
     if drafter.geometry.trainable_mask:
         log.warning("the drafter's mask embedding is trained (no free row in the target vocabulary): vLLM reads it "
                     "from mask_embedding.pt, but the z-lab reference code and speculators' DFlash converter embed "

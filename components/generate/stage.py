@@ -5,7 +5,7 @@ from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
 
 SPEC = StageSpec(
     "generate", GenerateSummary, "inference", 24 * HOUR, run="flashdraft.components.generate.generate:run_generate",
-    per_shard=True, upstream=("prep",),
+    per_shard=True, trains=True, upstream=("prep",),
     doc="Generate target responses for one prompt shard, committed chunk by chunk (resumable).",
     reads=("target", "generation", "data.max_response_tokens", "data.chat_template_kwargs"),
     ignores=(*TARGET_HINTS, "generation.data_parallel", "generation.enable_prefix_caching"),

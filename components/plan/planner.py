@@ -198,9 +198,14 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         "train_flops_per_step": {k: float(f"{v:.4g}") for k, v in step_flops.items()},
         "calibration": cal.origin() if cal else None,
     }
-    comparison = compare_topologies(cfg, plan, cost, train_flops_per_token, cal)
-    plan["comparison"] = comparison.to_json() if comparison else None
-    gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus), cost_gate(comparison, cfg)]
+    if cfg.evaluate_only:  # no features are stored and nothing trains: only the inference pool's memory can refuse
+        plan["evaluate_only"] = True
+        plan["comparison"] = None
+        gates = [memory_gate(cfg, {p: m for p, m in plan["memory"].items() if m["stage"] != "train"}, gpus)]
+    else:
+        comparison = compare_topologies(cfg, plan, cost, train_flops_per_token, cal)
+        plan["comparison"] = comparison.to_json() if comparison else None
+        gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus), cost_gate(comparison, cfg)]
     plan["gate"] = " | ".join(g for g in gates if g) or None
     return plan
 

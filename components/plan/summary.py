@@ -36,6 +36,8 @@ class PlanSummary(StageSummary):
     bytes_per_token: int | None = Field(None, description="the naive bf16 layout's bytes per token (reference)")
     codecs: dict[str, CodecPlan] | None = Field(None, description="every codec's cost")
     codec: str | None = Field(None, description="the selected codec (features.codec)")
+    evaluate_only: bool | None = Field(None, description="a pretrained drafter evaluated as is: no features stored, "
+                                       "no training, so only the inference pool's memory can refuse the run")
     total_bytes_at_rest: float | None = Field(None, description="offline: bytes stored at once with the selected codec")
     peak_bytes_streaming: int | None = Field(None, description="streaming: the window's peak bytes")
     objects: int | None = Field(None, description="objects the offline run stores")

@@ -5,6 +5,6 @@ from flashdraft.stage import StageSpec
 
 SPEC = StageSpec(
     "stream-end", StreamEndSummary, "cpu", 900, run="flashdraft.components.stream_end.stream_end:end_stream",
-    reuse=False,
+    reuse=False, trains=True,
     command=False, upstream=("extract",), doc="Streaming: tell the trainer the extract loop ended (EOS or FAILED).",
     component="flashdraft.pipelines.stages:stream_end")

@@ -5,7 +5,7 @@ from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
 
 SPEC = StageSpec(
     "train", TrainSummary, "trainer", 7 * 24 * HOUR, run="flashdraft.components.train.trainer:run_train",
-    upstream=("extract",), streaming_upstream=("generate",),
+    upstream=("extract",), streaming_upstream=("generate",), trains=True,
     doc="Train the drafter on the run's feature shards (resumes from the latest checkpoint).",
     reads=("target", "features.layer_ids", "features.num_features", "drafter", "training", "mode"),
     ignores=(*TARGET_HINTS, "training.num_threads", "training.feature_decode", "training.checkpoint_every",

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flashdraft.provenance import ParentIdentity
 from flashdraft.stage import StageSummary, numbers
 
 
@@ -39,7 +40,7 @@ class TrainSummary(StageSummary):
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "steps",
         "{steps:,.0f} steps, loss {final_loss:,.3f}, slot-1 accuracy {slot1_accuracy:,.3f}, "
-        "{tokens_per_s:,.0f} tokens/s")
+        "{tokens_per_s:,.0f} tokens/s{start}")
 
     HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history", "heldout", "heldout_samples"})  # bulky
 
@@ -54,6 +55,10 @@ class TrainSummary(StageSummary):
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
     resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
                                      "or retried task, or training.preempt_after); None = trained from step 0")
+    parent: ParentIdentity | None = Field(None, description="the pretrained drafter training started from "
+                                          "(drafter.init=pretrained); None = a new drafter")
+    dflash2_initialised: int = Field(0, description="a DFlash parent starting a dflash2 run: the DFlash2-only "
+                                                    "tensors (convolutions, selector) initialised, not loaded")
     peak_memory_bytes: int | None = Field(None, description="rank 0's peak memory in this launch: CUDA peak "
                                           "allocated, or on a CPU the peak RSS (mapped head pages included)")
 
@@ -63,4 +68,17 @@ class TrainSummary(StageSummary):
         return numbers({"steps": self.steps, "final_loss": final.loss if final else None,
                         "slot1_accuracy": final.acc_by_pos[0] if final and final.acc_by_pos else None,
                         "tokens_per_s": self.tokens_per_s, "heldout_tau": last.get("tau"),
-                        "heldout_slot1_accuracy": (last.get("acc_by_pos") or [None])[0]})
+                        "heldout_slot1_accuracy": (last.get("acc_by_pos") or [None])[0],
+                        "pretrained": 1.0 if self.parent else None,
+                        "dflash2_parts_initialised": float(self.dflash2_initialised) if self.parent else None})
+
+    @classmethod
+    def headline_values(cls, figures: dict[str, float]) -> dict[str, Any]:
+        """The figures, and how the drafter started when it was not from scratch (the console says it)."""
+        start = ""
+        if figures.get("pretrained"):
+            fresh = int(figures.get("dflash2_parts_initialised") or 0)
+            new = f" (DFlash checkpoint: {fresh} DFlash2 tensors initialised)" if fresh else ""
+            start = f"; trained on from a pretrained drafter{new}"
+        return {**cls.derive(figures), "start": start}
+

@@ -149,7 +149,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
         self.schedule = build_schedule(cfg, self.env)
         self.state = {"step": 0, "history": [], "train_seconds": 0.0, "tokens": 0}
-        if self.raw.d2t is not None and not self.latest:  # a resumed run gets its vocabulary back with the weights
+        # a resumed run gets its vocabulary back with the weights, a pretrained drafter keeps its own
+        if self.raw.d2t is not None and not self.latest and cfg.drafter.init != "pretrained":
             build_draft_vocab(self.raw, self.schedule.vocabulary_samples())
         if self.latest:
             prefix = self.latest["prefix"]
@@ -298,6 +299,8 @@ class Trainer:
                 "trainable_mask": raw.geometry.trainable_mask, "final": final, "history": hist,
                 "heldout": state["heldout"], "heldout_samples": [sid for _, _, sid in self.schedule.heldout],
                 "resumed_from": self.resumed_from, "peak_memory_bytes": self.peak_memory_bytes(),
+                "parent": raw.parent.model_dump() if raw.parent is not None else None,
+                "dflash2_initialised": len(raw.initialised_not_loaded),
                 "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
 
 

@@ -35,9 +35,16 @@ class DrafterConfig(Section):
     head_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="dtype of the frozen LM head in the loss GEMMs (softmax/CE stay fp32); "
                                     "auto = bfloat16 on CUDA, float32 on CPU")
-    init: Literal["random", "target"] = Field(
+    init: Literal["random", "target", "pretrained"] = Field(
         default="random", description="random: seeded normal init; target: draft layers and final norm start as "
-                                      "copies of target decoder layers (init_layers) and the target's final norm")
+                                      "copies of target decoder layers (init_layers) and the target's final norm; "
+                                      "pretrained: a published or earlier drafter (init_from), its geometry from "
+                                      "its checkpoint (docs/training.md, Starting from a published drafter)")
+    init_from: str | None = Field(
+        default=None, description="drafter.init=pretrained: a local folder, hf:<repo>[@revision] (through the "
+        "Hugging Face cache), or a store URI (a run's export/<format>/ or checkpoints/ or one checkpoint); "
+        "z-lab (DFlashDraftModel / DFlash2DraftModel), speculators (speculators_model_type dflash) or "
+        "flashdraft's own drafter folder")
     mask_init: Literal["mean", "zero"] = Field(
         default="mean", description="start of the trainable mask embedding (targets with no free vocabulary row, "
                                     "e.g. SmolLM2): the mean target embedding, or zero. The mean is a large vector "
@@ -95,6 +102,16 @@ class DrafterConfig(Section):
                                    "unary logits (only the selector's own weights learn from it)")
 
     @model_validator(mode="after")
+    def _pretrained(self) -> DrafterConfig:
+        if self.init == "pretrained" and not self.init_from:
+            raise ValueError("drafter.init=pretrained needs drafter.init_from (a folder, hf:<repo>[@revision] or a "
+                             "store URI)")
+        if self.init_from and self.init != "pretrained":
+            raise ValueError(f"drafter.init_from is set but drafter.init={self.init!r}: set drafter.init=pretrained "
+                             "or unset drafter.init_from")
+        return self
+
+    @model_validator(mode="after")
     def _dflash2(self) -> DrafterConfig:
         if self.kind == "dflash2" and self.draft_vocab_size is not None:
             raise ValueError("drafter.kind=dflash2 needs the full vocabulary (its codebooks and vLLM's candidate "
@@ -146,8 +163,9 @@ class TrainingConfig(Section):
 
     epochs: int = Field(default=6, ge=1, description="passes over the training features (offline mode); the "
                         "DFlash paper trains 6")
-    max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimizer steps (the "
-                                  "schedule is sized to it); None = epochs over the data")
+    max_steps: int | None = Field(default=None, ge=0, description="stop after this many optimizer steps (the "
+                                  "schedule is sized to it); None = epochs over the data; 0 (with "
+                                  "drafter.init=pretrained) = evaluate only: no generate, extract or train task")
     lr: float = Field(default=6e-4, gt=0, description="peak AdamW learning rate (the DFlash paper's 6e-4)")
     schedule: Literal["cosine", "constant"] = Field(default="cosine", description="learning-rate shape after "
                                                     "warmup: cosine decay to 0, or constant")

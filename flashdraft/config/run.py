@@ -45,6 +45,11 @@ class RunConfig(Section):
         if self.drafter.hidden_size is not None and width is not None and self.drafter.hidden_size != width:
             raise ValueError(f"drafter.hidden_size {self.drafter.hidden_size} != target hidden size {width} (the "
                              "drafter reads the target's embedding and LM head; unset it to follow the target)")
+        if self.training.max_steps == 0 and self.drafter.init != "pretrained":
+            raise ValueError("training.max_steps=0 evaluates a pretrained drafter without training: set "
+                             "drafter.init=pretrained and drafter.init_from, or max_steps >= 1")
+        if self.evaluate_only and self.mode.kind == "streaming":
+            raise ValueError("training.max_steps=0 (evaluate only) runs no training: use mode.kind=offline")
         ids = self.features.layer_ids
         if ids is not None:
             if len(ids) != self.features.num_features:
@@ -63,6 +68,12 @@ class RunConfig(Section):
         return self
 
     # -- derived values -------------------------------------------------------------------------------------
+    @property
+    def evaluate_only(self) -> bool:
+        """A pretrained drafter evaluated as is: plan, prep, evaluate, export and report run; generate, extract and
+        train do not (their StageSpec.trains; the DAG is built without them)."""
+        return self.drafter.init == "pretrained" and self.training.max_steps == 0
+
     def layer_ids(self, num_layers: int | None = None) -> list[int]:
         """The target layer ids to capture: explicit, else the DFlash rule over the target's layer count."""
         if self.features.layer_ids is not None:

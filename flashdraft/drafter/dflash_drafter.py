@@ -31,6 +31,8 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         g = self.geometry = geometry
         self.attn_impl = attn_impl
+        self.parent: Any = None  # pretrained.ParentIdentity when started from drafter.init_from (not saved)
+        self.initialised_not_loaded: list[str] = []  # a DFlash parent's dflash2 drafter: its DFlash2-only tensors
         self.layers = nn.ModuleList(DFlashLayer(g, i) for i in range(g.num_layers))
         self.fc = nn.Linear(g.num_features * g.hidden_size, g.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(g.hidden_size, eps=g.rms_norm_eps)

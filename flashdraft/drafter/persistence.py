@@ -21,15 +21,13 @@ from safetensors.torch import save_file
 
 from flashdraft.config import TargetConfig
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
-from flashdraft.drafter.geometry import DrafterGeometry, geometry_from_hf, resolve_mask_token
+from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE, DrafterGeometry, geometry_from_hf, resolve_mask_token
+from flashdraft.drafter.pretrained import build_pretrained
 from flashdraft.store import ObjectStore
 from flashdraft.target import load_tokenizer, target_embeddings, target_init, text_config
 from flashdraft.zlab import read_zlab
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "drafter_config.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 def save_drafter(model: DFlashDrafter, folder: str | Path) -> Path:
@@ -80,10 +78,23 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
                   device: str | torch.device = "cpu", attn_impl: str = "auto",
                   frozen_dtype: torch.dtype | None = torch.float32) -> DFlashDrafter:
     """A drafter for `cfg` (RunConfig) on the target described by `target_hf_config`, with the target's frozen
-    embedding/LM head loaded. init="random" gives the seeded untrained baseline (seed default training.seed).
-    `frozen_dtype`: the embedding/LM head's dtype (None: the checkpoint's, memory-mapped, no copy)."""
+    embedding/LM head loaded. init="random" gives the seeded untrained baseline (seed default training.seed);
+    drafter.init=target then copies target layers, drafter.init=pretrained starts from drafter.init_from
+    (pretrained.py: its geometry, checked against the settings). `frozen_dtype`: the embedding/LM head's dtype
+    (None: the checkpoint's, memory-mapped, no copy)."""
     if init != "random":
         raise ValueError(f"init={init!r}: only 'random' (use load_drafter for a checkpoint)")
+    embed, head = target_embeddings(cfg.target)
+    if frozen_dtype is not None:
+        embed, head = embed.to(frozen_dtype), head.to(frozen_dtype)  # no copy when the checkpoint has that dtype
+    if cfg.drafter.init == "pretrained":
+        model, parent, fresh = build_pretrained(cfg, target_hf_config, seed=cfg.training.seed if seed is None
+                                                else seed, attn_impl=attn_impl, frozen=(embed, head))
+        log.warning("drafter init from %s%s", parent.line(),
+                    f"; a DFlash checkpoint starting a dflash2 drafter: its shared weights loaded, the DFlash2-only "
+                    f"parts ({len(fresh)} tensors: block convolutions, candidate selector) initialised as for a "
+                    "new drafter" if fresh else "")
+        return model.to(device)
     text_cfg = text_config(target_hf_config)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.target)
     mask_id, trainable = resolve_mask_token(cfg.drafter.mask_token_id, tok, int(text_cfg.vocab_size))
@@ -97,10 +108,7 @@ def build_drafter(cfg, target_hf_config, init: str = "random", seed: int | None 
         geometry = replace(geometry, kind="dflash2", conv_kernel_size=d.conv_kernel_size,
                            conv_group_size=d.conv_group_size, selector_rank=d.selector_rank,
                            selector_top_k=d.selector_top_k)
-    embed, head = target_embeddings(cfg.target)
     model = DFlashDrafter(geometry, attn_impl=attn_impl)
-    if frozen_dtype is not None:
-        embed, head = embed.to(frozen_dtype), head.to(frozen_dtype)  # no copy when the checkpoint has that dtype
     model.set_frozen(embed, head)
     model.init_weights(cfg.training.seed if seed is None else seed, cfg.drafter.mask_init)
     if cfg.drafter.init == "target":

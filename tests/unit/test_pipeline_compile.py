@@ -127,6 +127,21 @@ def test_multinode_compiles_a_trainjob_launcher_on_the_cpu_pool(tmp_path, monkey
     assert k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("cpu_node_selector")
 
 
+def test_evaluate_only_compiles_without_generate_extract_and_train(tmp_path, monkeypatch):
+    """A pretrained drafter with training.max_steps 0: plan gate, prep, evaluate, export (and the report), evaluate
+    right after prep; the gate is told the compiled shape."""
+    _, _, docs = _compile(tmp_path, monkeypatch, ["drafter.init=pretrained", "training.max_steps=0",
+                                                  "drafter.init_from=hf:z-lab/Qwen3.6-27B-DFlash"])
+    tasks = _all_tasks(docs[0])
+    assert {"plan-gate", "prep", "evaluate", "export", "report"} <= set(tasks)
+    assert not {"generate", "extract", "train", "train-multinode", "stream-end"} & set(tasks)
+    assert not [t for t in tasks if t.startswith("for-loop")], "no per-shard loops"
+    assert tasks["evaluate"]["dependentTasks"] == ["prep"]
+    assert sorted(tasks["export"]["dependentTasks"]) == ["evaluate"]
+    gate = tasks["plan-gate"]["inputs"]["parameters"]["compiled_evaluate_only"]
+    assert gate["runtimeValue"]["constant"] is True
+
+
 def test_compile_cli_writes_both_documents(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHDRAFT_IMAGE_REGISTRY", "reg.local/x")
     monkeypatch.setenv("FLASHDRAFT_IMAGE_TAG", "t1")

@@ -72,3 +72,10 @@ def test_plan_gate_refuses_a_config_the_dag_was_not_compiled_for():
         check_compiled_shape(cfg, "offline", 1)
     with pytest.raises(ConfigError, match="num_nodes"):
         check_compiled_shape(cfg, "streaming", 2)
+    only = stage_config(yaml.safe_dump(load_config(preset="tiny").model_dump(mode="json")),
+                        {"drafter.init": "pretrained", "drafter.init_from": "hf:a/b", "training.max_steps": 0})
+    check_compiled_shape(only, "offline", 1, compiled_evaluate_only=True)
+    with pytest.raises(ConfigError, match="evaluates a pretrained drafter only, but the pipeline was compiled with"):
+        check_compiled_shape(only, "offline", 1)
+    with pytest.raises(ConfigError, match="this run trains, but the pipeline was compiled without"):
+        check_compiled_shape(cfg.with_overrides({"mode.kind": "offline"}), "offline", 1, compiled_evaluate_only=True)

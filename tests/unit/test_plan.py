@@ -108,3 +108,12 @@ def test_cli_table_and_json():
     assert res.exit_code == 3
     res = runner.invoke(app, ["plan", "--preset", "qwen3.6-27b", "--set", "pools.trainer.gpu_type=tpu"])
     assert res.exit_code == 1 and res.output.startswith("unknown GPU 'tpu'; known: a100, b200")  # no stray quotes
+
+
+def test_an_evaluate_only_run_is_not_refused_for_features_it_never_stores(tmp_path):
+    over = {"storage.root": f"file://{tmp_path}/runs", "storage.budget_bytes": 1}
+    assert make_plan(load_config(preset="tiny", overrides=over))["gate"]
+    only = load_config(preset="tiny", overrides={**over, "drafter.init": "pretrained", "training.max_steps": 0,
+                                                 "drafter.init_from": str(tmp_path / "drafter")})
+    plan = make_plan(only)
+    assert plan["gate"] is None and plan["evaluate_only"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flashdraft import layout, registry, status
-from flashdraft.config import EvalConfig, load_config, preset_names
+from flashdraft.config import ConfigError, EvalConfig, load_config, preset_names
 from flashdraft.runner import StageInputsChanged, check_run, clear_from, config_inputs, run_task
 from flashdraft.store import open_store
 
@@ -88,6 +88,31 @@ def test_more_training_carries_on_other_training_changes_are_refused_and_evaluat
         run_task(more.with_overrides({"training.lr": 0.1}), "train", body=train)
     # thread counts cannot change the result
     assert run_task(more.with_overrides({"training.num_threads": 1}), "train", body=train).skipped
+
+
+def test_the_pretrained_parent_s_weights_are_part_of_the_fingerprint(cfg, tmp_path):
+    """drafter.init_from names a place; the weights found there are the identity: new weights under the same name
+    are refused for training (a new run_id, or --from train) and evaluated again."""
+    folder = tmp_path / "parent"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights one")
+    pre = cfg.with_overrides({"drafter.init": "pretrained", "drafter.init_from": str(folder)})
+    train, evaluate = TrainBody(pre, steps=1), Body(drafter={"tau": 1.5})
+    run_task(pre, "train", body=train)
+    run_task(pre, "evaluate", body=evaluate)
+    assert run_task(pre, "train", body=train).skipped and run_task(pre, "evaluate", body=evaluate).skipped
+    (folder / "model.safetensors").write_bytes(b"weights two")
+    with pytest.raises(StageInputsChanged, match=r"^train: .*drafter.init_from@sha256 .*--from train"):
+        run_task(pre, "train", body=train)
+    assert not run_task(pre, "evaluate", body=evaluate).skipped and evaluate.calls == 2
+
+
+def test_an_evaluate_only_run_has_no_training_task(cfg, tmp_path):
+    only = cfg.with_overrides({"drafter.init": "pretrained", "drafter.init_from": str(tmp_path),
+                               "training.max_steps": 0})
+    for stage, shard in (("generate", 0), ("extract", 0), ("train", None)):
+        with pytest.raises(ConfigError, match=rf"^{stage}: this run evaluates a pretrained drafter as is"):
+            run_task(only, stage, shard, body=Body())
 
 
 def test_a_changed_upstream_result_is_refused_downstream(cfg):
