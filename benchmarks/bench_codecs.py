@@ -54,10 +54,10 @@ def codec(params: dict) -> Codec:
 
 def capture(preset: str, prompts: int) -> tuple[torch.Tensor, list[int]]:
     """Features [T, n, H] (bf16) of `prompts` demo prompts (chat template applied) through extraction's hooks."""
-    from flashdraft.capture import capture_layers
     from flashdraft.components.prep.demo import demo_rows
     from flashdraft.config import load_config
-    from flashdraft.target import load_causal_lm, load_tokenizer
+    from flashdraft.target.capture import capture_layers
+    from flashdraft.target.model import load_causal_lm, load_tokenizer
 
     cfg = load_config(preset=preset)
     tok, model = load_tokenizer(cfg.target), load_causal_lm(cfg.target)

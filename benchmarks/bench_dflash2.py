@@ -78,7 +78,7 @@ def main() -> None:
 
 
     from flashdraft.config import load_config
-    from flashdraft.target import cache_dir
+    from flashdraft.target.model import cache_dir
 
     base = [f"storage.root=file://{cache_dir() / 'bench' / 'runs'}", *args.set]
     data_cfg = load_config(preset=args.preset, overrides=base)

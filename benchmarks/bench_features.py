@@ -32,8 +32,6 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from flashdraft import layout
-from flashdraft.capture import capture_layers
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.prep.demo import demo_rows
 from flashdraft.config import StorageConfig, load_config
@@ -41,9 +39,11 @@ from flashdraft.features.codec_registry import CODECS
 from flashdraft.features.codecs import Codec, relative_error_per_layer
 from flashdraft.features.reader import OfflineReader
 from flashdraft.features.shard import build_shard, encode_sample
-from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
-from flashdraft.store import ObjectStore, open_store
-from flashdraft.target import load_causal_lm, load_tokenizer
+from flashdraft.run.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore, open_store
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import load_causal_lm, load_tokenizer
 
 TARGETS = {"bf16-zstd": 0.75, "fp8": 0.52, "fp8-zstd": 0.45, "extract": 1.5, "reader": 3.0}
 

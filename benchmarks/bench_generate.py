@@ -22,8 +22,8 @@ from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
-from flashdraft.records import iter_responses
-from flashdraft.store import open_store
+from flashdraft.run.records import iter_responses
+from flashdraft.storage.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 

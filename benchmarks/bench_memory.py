@@ -62,7 +62,7 @@ def run_config(spec: dict):
 
 
 def shape_of(spec: dict, anchors_per_row: float):
-    from flashdraft.calibration import TrainShape
+    from flashdraft.perf.calibration import TrainShape
 
     return TrainShape(hidden_size=spec["hidden"], num_layers=spec["layers"], num_heads=spec["heads"],
                       num_kv_heads=spec["kv_heads"], head_dim=spec["head_dim"], intermediate_size=spec["inter"],

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from flashdraft.capture import capture_layers
 from flashdraft.components.evaluate.evaluate import _eos_ids, summarize
 from flashdraft.components.evaluate.prompts import encode_chat
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
@@ -37,7 +36,8 @@ from flashdraft.drafter.batch import pack
 from flashdraft.drafter.loss import dflash_loss
 from flashdraft.drafter.persistence import build_drafter
 from flashdraft.features.shard import Sample
-from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer, resolve_model_dir, set_cpu_threads
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import load_causal_lm, load_hf_config, load_tokenizer, resolve_model_dir, set_cpu_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 

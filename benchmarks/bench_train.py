@@ -72,9 +72,9 @@ def make_batch(path: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from flashdraft.capture import capture_layers
     from flashdraft.config import load_config
-    from flashdraft.target import load_causal_lm, load_tokenizer
+    from flashdraft.target.capture import capture_layers
+    from flashdraft.target.model import load_causal_lm, load_tokenizer
 
     cfg = load_config(preset="smollm2-local")
     tok = load_tokenizer(cfg.target)
@@ -120,7 +120,7 @@ def bench_flashdraft(path: Path, steps: int, warmup: int, device: str = "cpu", i
     from flashdraft.drafter.attention import BlockLayout
     from flashdraft.drafter.loss import block_labels, dflash_loss
     from flashdraft.drafter.persistence import build_drafter
-    from flashdraft.target import load_hf_config
+    from flashdraft.target.model import load_hf_config
 
     torch.set_num_threads(THREADS)
     b = load_file(str(path))
@@ -453,7 +453,7 @@ def ensure_features(cfg, config: str | None, preset: str, sets: list[str]) -> No
     flags = (["--config", config] if config else []) + ["--preset", preset]
     for s in sets:
         flags += ["--set", s]
-    exe = [sys.executable, "-m", "flashdraft.cli"]
+    exe = [sys.executable, "-m", "flashdraft.cli.main"]
     subprocess.run(exe + ["prep"] + flags, check=True, stdout=subprocess.DEVNULL)
     for shard in range(cfg.data.num_shards):
         subprocess.run(exe + ["generate", "--shard", str(shard)] + flags, check=True, stdout=subprocess.DEVNULL)
@@ -611,7 +611,7 @@ def curve_main(args) -> dict:
     import tempfile
 
     from flashdraft.config import load_config
-    from flashdraft.target import cache_dir, resolve_model_dir
+    from flashdraft.target.model import cache_dir, resolve_model_dir
 
     sets = [f"storage.root=file://{cache_dir() / 'bench' / 'runs'}"] if not args.config else []
     sets += args.set or []
@@ -630,7 +630,7 @@ def curve_main(args) -> dict:
     peer = None
     if BENCH_PY.is_file() and not args.no_peer:
         from flashdraft.drafter.geometry import resolve_mask_token
-        from flashdraft.target import load_tokenizer
+        from flashdraft.target.model import load_tokenizer
 
         plan["peer_mask_id"] = resolve_mask_token(None, load_tokenizer(cfg.target), 49152)[0]
         with tempfile.TemporaryDirectory() as tmp:
@@ -653,7 +653,7 @@ def curve_main(args) -> dict:
 
 def step_main(args) -> dict:
     from flashdraft.config import load_config
-    from flashdraft.target import cache_dir, resolve_model_dir
+    from flashdraft.target.model import cache_dir, resolve_model_dir
 
     batch = cache_dir() / "bench" / f"train-batch-smollm2-{SEQ}.safetensors"
     if not batch.is_file():

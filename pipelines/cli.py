@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, check_store, fail, run_config
+from flashdraft.cli.options import ConfigOpt, PresetOpt, SetOpt, check_store, fail, run_config
 
 DEFAULT_PACKAGE = "build/flashdraft-pipeline.yaml"
 CLUSTER_PRESET = "qwen3.6-27b"

@@ -78,7 +78,7 @@ class ContainerRun:
         """Check the engine, the images and their flashdraft version; returns the version line they share."""
         import docker
 
-        from flashdraft.cli import version_line
+        from flashdraft.cli.main import version_line
 
         client = _client()
         host = version_line()

@@ -91,7 +91,7 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
               container: ContainerRun | None = None) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
     planned vs stored bytes, the local export folders and the log folder. Raises StageInputsChanged before anything
-    runs when a committed stage cannot carry on from the changed settings (flashdraft/runner.py).
+    runs when a committed stage cannot carry on from the changed settings (flashdraft/run/runner.py).
 
     exports_dir: committed export folders are copied to `exports_dir/<run_id>/<format>/`. console: a rich Console
     for the live view (None shows nothing); verbose: also leave kfp's and every task's output on the terminal.
@@ -101,9 +101,9 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     _hide_shadowing_docker()
     from kfp import local
 
-    from flashdraft.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
+    from flashdraft.cli.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
     from flashdraft.pipelines.pipeline import build_pipeline
-    from flashdraft.runner import check_run, clear_from
+    from flashdraft.run.runner import check_run, clear_from
 
     # images first: a missing engine or image must not cost a --from its cleared results
     version = container.preflight() if container is not None else None
@@ -152,7 +152,7 @@ def local_exports(cfg: RunConfig, folder: Path) -> dict[str, str]:
     """The run's committed export folders copied (verified) to `folder/<format>/`; {} when nothing was exported.
     A failure to copy is logged, not raised: the run's own outcome stands, and the store keeps the export."""
     from flashdraft.components.export.export import download_export
-    from flashdraft.store import open_store
+    from flashdraft.storage.store import open_store
 
     try:
         return {fmt: str(path) for fmt, path in download_export(open_store(cfg.storage, cfg.run_id), folder).items()}
@@ -164,11 +164,11 @@ def local_exports(cfg: RunConfig, folder: Path) -> dict[str, str]:
 def outcome(cfg: RunConfig) -> dict[str, Any]:
     """What a finished run left in the store: stage states and the first failed task, report path, tau, planned vs
     stored feature bytes."""
-    from flashdraft import layout
     from flashdraft.components.report.report import stage_metrics
     from flashdraft.features.manifest import committed_parts
-    from flashdraft.status import first_failure, read_records, stage_statuses
-    from flashdraft.store import open_store
+    from flashdraft.run.status import first_failure, read_records, stage_statuses
+    from flashdraft.storage import layout
+    from flashdraft.storage.store import open_store
 
     store = open_store(cfg.storage, cfg.run_id)
     out: dict[str, Any] = {"store": store.root}
@@ -204,8 +204,8 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
 def print_outcome(console: Any, result: dict[str, Any]) -> None:
     """The end of the console: the stage table, the run's key figures, where the report and logs are, and for a
     failed run, last, the failed task, its exception and its log file."""
-    from flashdraft.console import summary_table
-    from flashdraft.reporting import fmt_bytes
+    from flashdraft.cli.console import summary_table
+    from flashdraft.run.reporting import fmt_bytes
 
     def say(text: str, style: str | None = None) -> None:
         console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)

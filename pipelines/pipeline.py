@@ -19,11 +19,11 @@ from typing import Any
 
 from kfp import compiler, dsl
 
-from flashdraft import registry as stage_registry
 from flashdraft.config import RunConfig
 from flashdraft.pipelines import stages
 from flashdraft.pipelines.placement import PoolParams, place
-from flashdraft.stage import load_ref
+from flashdraft.run import registry as stage_registry
+from flashdraft.run.stage import load_ref
 
 PIPELINE_NAME = "flashdraft"
 DEFAULT_REGISTRY = "ghcr.io/flashdraft"

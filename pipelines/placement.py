@@ -12,8 +12,8 @@ from typing import Any
 
 from kfp import kubernetes
 
-from flashdraft import registry
 from flashdraft.config import PoolConfig
+from flashdraft.run import registry
 
 RETRIES = {"num_retries": 3, "backoff_duration": "120s", "backoff_factor": 2.0, "backoff_max_duration": "3600s"}
 # The multi-node training launcher is a pipeline task, not a stage: it waits as long as training may run.

@@ -18,8 +18,8 @@ def main(config_path: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s producers: %(message)s")
     cfg = load_config(config_path)
     from flashdraft.features.window import WindowProducer
-    from flashdraft.runner import run_task
-    from flashdraft.store import open_store
+    from flashdraft.run.runner import run_task
+    from flashdraft.storage.store import open_store
 
     try:
         for shard in range(cfg.data.num_shards):  # each shard recorded like a cluster extract task

@@ -19,7 +19,7 @@ from typing import Any, cast
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.components.train.summary import StreamStats, TrainSummary
 from flashdraft.config import ConfigError, RunConfig, dump_config, load_config
-from flashdraft.stage import StageSummary, numbers
+from flashdraft.run.stage import StageSummary, numbers
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class WindowMonitor(threading.Thread):
 
     def __init__(self, cfg: RunConfig, interval_s: float = 0.1):
         super().__init__(daemon=True, name="window-monitor")
-        from flashdraft.store import open_store
+        from flashdraft.storage.store import open_store
 
         self.store, self.interval_s = open_store(cfg.storage, cfg.run_id), interval_s
         self.peak_bytes = self.peak_parts = self.failed_listings = 0
@@ -107,7 +107,7 @@ class WindowMonitor(threading.Thread):
         self.peak_parts = max(self.peak_parts, len(parts))
 
     def run(self) -> None:
-        from flashdraft.store import StoreError
+        from flashdraft.storage.store import StoreError
 
         while not self._halt.is_set():
             try:
@@ -133,7 +133,7 @@ def _watch_producer(producer: subprocess.Popen, cfg: RunConfig, stopping: thread
     trainer stops with the cause instead of waiting for parts that will never come. Not when this process
     stopped it (`stopping`): then the trainer is already done or failed with its own error."""
     from flashdraft.features.window import WindowProducer
-    from flashdraft.store import open_store
+    from flashdraft.storage.store import open_store
 
     def watch() -> None:
         rc = producer.wait()
@@ -154,9 +154,9 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
     so the trainer stops with the cause; a trainer failure stops the producer. A monitor records produced vs peak
     stored bytes (metrics/stream.json).
     """
-    from flashdraft import layout
     from flashdraft.features import window
-    from flashdraft.store import open_store
+    from flashdraft.storage import layout
+    from flashdraft.storage.store import open_store
 
     # Two torch processes share the cores: split the thread budget (oversubscribed OpenMP threads spin and crawl).
     # The budget is the node's (num_threads a rank x nproc_per_node ranks); the producer process gets half of it.
@@ -232,7 +232,7 @@ def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path
         Path(html_path).write_text(html)
         return result
 
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     result = cast(ReportSummary, run_task(cfg, "report", body=body))  # body's own model, passed through
     if metrics is not None:

@@ -2,7 +2,7 @@
 
 KFP embeds each function's source in the compiled spec and runs it in the stage image, so every import sits inside
 the body and each body is a thin call into the same entry function the `flashdraft <stage>` CLI uses (via
-`flashdraft.runner.run_task`, which owns reuse, continuation and the status records). They are plain functions
+`flashdraft.run.runner.run_task`, which owns reuse, continuation and the status records). They are plain functions
 here; `pipelines/pipeline.py` turns them into components with the right base image. A declared stage without a
 component of its own (its `StageSpec.component` is None) runs through `stage_task`. Only small things leave a
 body: a JSON summary string, metrics, Markdown/HTML reports.
@@ -19,7 +19,7 @@ def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_nu
     """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
     from flashdraft.components.plan.planner import run_plan
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import check_run, run_task
+    from flashdraft.run.runner import check_run, run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
 
@@ -38,7 +38,7 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
     `Output`. Its figures reach the UI through the report step's Metrics.
     """
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     summary = run_task(cfg, "prep")
@@ -48,7 +48,7 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
 def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Target responses for one prompt shard."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     return runtime.to_json(run_task(cfg, "generate", int(shard), metrics=metrics))
@@ -57,7 +57,7 @@ def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metr
 def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
     """Hidden states of one response shard into the object store (never a KFP artifact)."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     return runtime.to_json(run_task(cfg, "extract", int(shard), metrics=metrics))
@@ -66,7 +66,7 @@ def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metri
 def stream_end(config_yaml: str, overrides: dict) -> str:
     """Streaming: after the extract loop (even a failed one), tell the trainer the stream ended or failed."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     return runtime.to_json(run_task(cfg, "stream-end"))
@@ -81,7 +81,7 @@ def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers
     after another and a consumer that waits for a producer scheduled after it would never finish.
     """
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     body = runtime.train_with_producers if run_producers else runtime.train_in_pod
@@ -93,7 +93,7 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
                     runtime_ref: str, metrics: Output[Metrics]) -> str:
     """Multi-node training: create a Kubeflow Trainer TrainJob, wait for it, surface its status."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
 
@@ -109,7 +109,7 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
 def evaluate(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str:
     """Acceptance length (tau) of the trained drafter against the target."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     return runtime.finish(run_task(cfg, "evaluate", metrics=metrics), metrics)
@@ -118,7 +118,7 @@ def evaluate(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str
 def export(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str:
     """Export the trained drafter for vLLM / SGLang."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     return runtime.to_json(run_task(cfg, "export", metrics=metrics))
@@ -128,7 +128,7 @@ def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Me
     """Any declared stage without a component of its own: its declared run function, through the runner (it
     reads its inputs from the store; the DAG orders it after its upstream tasks)."""
     from flashdraft.pipelines import runtime
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = runtime.stage_config(config_yaml, overrides)
     return runtime.finish(run_task(cfg, stage, metrics=metrics), metrics)

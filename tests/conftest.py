@@ -11,7 +11,7 @@ import pytest
 from support.s3 import aws_env, free_port, rclone_command, wait_for_port
 
 from flashdraft.config import StorageConfig, load_config
-from flashdraft.store import ObjectStore
+from flashdraft.storage.store import ObjectStore
 
 # Runs several modules read, made once per session (tests/support/shared_runs.py), and the report tests' runs
 pytest_plugins = ["support.shared_runs", "support.report_runs", "support.helm_chart"]

@@ -7,7 +7,7 @@ as HF folders with a word-level tokenizer (`targets`). Sections, one table (`che
 1. extract: the extract stage's prefill on CUDA in bf16 against CPU fp32, per captured layer;
 2. train: the trainer's step on CUDA (FlexAttention, bf16) against CPU (dense SDPA, fp32), loss per step, and q4
    features decoded on the device against the host;
-3. throughput: extraction and training tokens/s, the step's TFLOP/s (flashdraft/flops.py) against the bf16 peak;
+3. throughput: extraction and training tokens/s, the step's TFLOP/s (flashdraft/perf/flops.py) against the bf16 peak;
 4. evaluate: speculative decoding with the trained drafter is lossless against greedy, and its tau;
 5. production (on by default on CUDA; a toy-width dry run on CPU): the `qwen3.6-27b` preset's own drafter at its
    per-GPU row for each activation-checkpointing choice (step parts, TFLOP/s, peak memory; out of memory is a row),

@@ -1,4 +1,4 @@
-"""The calibration file (flashdraft/calibration.py) of what section 5 measured: the production step's best fitting
+"""The calibration file (flashdraft/perf/calibration.py) of what section 5 measured: the production step's best fitting
 rate and every configuration's peak, and the extraction prefill rate; `flashdraft plan --calibrate` reads it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import datetime
 
 import torch
 
-from flashdraft.calibration import Calibration
+from flashdraft.perf.calibration import Calibration
 from gpu_check.production import Production, StepParts
 from gpu_check.sections import peak_tflops
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import gpu_check
-from flashdraft.calibration import save_calibration
+from flashdraft.perf.calibration import save_calibration
 from gpu_check.calibration import calibration
 from gpu_check.checks import Report
 from gpu_check.production import DryRun, production

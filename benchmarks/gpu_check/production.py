@@ -15,15 +15,15 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen3_5ForCausalLM
 
-from flashdraft.calibration import TrainShape
-from flashdraft.capture import capture_layers
 from flashdraft.components.train import trainer
 from flashdraft.components.train.distributed import DistEnv
 from flashdraft.config import load_config
 from flashdraft.drafter import loss
 from flashdraft.drafter.batch import pack
 from flashdraft.features.shard import Sample
-from flashdraft.target import qwen36_27b_text_config
+from flashdraft.perf.calibration import TrainShape
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import qwen36_27b_text_config
 from gpu_check.checks import Report
 from gpu_check.sections import codec_decode, peak_tflops, row_flops, rows_of, train_shape
 from gpu_check.targets import random_rows, save_tokenizer, sync
@@ -33,7 +33,7 @@ RECOMPUTE = ("none", "mlp", "layer")
 
 
 def production_target(folder: Path, device: str, num_layers: int = 64, **scale) -> Path:
-    """The drafter's view of Qwen3.6-27B: its real config (flashdraft.target.qwen36_27b_text_config) with random
+    """The drafter's view of Qwen3.6-27B: its real config (flashdraft.target.model.qwen36_27b_text_config) with random
     bf16 `embed_tokens` and `lm_head` (the only target tensors the drafter reads) and a word-level tokenizer over
     its vocabulary. Throughput and memory do not depend on the weights' values. `scale` overrides config fields
     (hidden_size, vocab_size, ...): only the CPU dry-run uses it."""
@@ -201,7 +201,7 @@ def production_samples(width: int, vocab: int, count: int = 40, lengths: tuple[i
 def production_extract(device: str, layer_ids: list[int], tokens: int = 4096, rows: int = 2,
                        budget_s: float = 45.0, **scale) -> tuple[float, float]:
     """(tokens/s, peak GiB) of the extract stage's prefill through a random bf16 Qwen3.6-27B text model cut after
-    its deepest feature layer, capturing `layer_ids` (flashdraft.capture, as HFFeatureSource does); as many
+    its deepest feature layer, capturing `layer_ids` (flashdraft.target.capture, as HFFeatureSource does); as many
     timed forwards of `rows` x `tokens` as fit in `budget_s` after one warm-up."""
     config = qwen36_27b_text_config(max(layer_ids) + 1)
     for key, value in scale.items():

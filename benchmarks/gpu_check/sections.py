@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 from bench_codecs import gpu_decode_check
 
-from flashdraft.calibration import TrainShape
 from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
 from flashdraft.components.evaluate.prompts import EvalPrompt
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
@@ -24,8 +23,9 @@ from flashdraft.drafter.attention import allowed_pairs
 from flashdraft.drafter.batch import group_sizes, pack
 from flashdraft.features.codecs import Codec
 from flashdraft.features.shard import EncodedFeatures, Sample
-from flashdraft.flops import step_flops
-from flashdraft.target import load_causal_lm
+from flashdraft.perf.calibration import TrainShape
+from flashdraft.perf.flops import step_flops
+from flashdraft.target.model import load_causal_lm
 from gpu_check.checks import Report
 from gpu_check.targets import sync
 

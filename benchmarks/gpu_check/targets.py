@@ -33,7 +33,7 @@ class TargetSpec:
                            eos_token_id=2, pad_token_id=0)
 
 
-TINY = TargetSpec("tiny", 8, 256, 4, 2, 64, 768, 49152)              # the tiny preset's shape (flashdraft.target)
+TINY = TargetSpec("tiny", 8, 256, 4, 2, 64, 768, 49152)              # the tiny preset's shape (flashdraft.target.model)
 WIDE = TargetSpec("qwen3-4096", 8, 4096, 32, 8, 128, 12288, 151936)  # Qwen3-8B's layer shape and vocabulary
 
 

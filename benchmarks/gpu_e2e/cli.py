@@ -52,7 +52,7 @@ def run_checks(result: RunResult, device: str) -> list[Check]:
 def plan_reads(cal_file: Path, environ: dict[str, str], work: Path) -> tuple[Check, list[str]]:
     """`flashdraft plan --preset qwen3.6-27b --calibrate FILE --json`, as a user runs it: all three rates must
     say measured."""
-    cmd = [sys.executable, "-m", "flashdraft.cli", "plan", "--preset", PRODUCTION, "--calibrate", str(cal_file),
+    cmd = [sys.executable, "-m", "flashdraft.cli.main", "plan", "--preset", PRODUCTION, "--calibrate", str(cal_file),
            "--json"]
     proc = subprocess.run(cmd, cwd=work, env=environ, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except envmod.Missing as exc:
         return int(exc.code)
     from flashdraft.config import load_config
-    from flashdraft.provenance import git_commit
+    from flashdraft.run.provenance import git_commit
 
     commit = args.commit or git_commit()
     print(f"gpu-e2e: {env.gpu['device']}; work {work}; setup {time.monotonic() - t0:.0f} s", flush=True)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     "make gpu-e2e: the rehearsal's rates (5 random full-width Qwen3.6-27B layers, 3 short prompts); "
                     "its rows are a few hundred tokens, so the train rate and MFU are far below a full row's")
             cal = calibration(result, cfg, env.gpu, env.device, commit, note)
-            from flashdraft.calibration import save_calibration
+            from flashdraft.perf.calibration import save_calibration
 
             cal_file = save_calibration(cal, out / "calibration.json")
             check, lines = plan_reads(cal_file, env.environ, work)

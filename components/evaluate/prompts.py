@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashdraft import layout
 from flashdraft.config import RunConfig
-from flashdraft.records import PROMPT_SCHEMA, parquet_bytes_to_table
-from flashdraft.store import ObjectStore
+from flashdraft.run.records import PROMPT_SCHEMA, parquet_bytes_to_table
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 EVAL_PROMPTS_KEY = layout.EVAL_PROMPTS
 
@@ -40,7 +40,7 @@ def encode_chat(tok, messages: list[dict[str, Any]], where: str,
                 template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Generation-prompt token ids, rendered exactly as the generate stage renders training prompts
     (`template_kwargs`: the suite's chat template arguments, e.g. enable_thinking)."""
-    from flashdraft.chat import build_turn
+    from flashdraft.target.chat import build_turn
 
     if not messages:
         raise ValueError(f"{where}: no user/system message before the first assistant turn")

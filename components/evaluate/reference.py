@@ -8,7 +8,7 @@ a list of references:
      "thinking": false, "suites": {"gsm8k": 6.34, "math500": {"tau": 7.91, "speedup": 4.59}}}
 
 Suite keys match `eval.suites` names (case-insensitive; `-`, `_` and `.` ignored, so `math-500` matches
-`math500`). `builtin:published` is the shipped file (flashdraft/data/published_tau.json: DFlash and DFlash2 on
+`math500`). `builtin:published` is the shipped file (components/evaluate/published_tau.json: DFlash and DFlash2 on
 Qwen3-8B and the 27B Qwen drafters, each with its source). A malformed file fails evaluate before decoding,
 naming the file and the entry.
 """
@@ -35,7 +35,7 @@ def suite_key(name: str) -> str:
 
 def _read(uri: str, storage: StorageConfig) -> Any:
     if uri == BUILTIN:
-        text = resources.files("flashdraft").joinpath("data", "published_tau.json").read_text()
+        text = resources.files("flashdraft.components.evaluate").joinpath("published_tau.json").read_text()
     else:
         from flashdraft.components.prep.sources import SourceError, read_bytes
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flashdraft.reporting import Chart, RunView, StageReport, fmt, png, pyplot
-from flashdraft.target import same_model
+from flashdraft.run.reporting import Chart, RunView, StageReport, fmt, png, pyplot
+from flashdraft.target.model import same_model
 
 if TYPE_CHECKING:
     from flashdraft.components.evaluate.summary import EvaluateSummary

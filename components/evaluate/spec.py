@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from flashdraft.capture import capture_layers
+from flashdraft.target.capture import capture_layers
 
 from .target_cache import VerifyCache
 

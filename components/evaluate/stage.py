@@ -1,7 +1,7 @@
-"""The evaluate stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The evaluate stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.evaluate.summary import EvaluateSummary
-from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
+from flashdraft.run.stage import HOUR, TARGET_HINTS, StageSpec
 
 SPEC = StageSpec(
     "evaluate", EvaluateSummary, "inference", 6 * HOUR, run="flashdraft.components.evaluate.evaluate:run_evaluate",

@@ -20,7 +20,7 @@ from importlib import resources
 from typing import Any
 
 from flashdraft.config import EvalSuite, RunConfig, SourceSpec
-from flashdraft.store import ObjectStore
+from flashdraft.storage.store import ObjectStore
 
 from .prompts import EvalPrompt, encode_chat, heldout_prompts, keep_tail, opening_messages
 

@@ -6,9 +6,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.provenance import ParentIdentity
-from flashdraft.stage import StageSummary, numbers
-from flashdraft.target import same_model
+from flashdraft.run.provenance import ParentIdentity
+from flashdraft.run.stage import StageSummary, numbers
+from flashdraft.target.model import same_model
 
 
 class DecodeStats(BaseModel):

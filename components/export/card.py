@@ -14,14 +14,14 @@ from typing import Any
 
 import yaml
 
-from flashdraft import layout
 from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.components.train.summary import TrainSummary
 from flashdraft.config import RunConfig
-from flashdraft.provenance import Provenance
-from flashdraft.stage import StageSummary
-from flashdraft.store import ObjectStore
+from flashdraft.run.provenance import Provenance
+from flashdraft.run.stage import StageSummary
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 CARD_FILE = "README.md"
 

@@ -22,13 +22,10 @@ import torch
 from pydantic import BaseModel, Field
 from safetensors.torch import save as save_bytes
 
-from flashdraft import layout
 from flashdraft.components.export.card import CARD_FILE, render_card
 from flashdraft.components.export.summary import ExportSummary
 from flashdraft.config import RunConfig
-from flashdraft.provenance import current as current_provenance
-from flashdraft.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
-from flashdraft.zlab import (
+from flashdraft.drafter.zlab import (
     MASK_PT,
     MASK_ST,
     draft_vocab_tensors,
@@ -36,6 +33,9 @@ from flashdraft.zlab import (
     split_mask,
     zlab_config,
 )
+from flashdraft.run.provenance import current as current_provenance
+from flashdraft.storage import layout
+from flashdraft.storage.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,9 @@ def _files_speculators(drafter, dtype: str, verifier_architectures: list[str]) -
 def _exported_drafter(cfg: RunConfig, store: ObjectStore) -> tuple[Any, dict[str, Any]]:
     """(the drafter to export, {prefix, step, final}): the latest training checkpoint, or in an evaluate-only run
     the pretrained drafter as is (re-exported in the run's formats and dtype; step 0)."""
-    from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.drafter.persistence import build_drafter, load_drafter
-    from flashdraft.target import resolve_target
+    from flashdraft.storage.checkpoint import latest_checkpoint
+    from flashdraft.target.model import resolve_target
 
     if cfg.evaluate_only:
         drafter = build_drafter(cfg, resolve_target(cfg).hf_config())
@@ -199,7 +199,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     """Export the trained drafter to the run's store (`export/<format>/`) and, when `out_dir` is given, to
     `out_dir/<format>/`, in the formats and dtype of `cfg.export` (so a pipeline run asks for them like any
     other setting; `flashdraft export --dtype/--speculators` override them)."""
-    from flashdraft.target import resolve_target
+    from flashdraft.target.model import resolve_target
 
     dtype = cfg.export.dtype
     io0 = io_counters()

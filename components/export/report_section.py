@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flashdraft import layout
-from flashdraft.reporting import RunView, StageReport
+from flashdraft.run.reporting import RunView, StageReport
+from flashdraft.storage import layout
 
 if TYPE_CHECKING:
     from flashdraft.components.export.summary import ExportSummary
-    from flashdraft.store import ObjectStore
+    from flashdraft.storage.store import ObjectStore
 
 
 def drafter_uris(store: ObjectStore) -> list[str]:

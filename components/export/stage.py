@@ -1,7 +1,7 @@
-"""The export stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The export stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.export.summary import ExportSummary
-from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
+from flashdraft.run.stage import HOUR, TARGET_HINTS, StageSpec
 
 SPEC = StageSpec(
     "export", ExportSummary, "cpu", HOUR, run="flashdraft.components.export.export:run_export",

@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from flashdraft.provenance import Provenance
-from flashdraft.stage import StageSummary, numbers
+from flashdraft.run.provenance import Provenance
+from flashdraft.run.stage import StageSummary, numbers
 
 
 class ExportSummary(StageSummary):

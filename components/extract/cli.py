@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import (
+from flashdraft.cli.options import (
     ConfigOpt,
     PresetOpt,
     SetOpt,
@@ -22,7 +22,7 @@ features_app = typer.Typer(help="Inspect and verify stored hidden-state shards."
 
 def extract(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Capture the target's DFlash-layer hidden states for one generation shard into committed feature shards."""
-    from flashdraft.target import UnsupportedTargetError
+    from flashdraft.target.model import UnsupportedTargetError
 
     summary = run_stage(run_config(config, preset, set_), "extract", shard, errors=(UnsupportedTargetError,))
     typer.echo(json.dumps(summary.model_dump(mode="json", exclude_unset=True, exclude={"parts"}), indent=2))

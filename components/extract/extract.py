@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from flashdraft import layout
 from flashdraft.components.extract.source import FeatureSource
 from flashdraft.components.extract.summary import ExtractSummary
 from flashdraft.config import RunConfig
@@ -42,8 +41,9 @@ from flashdraft.features.manifest import (
 )
 from flashdraft.features.shard import HEADER_PROBE, build_shard, encode_sample, header_length, parse_header
 from flashdraft.features.window import WindowProducer, released_part
-from flashdraft.records import iter_responses
-from flashdraft.store import ObjectStore, io_counters, open_store
+from flashdraft.run.records import iter_responses
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class HFFeatureSource:
     def __init__(self, cfg: RunConfig, layer_ids: list[int], device: str):
         from transformers.utils import logging as hf_logging
 
-        from flashdraft.target import load_causal_lm
+        from flashdraft.target.model import load_causal_lm
 
         target = cfg.target
         if device.startswith("cuda"):
@@ -129,7 +129,7 @@ class HFFeatureSource:
 
     def features(self, batch: list[Row]) -> list[torch.Tensor]:
         """Per-sample [T, n, H] CPU bf16 features; fails loudly if a forward returns fewer positions than given."""
-        from flashdraft.capture import capture_layers
+        from flashdraft.target.capture import capture_layers
 
         lengths = [len(r.input_ids) for r in batch]
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
@@ -272,7 +272,7 @@ def run_extract(cfg: RunConfig, shard: int) -> ExtractSummary:
 def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> ExtractSummary:
     from tqdm import tqdm
 
-    from flashdraft.target import resolve_target, set_cpu_threads, tokenizer_fingerprint
+    from flashdraft.target.model import resolve_target, set_cpu_threads, tokenizer_fingerprint
 
     io0 = io_counters()
     store = open_store(cfg.storage, cfg.run_id)

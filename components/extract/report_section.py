@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flashdraft import layout
-from flashdraft.reporting import RunView, StageReport, fmt, fmt_bytes
-from flashdraft.status import NOT_RUN
+from flashdraft.run.reporting import RunView, StageReport, fmt, fmt_bytes
+from flashdraft.run.status import NOT_RUN
+from flashdraft.storage import layout
 
 if TYPE_CHECKING:
     from flashdraft.components.extract.summary import ExtractSummary
-    from flashdraft.store import ObjectStore
+    from flashdraft.storage.store import ObjectStore
 
 
 @dataclass(frozen=True)

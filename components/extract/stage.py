@@ -1,7 +1,7 @@
-"""The extract stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The extract stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.extract.summary import ExtractSummary
-from flashdraft.stage import HOUR, StageSpec
+from flashdraft.run.stage import HOUR, StageSpec
 
 SPEC = StageSpec(
     "extract", ExtractSummary, "inference", 24 * HOUR, run="flashdraft.components.extract.extract:run_extract",

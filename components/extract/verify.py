@@ -16,11 +16,11 @@ import torch
 from flashdraft.config import RunConfig
 from flashdraft.features.manifest import ProvenanceError, check_provenance, committed_parts, expected_provenance
 from flashdraft.features.shard import ShardFormatError, iter_shard, parse_header
-from flashdraft.store import ChecksumError, open_store
+from flashdraft.storage.store import ChecksumError, open_store
 
 
 def run_verify(cfg: RunConfig, num_samples: int = 4, seed: int = 0, tolerance: float | None = None) -> dict:
-    from flashdraft.target import load_causal_lm
+    from flashdraft.target.model import load_causal_lm
 
     store = open_store(cfg.storage, cfg.run_id, read_only=True)
     keys = committed_parts(store)

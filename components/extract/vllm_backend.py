@@ -30,7 +30,7 @@ class VLLMFeatureSource:
     components/extract/source.py)."""
 
     def __init__(self, cfg: RunConfig, layer_ids: list[int]):
-        from flashdraft.target import resolve_model_dir
+        from flashdraft.target.model import resolve_model_dir
 
         self.layer_ids = layer_ids
         on_gpu = torch.cuda.is_available()

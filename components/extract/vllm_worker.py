@@ -1,7 +1,7 @@
 """vLLM extraction engine in its own process: `python -m flashdraft.components.extract.vllm_worker`.
 
 Runs in the vLLM interpreter (`$FLASHDRAFT_VLLM_PYTHON`, a separate venv on CPU machines), so it imports only the
-standard library, torch, safetensors, vLLM and flashdraft.capture's layer paths. `HiddenStateExtension` is a vLLM
+standard library, torch, safetensors, vLLM and flashdraft.target.capture's layer paths. `HiddenStateExtension` is a vLLM
 worker extension: forward hooks on decoder layer i of the worker's model (`model.layers[i]`, or
 `language_model.model.layers[i]` in a multimodal target) collect each configured layer's output. vLLM decoder layers
 return `(hidden, residual)` with the residual add deferred to the next layer's fused norm; their sum is the HF
@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import os
 
-from flashdraft.vllm_protocol import serve
+from flashdraft.target.vllm_protocol import serve
 
 
 class HiddenStateExtension:
     """Mixed into vLLM's worker class via `worker_extension_cls`; methods are called with collective_rpc."""
 
     def fd_install_hooks(self, layer_ids: list[int]) -> int:
-        from flashdraft.capture import DECODER_PATHS, module_at  # torch + stdlib only: importable in the vLLM venv
+        from flashdraft.target.capture import (  # torch + stdlib only: importable in the vLLM venv
+            DECODER_PATHS,
+            module_at,
+        )
 
         model = self.model_runner.get_model() if hasattr(self.model_runner, "get_model") else self.model_runner.model
         # vLLM keeps a multimodal target's text stack at language_model.model.layers (Qwen3.5/3.6).

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from flashdraft.chat import Reply
 from flashdraft.config import RunConfig
+from flashdraft.target.chat import Reply
 
 log = logging.getLogger(__name__)
 VLLM_PYTHON_ENV = "FLASHDRAFT_VLLM_PYTHON"
@@ -46,7 +46,7 @@ class HFBackend:
     def __init__(self, cfg: RunConfig, tok):
         import torch
 
-        from flashdraft.target import load_causal_lm
+        from flashdraft.target.model import load_causal_lm
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = load_causal_lm(cfg.generation.target(cfg.target), self.device)
@@ -94,7 +94,7 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, cfg: RunConfig, tok, max_model_len: int):
-        from flashdraft.target import load_hf_config, resolve_model_dir
+        from flashdraft.target.model import load_hf_config, resolve_model_dir
 
         self.cfg = cfg
         self.stop_ids = stop_token_ids(tok, _generation_config(cfg))
@@ -161,7 +161,7 @@ class VLLMBackend:
 def _generation_config(cfg: RunConfig):
     from transformers import GenerationConfig
 
-    from flashdraft.target import resolve_model_dir
+    from flashdraft.target.model import resolve_model_dir
 
     kwargs = {"revision": cfg.target.revision} if cfg.target.source == "hf" and cfg.target.revision else {}
     try:

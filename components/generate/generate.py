@@ -4,7 +4,7 @@ drafter's training sequences.
 Exactly-once by construction: the shard's prompts are cut into fixed chunks of `generation.chunk_size`; each
 chunk is generated and committed as `responses/shard-K/chunk-N.parquet` with the task's fingerprint in its
 commit record; `DONE` is committed last. A restarted pod skips committed chunks. Whether the shard runs at all is
-the runner's decision (flashdraft/runner.py): a finished shard whose fingerprint (model, template, sampling
+the runner's decision (flashdraft/run/runner.py): a finished shard whose fingerprint (model, template, sampling
 config, the prompts' own fingerprint) matches is reused, a changed one is refused before any chunk is touched.
 Sampling seeds derive from (seed, sample id, turn), so resumed runs regenerate exactly what an uninterrupted run
 would have.
@@ -21,18 +21,18 @@ import logging
 import time
 from typing import Any
 
-from flashdraft import layout
-from flashdraft.chat import Reply, build_turn
 from flashdraft.components.generate.summary import GenerateSummary
 from flashdraft.config import RunConfig
-from flashdraft.records import (
+from flashdraft.run.records import (
     PROMPT_SCHEMA,
     RESPONSE_SCHEMA,
     parquet_bytes_to_table,
     rows_to_table,
     table_to_parquet_bytes,
 )
-from flashdraft.store import NotCommittedError, ObjectStore, io_counters, open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import NotCommittedError, ObjectStore, io_counters, open_store
+from flashdraft.target.chat import Reply, build_turn
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     io0 = io_counters()
     from tqdm import tqdm
 
-    from flashdraft.runner import task_fingerprint
-    from flashdraft.target import load_tokenizer, set_cpu_threads
+    from flashdraft.run.runner import task_fingerprint
+    from flashdraft.target.model import load_tokenizer, set_cpu_threads
 
     from .backends import make_backend
 

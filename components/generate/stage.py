@@ -1,7 +1,7 @@
-"""The generate stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The generate stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.generate.summary import GenerateSummary
-from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
+from flashdraft.run.stage import HOUR, TARGET_HINTS, StageSpec
 
 SPEC = StageSpec(
     "generate", GenerateSummary, "inference", 24 * HOUR, run="flashdraft.components.generate.generate:run_generate",

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from flashdraft.stage import StageSummary, numbers
+from flashdraft.run.stage import StageSummary, numbers
 
 
 class GenerateSummary(StageSummary):
@@ -29,7 +29,7 @@ class GenerateSummary(StageSummary):
     tokens_per_s: float | None = Field(None, description="generated tokens per second")
     backend_startup_s: float | None = Field(None, description="backend load time of this attempt")
     backend: str | None = Field(None, description="generation.backend")
-    fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/runner.py), also "
+    fingerprint: str | None = Field(None, description="the task's fingerprint (flashdraft/run/runner.py), also "
                                     "in every chunk's commit record")
 
     def figures(self) -> dict[str, float]:

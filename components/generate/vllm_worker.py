@@ -2,7 +2,7 @@
 
 vLLM's `LLM(...)` must be created under a `__main__` guard (it spawns engine processes), and on CPU machines it
 lives in its own venv (`make vllm-venv`), so generation talks to it over a tiny JSON-lines protocol on
-stdin/stdout (flashdraft.vllm_protocol). Only the standard library and vLLM are imported, so it runs in an
+stdin/stdout (flashdraft.target.vllm_protocol). Only the standard library and vLLM are imported, so it runs in an
 interpreter that has neither pyarrow nor the rest of flashdraft's dependencies.
 
 Protocol: the first line is the engine config; the worker answers `{"ready": true, "startup_s": ...}`. Each
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from flashdraft.vllm_protocol import serve
+from flashdraft.target.vllm_protocol import serve
 
 
 def _engine(init: dict):

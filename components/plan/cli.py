@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
+from flashdraft.cli.options import ConfigOpt, PresetOpt, SetOpt, fail, run_config
 
 
 def plan(
@@ -23,7 +23,7 @@ def plan(
                           "codec) with its cost, storage, bandwidth, days and memory fit, sorted by total cost "
                           "(--json: the report's `comparison`).")] = False,
     calibrate: Annotated[str | None, typer.Option(
-        "--calibrate", help="Calibration JSON (gpu-check writes one; schema: flashdraft/calibration.py): "
+        "--calibrate", help="Calibration JSON (gpu-check writes one; schema: flashdraft/perf/calibration.py): "
                             "measured rates and trainer peaks replace the assumed ones.")] = None,
 ) -> None:
     """Bytes at rest per codec, GPU-hours per pool, peak memory per GPU per pool, streaming bandwidth, the mode;
@@ -31,10 +31,10 @@ def plan(
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from flashdraft.calibration import CalibrationError
     from flashdraft.components.plan.compare import compare_markdown
     from flashdraft.components.plan.planner import comparison_of, make_plan, plan_markdown
     from flashdraft.config import ConfigError
+    from flashdraft.perf.calibration import CalibrationError
 
     cfg = run_config(config, preset, set_)
     try:

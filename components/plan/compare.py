@@ -21,13 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from flashdraft import registry
-from flashdraft.calibration import Calibration
 from flashdraft.components.plan.gpus import GPUS, GpuSpec, gpu_spec
 from flashdraft.components.plan.memory import WEIGHT_BYTES, fmt_gib, inference_memory
 from flashdraft.components.plan.rates import FP8_NOTE, STAGES, Rates, TargetCost, stage_rates
 from flashdraft.components.plan.resources import VLLM_GPU_MEMORY_UTILIZATION, inference_shape
 from flashdraft.config import ConfigError, RunConfig
+from flashdraft.perf.calibration import Calibration
+from flashdraft.run import registry
 
 COLOCATED = "colocated"
 PRECISIONS = ("bf16", "fp8")

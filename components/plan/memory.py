@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from flashdraft.calibration import TrainShape
-from flashdraft.flops import drafted
+from flashdraft.perf.calibration import TrainShape
+from flashdraft.perf.flops import drafted
 
 Device = Literal["cuda", "cpu"]
 GiB = 2**30

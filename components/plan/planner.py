@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flashdraft import layout, registry
-from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.compare import Comparison, compare_topologies, cost_gate, summary_line
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
@@ -27,8 +25,11 @@ from flashdraft.components.plan.resources import memory_gate, memory_section, tr
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
-from flashdraft.flops import trainer_flops
-from flashdraft.target import Target, resolve_target
+from flashdraft.perf.calibration import load_calibration
+from flashdraft.perf.flops import trainer_flops
+from flashdraft.run import registry
+from flashdraft.storage import layout
+from flashdraft.target.model import Target, resolve_target
 
 ID_BYTES_PER_TOKEN = 5  # int32 input id + uint8 loss mask stored beside the features
 
@@ -324,7 +325,7 @@ def _gib(n: float) -> str:
 
 def run_plan(cfg: RunConfig) -> PlanSummary:
     """Pipeline gate: compute the plan, store it as metrics/plan.json, refuse an over-budget offline run."""
-    from flashdraft.store import open_store
+    from flashdraft.storage.store import open_store
 
     plan = make_plan(cfg)
     open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("plan"), plan)

@@ -4,7 +4,7 @@ where each figure came from. One function for the plan's configured pools and ev
 - generation (decode) is bandwidth bound: tokens/s = batch * efficiency * bandwidth / weight bytes a step reads;
 - extraction (prefill) is compute bound: tokens/s = efficiency * FLOP/s / (2 * active params * deepest layer /
   layers);
-- training: flashdraft/flops.py's FLOPs a token at `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
+- training: flashdraft/perf/flops.py's FLOPs a token at `plan.train_efficiency` of the trainer GPU's dense BF16 peak.
 
 Precedence: `plan.measured_tokens_per_s` (the configured pools only) > calibration file > model; a calibrated rate
 carries to another GPU by its share of the bandwidth or peak (resources.py `calibrate_rates`). An FP8 target
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flashdraft.calibration import Calibration
 from flashdraft.components.plan.gpus import GpuSpec
 from flashdraft.components.plan.memory import WEIGHT_BYTES
 from flashdraft.components.plan.resources import calibrate_rates
 from flashdraft.config import RunConfig
+from flashdraft.perf.calibration import Calibration
 
 STAGES = ("generate", "extract", "train")
 FP8_NOTE = "; FP8 weights assumed"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flashdraft import registry
 from flashdraft.components.plan.compare import summary_line
-from flashdraft.reporting import RunView, StageReport, fmt, fmt_bytes
+from flashdraft.run import registry
+from flashdraft.run.reporting import RunView, StageReport, fmt, fmt_bytes
 
 if TYPE_CHECKING:
     from flashdraft.components.plan.summary import PlanSummary

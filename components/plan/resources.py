@@ -17,8 +17,6 @@ import functools
 import math
 from typing import Any
 
-from flashdraft import registry
-from flashdraft.calibration import Calibration, TrainShape
 from flashdraft.components.plan.gpus import GPUS, GpuSpec
 from flashdraft.components.plan.memory import (
     WEIGHT_BYTES,
@@ -29,7 +27,9 @@ from flashdraft.components.plan.memory import (
     trainer_memory,
 )
 from flashdraft.config import RunConfig
-from flashdraft.target import DEFAULT_VOCAB
+from flashdraft.perf.calibration import Calibration, TrainShape
+from flashdraft.run import registry
+from flashdraft.target.model import DEFAULT_VOCAB
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the GPU; the generate stage does not change it
 

@@ -1,7 +1,7 @@
-"""The plan stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The plan stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.plan.summary import PlanSummary
-from flashdraft.stage import StageSpec
+from flashdraft.run.stage import StageSpec
 
 SPEC = StageSpec(
     "plan", PlanSummary, "cpu", 900, run="flashdraft.components.plan.planner:run_plan", reuse=False,

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from flashdraft.components.plan.compare import Comparison
-from flashdraft.stage import StageSummary, numbers
+from flashdraft.run.stage import StageSummary, numbers
 
 
 class CodecPlan(BaseModel):

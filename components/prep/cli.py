@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, run_config, run_stage
+from flashdraft.cli.options import ConfigOpt, PresetOpt, SetOpt, run_config, run_stage
 
 
 def prep(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:

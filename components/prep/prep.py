@@ -4,7 +4,7 @@ Pipeline: read every source row -> normalise to chat messages (bad rows to quara
 and reason) -> exact dedupe on normalised content -> length filter with the target's tokenizer and chat template
 -> deterministic shuffle by `data.seed` -> cap at `data.max_samples` -> eval split (`data.eval_count`) -> N train
 shards. Everything is committed through the store; the manifest goes last. Whether prep runs again is the
-runner's decision (flashdraft/runner.py): the same data config is reused, a different one refused.
+runner's decision (flashdraft/run/runner.py): the same data config is reused, a different one refused.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import time
 from collections import Counter
 from typing import Any
 
-from flashdraft import layout
-from flashdraft.chat import prompt_token_count
 from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.config import RunConfig
-from flashdraft.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
-from flashdraft.store import io_counters, open_store
+from flashdraft.run.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
+from flashdraft.storage import layout
+from flashdraft.storage.store import io_counters, open_store
+from flashdraft.target.chat import prompt_token_count
 
 from .formats import BAD_REASONS, BadRow, content_key, normalize_row
 from .sources import SourceError, iter_source
@@ -103,7 +103,7 @@ def _markdown(summary: dict[str, Any]) -> str:
 
 def run_prep(cfg: RunConfig) -> PrepSummary:
     """Prepare the run's prompts; returns the summary (with `num_shards` and a Markdown table)."""
-    from flashdraft.target import load_tokenizer, tokenizer_fingerprint
+    from flashdraft.target.model import load_tokenizer, tokenizer_fingerprint
 
     t0, io0 = time.time(), io_counters()
     store = open_store(cfg.storage, cfg.run_id)

@@ -16,7 +16,7 @@ from typing import Any
 
 from flashdraft.config import SourceSpec, StorageConfig
 from flashdraft.config.features import split_uri
-from flashdraft.store import ObjectStore
+from flashdraft.storage.store import ObjectStore
 
 from .formats import BadRow
 

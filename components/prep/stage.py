@@ -1,7 +1,7 @@
-"""The prep stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The prep stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.prep.summary import PrepSummary
-from flashdraft.stage import HOUR, StageSpec
+from flashdraft.run.stage import HOUR, StageSpec
 
 SPEC = StageSpec(
     "prep", PrepSummary, "cpu", 4 * HOUR, run="flashdraft.components.prep.prep:run_prep",

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from flashdraft.stage import StageSummary, numbers
+from flashdraft.run.stage import StageSummary, numbers
 
 
 class PrepSummary(StageSummary):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import (
+from flashdraft.cli.options import (
     ConfigOpt,
     EndpointOpt,
     PresetOpt,
@@ -35,7 +35,7 @@ def report(
     from flashdraft.components.report.report import build_report, run_report
 
     if run:
-        from flashdraft.status import is_run, no_run_message
+        from flashdraft.run.status import is_run, no_run_message
 
         store = run_store(run, endpoint_url)
         if not is_run(store):  # a store root or a typo: never commit a report of nothing there

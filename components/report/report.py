@@ -2,7 +2,7 @@
 
 Everything comes from what the stages committed to the run's store, and every section but the run's own (verdict
 line, run, stages, throughput) is a stage's: each registered stage's report section (its `StageSpec.report`
-reference, flashdraft/reporting.py). The report can be regenerated at any time with `flashdraft
+reference, flashdraft/run/reporting.py). The report can be regenerated at any time with `flashdraft
 report --run RUN_URI`, and it renders for a partial or failed run: a missing section says "not run" instead of
 failing. The outputs are committed under reports/ and, for a KFP component, also written to local artifact paths.
 """
@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashdraft import layout, registry, status
 from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.config import RunConfig
-from flashdraft.provenance import Provenance
-from flashdraft.provenance import current as current_provenance
-from flashdraft.reporting import RunView, Section, StageReport, fmt
-from flashdraft.stage import load_ref, numbers
-from flashdraft.store import NotCommittedError, ObjectStore, open_store
+from flashdraft.run import registry, status
+from flashdraft.run.provenance import Provenance
+from flashdraft.run.provenance import current as current_provenance
+from flashdraft.run.reporting import RunView, Section, StageReport, fmt
+from flashdraft.run.stage import load_ref, numbers
+from flashdraft.storage import layout
+from flashdraft.storage.store import NotCommittedError, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 NOT_RUN = status.NOT_RUN

@@ -1,7 +1,7 @@
-"""The report stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The report stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.report.summary import ReportSummary
-from flashdraft.stage import StageSpec
+from flashdraft.run.stage import StageSpec
 
 SPEC = StageSpec(
     "report", ReportSummary, "cpu", 1800, reuse=False, doc="Render the run report.", exit_handler=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from flashdraft.stage import StageSummary
+from flashdraft.run.stage import StageSummary
 
 
 class ReportSummary(StageSummary):

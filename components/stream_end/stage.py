@@ -1,7 +1,7 @@
-"""The stream-end stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The stream-end stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.stream_end.summary import StreamEndSummary
-from flashdraft.stage import StageSpec
+from flashdraft.run.stage import StageSpec
 
 SPEC = StageSpec(
     "stream-end", StreamEndSummary, "cpu", 900, run="flashdraft.components.stream_end.stream_end:end_stream",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from flashdraft import layout
 from flashdraft.components.stream_end.summary import StreamEndSummary
 from flashdraft.config import RunConfig
 from flashdraft.features.window import WindowProducer
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 def end_stream(cfg: RunConfig) -> StreamEndSummary:

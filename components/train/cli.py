@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from flashdraft.cli_options import ConfigOpt, PresetOpt, SetOpt, fail, run_config, run_stage
+from flashdraft.cli.options import ConfigOpt, PresetOpt, SetOpt, fail, run_config, run_stage
 from flashdraft.components.train.summary import TrainSummary
 
 
@@ -24,7 +24,7 @@ def torchrun_command(cfg, config, preset, sets, stop_after: int | None = None) -
                 f"--master_addr={os.environ['MASTER_ADDR']}", f"--master_port={os.environ.get('MASTER_PORT', '29500')}"]
     else:
         cmd.append("--standalone")
-    cmd += ["-m", "flashdraft.cli", "train"]
+    cmd += ["-m", "flashdraft.cli.main", "train"]
     if config:
         cmd += ["--config", str(config)]
     if preset:
@@ -38,9 +38,9 @@ def torchrun_command(cfg, config, preset, sets, stop_after: int | None = None) -
 
 def run_ranks(command: list[str], cfg) -> TrainSummary:
     """Run the torchrun ranks here and return the summary rank 0 committed."""
-    from flashdraft import layout
     from flashdraft.components.train.trainer import TrainError
-    from flashdraft.store import open_store
+    from flashdraft.storage import layout
+    from flashdraft.storage.store import open_store
 
     rc = subprocess.call(command)
     if rc != 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flashdraft.reporting import Chart, RunView, Section, StageReport, fmt, png, pyplot
+from flashdraft.run.reporting import Chart, RunView, Section, StageReport, fmt, png, pyplot
 
 if TYPE_CHECKING:
     from flashdraft.components.train.summary import TrainSummary

@@ -25,16 +25,16 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from flashdraft import layout
-from flashdraft.checkpoint import load_rank_state
 from flashdraft.components.train.distributed import DistEnv, all_reduce
 from flashdraft.components.train.heldout import select_heldout
 from flashdraft.config import RunConfig, TrainingConfig
 from flashdraft.drafter.batch import group_sizes, token_budget_groups
 from flashdraft.features.reader import OfflineReader, StreamReader, open_reader
 from flashdraft.features.shard import Sample
-from flashdraft.records import iter_responses
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.run.records import iter_responses
+from flashdraft.storage import layout
+from flashdraft.storage.checkpoint import load_rank_state
+from flashdraft.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 

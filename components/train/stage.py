@@ -1,7 +1,7 @@
-"""The train stage's declaration (read by the registry, flashdraft/registry.py)."""
+"""The train stage's declaration (read by the registry, flashdraft/run/registry.py)."""
 
 from flashdraft.components.train.summary import TrainSummary
-from flashdraft.stage import HOUR, TARGET_HINTS, StageSpec
+from flashdraft.run.stage import HOUR, TARGET_HINTS, StageSpec
 
 SPEC = StageSpec(
     "train", TrainSummary, "trainer", 7 * 24 * HOUR, run="flashdraft.components.train.trainer:run_train",

@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.provenance import ParentIdentity
-from flashdraft.stage import StageSummary, numbers
+from flashdraft.run.provenance import ParentIdentity
+from flashdraft.run.stage import StageSummary, numbers
 
 
 class FinalTrainStats(BaseModel):

@@ -6,7 +6,7 @@
   together when one runs dry.
 * Step (`Trainer.step`): `grad_accum` micro-batches, each normalised on its own, averaged; AdamW, cosine warmup,
   grad-norm clip, bf16 autocast on CUDA; DDP, or FSDP2 with `training.strategy=fsdp2` (distributed.py).
-* Checkpoints (flashdraft/checkpoint.py) every `checkpoint_every` steps and at the end, with the data position
+* Checkpoints (flashdraft/storage/checkpoint.py) every `checkpoint_every` steps and at the end, with the data position
   (epoch and micro-batches done, or each rank's stream position); anchors are a pure function of (seed, epoch,
   sample), so an interrupted + resumed run reproduces an uninterrupted one.
 * Metrics (stats.py, heldout.py): per step loss, lr, grad norm, tokens/s, loss/accuracy per block position, and the
@@ -24,8 +24,6 @@ from collections.abc import Iterable, Iterator
 import torch
 from tqdm import tqdm
 
-from flashdraft import layout
-from flashdraft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_distributed, wrap_model
 from flashdraft.components.train.heldout import HeldOutProbe
 from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
@@ -37,7 +35,9 @@ from flashdraft.drafter.dflash2 import selector_loss, selector_scale
 from flashdraft.drafter.loss import LossOutput, dflash_loss
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.features.shard import Sample
-from flashdraft.store import io_counters, open_store
+from flashdraft.storage import layout
+from flashdraft.storage.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from flashdraft.storage.store import io_counters, open_store
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def lr_at(step: int, total: int, cfg: RunConfig) -> float:
 
 def build_model(cfg: RunConfig, env: DistEnv):
     from flashdraft.drafter.persistence import build_drafter
-    from flashdraft.target import resolve_target
+    from flashdraft.target.model import resolve_target
 
     head = cfg.drafter.head_dtype
     bf16 = head == "bfloat16" or (head == "auto" and env.device.type == "cuda")
@@ -129,7 +129,7 @@ class Trainer:
     checkpoint; `step` is one optimizer step; `run` is the loop with checkpoints, progress and metrics."""
 
     def __init__(self, cfg: RunConfig):
-        from flashdraft.target import set_cpu_threads
+        from flashdraft.target.model import set_cpu_threads
 
         self.cfg = cfg
         self.env = setup_distributed()
@@ -306,7 +306,7 @@ class Trainer:
 
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainSummary:
     """Train (or resume, or carry on past a finished run's last step) and return the summary; see `Trainer.run`
-    for `stop_after`. Whether to run at all is the runner's decision (flashdraft/runner.py)."""
+    for `stop_after`. Whether to run at all is the runner's decision (flashdraft/run/runner.py)."""
     trainer = Trainer(cfg)
     trainer.setup()
     return trainer.run(stop_after=stop_after)

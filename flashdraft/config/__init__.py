@@ -9,13 +9,13 @@ field and the reason.
 """
 
 from flashdraft.config.drafter import DrafterConfig, TrainingConfig
+from flashdraft.config.errors import ConfigError
 from flashdraft.config.evaluation import EvalConfig, EvalSuite
 from flashdraft.config.features import StorageConfig
 from flashdraft.config.loader import dump_config, load_config, preset_names
 from flashdraft.config.pipeline import ModeConfig, PoolConfig
 from flashdraft.config.run import RunConfig, validate_config
 from flashdraft.config.target import SourceSpec, TargetConfig
-from flashdraft.errors import ConfigError
 
 __all__ = [
     "ConfigError",

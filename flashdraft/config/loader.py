@@ -12,18 +12,18 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from flashdraft.config.errors import ConfigError
 from flashdraft.config.overrides import apply_overrides, drop_stale_target_facts
 from flashdraft.config.run import RunConfig, validate_config
-from flashdraft.errors import ConfigError
 
 
 def preset_names() -> list[str]:
-    return sorted(p.name[: -len(".yaml")] for p in resources.files("flashdraft.presets").iterdir()
+    return sorted(p.name[: -len(".yaml")] for p in resources.files("flashdraft.config.presets").iterdir()
                   if p.name.endswith(".yaml"))
 
 
 def _preset_dict(name: str) -> dict[str, Any]:
-    path = resources.files("flashdraft.presets").joinpath(f"{name}.yaml")
+    path = resources.files("flashdraft.config.presets").joinpath(f"{name}.yaml")
     if not path.is_file():
         close = difflib.get_close_matches(name, preset_names(), n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from flashdraft.errors import ConfigError
+from flashdraft.config.errors import ConfigError
 
 # Facts about target.model, written in presets so `plan` works without the model's files: when an override names
 # another model they describe the old one, so the ones the override does not set itself are dropped (the plan then

@@ -55,7 +55,7 @@ class PoolsConfig(Section):
     stage_pool: dict[str, Literal["cpu", "inference", "trainer"]] = Field(
         default_factory=dict, description="stage -> pool, for a stage placed elsewhere than its declared pool "
         "(components/<stage>/stage.py); a stage not named runs on its declared pool (the registry supplies it: "
-        "flashdraft/registry.py `pool_name`)")
+        "flashdraft/run/registry.py `pool_name`)")
 
 
 # Public on-demand list prices per GPU-hour, May 2026: the sources, and what each figure is, in docs/planning.md
@@ -122,7 +122,7 @@ class PlanConfig(Section):
     target_intermediate_size: int | None = Field(
         default=None, ge=1, description="the target's MLP width, for activation workspaces; default 4 x hidden_size")
     calibration: str | None = Field(
-        default=None, description="a calibration JSON (flashdraft/calibration.py; `flashdraft plan --calibrate`): "
+        default=None, description="a calibration JSON (flashdraft/perf/calibration.py; `flashdraft plan --calibrate`): "
         "its measured rates and trainer peaks replace the assumed ones")
     prices: PriceConfig = Field(default_factory=PriceConfig, description=PriceConfig.__doc__)
     inference_gpus: int = Field(default=8, ge=1, description="inference-pool GPUs the run uses at once, for the "

@@ -11,13 +11,13 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from flashdraft.config.base import Section
 from flashdraft.config.drafter import DrafterConfig, TrainingConfig
+from flashdraft.config.errors import ConfigError
 from flashdraft.config.evaluation import EvalConfig, ExportConfig
 from flashdraft.config.features import FeaturesConfig, StorageConfig
 from flashdraft.config.overrides import apply_overrides, drop_stale_target_facts
 from flashdraft.config.pipeline import ModeConfig, PlanConfig, PoolsConfig
 from flashdraft.config.target import DataConfig, GenerationConfig, TargetConfig
 from flashdraft.drafter.defaults import dflash_layer_ids
-from flashdraft.errors import ConfigError
 
 
 class RunConfig(Section):

@@ -4,7 +4,7 @@ target it names."""
 
 from __future__ import annotations
 
-from flashdraft.errors import ConfigError
+from flashdraft.config.errors import ConfigError
 
 
 def dflash_layer_ids(num_layers: int, num_features: int) -> list[int]:

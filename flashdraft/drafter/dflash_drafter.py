@@ -2,7 +2,7 @@
 conditioned on fused target-layer features `hidden_norm(fc(concat(features of the n target layers)))` injected as
 extra keys/values in every layer. DFlash2 (`geometry.kind`) adds block convolutions and a candidate selector.
 
-Embedding and LM head are the target's, frozen (flashdraft/target_weights.py). They are non-persistent buffers, so
+Embedding and LM head are the target's, frozen (flashdraft/target/weights.py). They are non-persistent buffers, so
 `state_dict()` holds exactly what training changes: the layers, `fc`, the norms, DFlash2's selector, the trainable
 `mask_embedding` when the target has no mask token or free row (geometry.py `resolve_mask_token`), and `d2t` (the
 draft vocabulary).
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flashdraft.cpu_gemm import upcast_matmul
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.dflash2 import CandidateSelector, candidate_scores, select_walk
 from flashdraft.drafter.geometry import DrafterGeometry
 from flashdraft.drafter.layers import ACTIVATION_CHECKPOINTING, DFlashLayer
 from flashdraft.drafter.session import ContextCache, DraftSession
+from flashdraft.perf.cpu_gemm import upcast_matmul
 
 
 class DFlashDrafter(nn.Module):

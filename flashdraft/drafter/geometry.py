@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashdraft.config import ConfigError
-from flashdraft.target import text_config
+from flashdraft.target.model import text_config
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)

@@ -17,7 +17,7 @@ full [slots x vocab] logits.
   passes over the chunk's logits than the eager arithmetic; CPU keeps the eager in-place arithmetic (no compiler
   needed, smallest memory).
 * GEMM dtype: the head's on CUDA (bf16 GEMMs, fp32 accumulate). On CPU the wider of hidden and head: a bf16 head
-  (memory-mapped, production storage) is upcast a slice of rows at a time (flashdraft/cpu_gemm.py), because CPUs
+  (memory-mapped, production storage) is upcast a slice of rows at a time (flashdraft/perf/cpu_gemm.py), because CPUs
   without native bf16 GEMMs run them much slower than fp32 and a whole fp32 copy of a large head is gigabytes.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from flashdraft.cpu_gemm import upcast_matmul, upcast_matmul_t
+from flashdraft.perf.cpu_gemm import upcast_matmul, upcast_matmul_t
 
 CHUNK_ELEMENTS = 2**26
 

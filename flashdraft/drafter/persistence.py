@@ -23,9 +23,9 @@ from flashdraft.config import TargetConfig
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
 from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE, DrafterGeometry, geometry_from_hf, resolve_mask_token
 from flashdraft.drafter.pretrained import build_pretrained
-from flashdraft.store import ObjectStore
-from flashdraft.target import load_tokenizer, target_embeddings, target_init, text_config
-from flashdraft.zlab import read_zlab
+from flashdraft.drafter.zlab import read_zlab
+from flashdraft.storage.store import ObjectStore
+from flashdraft.target.model import load_tokenizer, target_embeddings, target_init, text_config
 
 log = logging.getLogger(__name__)
 

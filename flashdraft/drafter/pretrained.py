@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_bytes
 
-from flashdraft.errors import ConfigError
-from flashdraft.provenance import ParentIdentity
-from flashdraft.zlab import MASK_ST
+from flashdraft.config.errors import ConfigError
+from flashdraft.drafter.zlab import MASK_ST
+from flashdraft.run.provenance import ParentIdentity
 
 ZLAB_CONFIG = "config.json"
 # Drafter settings with no default (None: follow the checkpoint) and where the checkpoint states them.
@@ -80,7 +80,7 @@ def _hf_reader(spec: str) -> tuple[Reader, str, Callable[[], str | None]]:
 def _source_store(uri: str, storage):
     """The store folder `uri` names; a run's checkpoints/ resolves to its newest checkpoint (latest.json)."""
     from flashdraft.drafter.geometry import CONFIG_FILE
-    from flashdraft.store import ObjectStore
+    from flashdraft.storage.store import ObjectStore
 
     store = ObjectStore(uri.rstrip("/"), storage)
     if not store.exists(CONFIG_FILE) and not store.exists(ZLAB_CONFIG) and store.exists("latest.json"):
@@ -155,7 +155,7 @@ def read_parent(init_from: str, storage=None, *, num_target_layers: int | None =
     """Read the drafter `init_from` names (module docstring). `num_target_layers`: the target's layer count, for
     the speculators format (which does not record it)."""
     from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE
-    from flashdraft.zlab import speculators_geometry, zlab_geometry
+    from flashdraft.drafter.zlab import speculators_geometry, zlab_geometry
 
     revision: Callable[[], str | None] = lambda: None  # noqa: E731
     if init_from.startswith("hf:"):
@@ -253,7 +253,7 @@ def build_pretrained(cfg, target_hf_config, *, seed: int, attn_impl: str = "auto
     """The run's drafter started from `cfg.drafter.init_from`, with the frozen embedding / LM head `frozen`.
     Returns (drafter, parent identity, the DFlash2-only weight names that were initialised instead of loaded)."""
     from flashdraft.drafter.dflash_drafter import DFlashDrafter
-    from flashdraft.target import text_config
+    from flashdraft.target.model import text_config
 
     t = text_config(target_hf_config)
     layers = int(t.num_hidden_layers)

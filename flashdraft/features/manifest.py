@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 from importlib import metadata
 
-from flashdraft import layout
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
-from flashdraft.store import CommitRecord, ObjectStore
-from flashdraft.target import resolve_target, tokenizer_fingerprint
+from flashdraft.storage import layout
+from flashdraft.storage.store import CommitRecord, ObjectStore
+from flashdraft.target.model import resolve_target, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 

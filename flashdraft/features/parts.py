@@ -32,7 +32,7 @@ from flashdraft.features.shard import (
     parse_header,
     sample_range,
 )
-from flashdraft.store import ObjectStore
+from flashdraft.storage.store import ObjectStore
 
 PART_CACHE_BYTES = 4 * 2**30  # whole parts one reader may hold at once (see PartCache)
 

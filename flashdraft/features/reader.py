@@ -34,7 +34,7 @@ from flashdraft.features.manifest import committed_parts, expected_provenance
 from flashdraft.features.parts import PART_CACHE_BYTES, Drain, Event, Fetch, PartEnd, PartFetcher
 from flashdraft.features.shard import Sample, ShardHeader
 from flashdraft.features.window import WindowConsumer, WindowTimeout
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 

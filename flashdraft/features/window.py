@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import time
 
-from flashdraft import layout
 from flashdraft.config import ModeConfig
 from flashdraft.features.manifest import committed_parts, part_stats
-from flashdraft.store import ObjectStore
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

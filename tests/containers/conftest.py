@@ -50,7 +50,7 @@ def standin(engine):
 
 @pytest.fixture(scope="session")
 def host_commit() -> str:
-    from flashdraft.provenance import git_commit
+    from flashdraft.run.provenance import git_commit
 
     return git_commit() or ""
 

@@ -20,11 +20,11 @@ import torch
 from container_engine import build, image_requirements, vllm_standin
 from safetensors.torch import load as safetensors_load
 
-from flashdraft import layout
 from flashdraft.config import load_config
 from flashdraft.pipelines.containers import versions_match
-from flashdraft.status import read_records
-from flashdraft.store import open_store
+from flashdraft.run.status import read_records
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 FLASHDRAFT = str(Path(sys.executable).parent / "flashdraft")
 APP_UID = "10001"

@@ -6,7 +6,7 @@ import json
 
 from flashdraft.components.evaluate.suites import load_suites
 from flashdraft.config import load_config
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.storage.store import ObjectStore, open_store
 
 
 def _cfg(tmp_path, **overrides):
@@ -14,7 +14,7 @@ def _cfg(tmp_path, **overrides):
 
 
 def _tok(cfg):
-    from flashdraft.target import load_tokenizer
+    from flashdraft.target.model import load_tokenizer
 
     return load_tokenizer(cfg.target)
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from flashdraft.checkpoint import latest_checkpoint, save_checkpoint
 from flashdraft.components.export.export import read_export, run_export
 from flashdraft.drafter.persistence import build_drafter, load_drafter
-from flashdraft.store import open_store
-from flashdraft.target import load_hf_config
+from flashdraft.storage.checkpoint import latest_checkpoint, save_checkpoint
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_hf_config
 
 
 def _checkpointed_drafter(cfg):
@@ -78,7 +78,7 @@ def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
 
 def test_bf16_export_and_cli(tiny_cfg, tmp_path):
     _checkpointed_drafter(tiny_cfg)
-    cmd = [sys.executable, "-m", "flashdraft.cli", "export", "--preset", "tiny", "--set",
+    cmd = [sys.executable, "-m", "flashdraft.cli.main", "export", "--preset", "tiny", "--set",
            f"storage.root={tiny_cfg.storage.root}", "--out", str(tmp_path / "cli")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

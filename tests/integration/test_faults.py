@@ -22,12 +22,12 @@ import pytest
 from support.s3 import aws_env, free_port, rclone_command, wait_for_port
 from support.s3proxy import FaultPlan, S3FaultProxy
 
-from flashdraft import layout
 from flashdraft.components.export.card import CARD_FILE
 from flashdraft.components.export.export import exported_formats, read_export
 from flashdraft.config import RunConfig, load_config
 from flashdraft.features.manifest import committed_parts
-from flashdraft.store import ObjectStore, StoreUnavailableError, open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore, StoreUnavailableError, open_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -92,7 +92,7 @@ def committed_outputs(store: ObjectStore, cfg: RunConfig) -> dict[str, str]:
     """sha256 of everything a run commits that must not depend on faults: responses, feature parts (streaming:
     as recorded when produced, since the trainer deletes them), the feature manifest, the final weights, the
     export. Every committed object is read back verified."""
-    from flashdraft.checkpoint import latest_checkpoint
+    from flashdraft.storage.checkpoint import latest_checkpoint
 
     out = {k: sha(store.get_verified(k)) for k in store.list_committed(f"{layout.RESPONSES}/")
            if k.endswith(".parquet")}
@@ -174,7 +174,7 @@ def test_every_stage_through_a_faulty_store_commits_what_a_clean_run_does(kind, 
         cfg = make_cfg(proxy.endpoint, f"faulty-{kind}", **(STREAMING if kind == "streaming" else {}),
                        **{"storage.retries": 10})
         proxy.outage_after(lambda method, path: method == "PUT" and path.endswith(".fds"), seconds=0.3)
-        with caplog.at_level("WARNING", logger="flashdraft.store"):
+        with caplog.at_level("WARNING", logger="flashdraft.storage.store"):
             run_pipeline(cfg)
     finally:
         proxy.close()
@@ -334,8 +334,8 @@ def test_extraction_killed_ten_times_commits_what_an_uninterrupted_run_does(clea
 
 def test_streaming_pair_killed_ten_times_trains_every_sample_exactly_reuse_times(clean_runs, s3_server,
                                                                                   monkeypatch):
-    from flashdraft.checkpoint import latest_checkpoint
     from flashdraft.features.window import released_part, stored_parts
+    from flashdraft.storage.checkpoint import latest_checkpoint
 
     _aws(monkeypatch)
     ref_cfg, ref = clean_runs["streaming"]
@@ -469,7 +469,7 @@ def small_mount(tmp_path):
 def test_full_disk_and_read_only_store_root_fail_clearly_and_a_rerun_completes(clean_runs, s3_server,
                                                                                monkeypatch, small_mount):
     from flashdraft.components.extract.extract import run_extract
-    from flashdraft.store import StoreFullError, StoreReadOnlyError
+    from flashdraft.storage.store import StoreFullError, StoreReadOnlyError
 
     _aws(monkeypatch)
     ref_cfg, ref = clean_runs["offline"]

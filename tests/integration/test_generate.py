@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from flashdraft import layout, status
 from flashdraft.config import load_config
-from flashdraft.records import iter_responses, response_chunk_keys
-from flashdraft.runner import StageInputsChanged, run_task
-from flashdraft.store import open_store
+from flashdraft.run import status
+from flashdraft.run.records import iter_responses, response_chunk_keys
+from flashdraft.run.runner import StageInputsChanged, run_task
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +80,7 @@ def test_killed_generation_resumes_and_matches_an_uninterrupted_run(reference, t
     run_prep(cfg)
     store = open_store(cfg.storage, cfg.run_id)
     total = len(_rows(ref_cfg, 0))
-    args = [sys.executable, "-m", "flashdraft.cli", "generate", "--preset", "tiny", "--shard", "0"]
+    args = [sys.executable, "-m", "flashdraft.cli.main", "generate", "--preset", "tiny", "--shard", "0"]
     for key, value in {"storage.root": cfg.storage.root, **SMALL}.items():
         args += ["--set", f"{key}={value}"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -136,7 +137,7 @@ def test_multi_turn_turns_are_generated_in_order_and_all_masked(tmp_path):
         spans += bool(m) and not inside
         inside = bool(m)
     assert spans == 3 and sum(r["loss_mask"].count(1) for r in rows.values()) == done.generated_tokens
-    from flashdraft.target import load_tokenizer
+    from flashdraft.target.model import load_tokenizer
 
     text = load_tokenizer(cfg.target).decode(multi["input_ids"])
     assert text.index("Name a fruit.") < text.index("And a vegetable?") < text.index("Now a colour.")
@@ -167,7 +168,7 @@ def test_generation_dtype_loads_the_target_in_it_and_is_checked_on_resume(refere
     import torch
 
     from flashdraft.components.generate.backends import HFBackend
-    from flashdraft.target import load_tokenizer
+    from flashdraft.target.model import load_tokenizer
 
     cfg = _cfg(tmp_path / "bf16", **{"generation.dtype": "bfloat16", "data.num_shards": 1})
     assert cfg.target.dtype == "float32"

@@ -3,9 +3,9 @@ preset, small caps, 2 shards)."""
 
 import pytest
 
-from flashdraft.records import iter_responses
-from flashdraft.store import open_store
-from flashdraft.target import load_tokenizer
+from flashdraft.run.records import iter_responses
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from flashdraft.calibration import load_calibration
 from flashdraft.components.plan.planner import make_plan
 from flashdraft.config import load_config
+from flashdraft.perf.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)

@@ -8,11 +8,11 @@ import pytest
 from support.shared_runs import CONSOLE_MAX_BYTES, CONSOLE_MAX_LINES
 from typer.testing import CliRunner
 
-from flashdraft import layout
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.local import run_local
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 def test_plan_gate_stops_an_over_budget_offline_run_before_gpu_stages(tmp_path):
@@ -78,8 +78,8 @@ def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path)
 def test_a_changed_setting_no_stage_can_carry_on_from_stops_run_local_before_any_task(tmp_path):
     """After a run, `run-local` with a changed data.max_samples ends in one line naming the field and the choices,
     exit 1, before kfp starts a task (prep's committed result is the stand-in's, untouched)."""
-    from flashdraft.runner import run_task
-    from flashdraft.status import read_record
+    from flashdraft.run.runner import run_task
+    from flashdraft.run.status import read_record
 
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
     run_task(cfg, "prep", body=lambda: {"kept": 30, "num_train": 26, "num_eval": 4, "quarantined": 0})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flashdraft.config import StorageConfig
-from flashdraft.store import ObjectStore, StorePreflightError, preflight
+from flashdraft.storage.store import ObjectStore, StorePreflightError, preflight
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import pytest
 
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
-from flashdraft.store import ObjectStore
+from flashdraft.storage.store import ObjectStore
 
 pytestmark = pytest.mark.integration
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from flashdraft import layout
 from flashdraft.components.export.card import CARD_FILE, card_meta
 from flashdraft.pipelines.local import run_local
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 @pytest.mark.integration

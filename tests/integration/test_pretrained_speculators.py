@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flashdraft.checkpoint import save_checkpoint
 from flashdraft.components.export.export import run_export
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.persistence import build_drafter
-from flashdraft.store import open_store
-from flashdraft.target import load_hf_config, resolve_model_dir
+from flashdraft.storage.checkpoint import save_checkpoint
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_hf_config, resolve_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_PY = ROOT / ".venv-bench" / "bin" / "python"

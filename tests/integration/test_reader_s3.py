@@ -4,7 +4,7 @@ import pytest
 from support.feature_fixtures import commit_parts
 
 from flashdraft.features.reader import OfflineReader
-from flashdraft.store import ObjectStore
+from flashdraft.storage.store import ObjectStore
 
 pytestmark = pytest.mark.integration
 

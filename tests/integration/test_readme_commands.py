@@ -23,7 +23,7 @@ import pytest
 from support.shared_runs import CONSOLE_MAX_BYTES, CONSOLE_MAX_LINES
 from support.user_path import DocCommand, Ran, doc_commands, run_as_user
 
-from flashdraft.store import open_store
+from flashdraft.storage.store import open_store
 
 # Command prefix -> why this suite does not run it.
 NOT_HERE = {

@@ -15,14 +15,14 @@ import torch
 from safetensors.torch import load as load_bytes
 from support.gloo_ranks import two_gloo_ranks
 
-from flashdraft import layout
-from flashdraft.checkpoint import latest_checkpoint
 from flashdraft.components.export.export import run_export
 from flashdraft.config import load_config
 from flashdraft.features.manifest import codec_from_config, make_provenance
 from flashdraft.features.shard import build_shard, encode_sample
-from flashdraft.store import open_store
-from flashdraft.target import load_tokenizer, tokenizer_fingerprint
+from flashdraft.storage import layout
+from flashdraft.storage.checkpoint import latest_checkpoint
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_tokenizer, tokenizer_fingerprint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 SAMPLE_LEN, RESPONSE = 48, 18  # anchors need a < T - B in the response: 2 a sample
@@ -52,7 +52,7 @@ def write_random_shards(cfg, n: int = 2) -> None:
 
 
 def test_full_width_fsdp2_checkpoints_and_export(tmp_path):
-    from flashdraft.zlab import read_zlab
+    from flashdraft.drafter.zlab import read_zlab
 
     cfg = rehearsal_cfg(tmp_path)
     write_random_shards(cfg)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from support.report_runs import chromium_dom
 
-from flashdraft import layout
 from flashdraft.components.report.report import run_report
-from flashdraft.reporting import fmt_bytes
-from flashdraft.store import open_store
+from flashdraft.run.reporting import fmt_bytes
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):

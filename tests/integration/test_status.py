@@ -8,12 +8,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines import runtime
-from flashdraft.runner import run_task
-from flashdraft.status import StageRecord, now, stage_statuses, status_key
-from flashdraft.store import open_store
+from flashdraft.run.runner import run_task
+from flashdraft.run.status import StageRecord, now, stage_statuses, status_key
+from flashdraft.storage.store import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def test_stage_states_combine_shards_and_count_hand_run_stages(tmp_path):
         run_task(cfg, "generate", body=lambda s=samples, t=tokens, x=secs: {
             "samples": s, "generated_tokens": t, "generation_seconds": x}, shard=shard)
     store = open_store(cfg.storage, cfg.run_id)
-    from flashdraft.status import read_records
+    from flashdraft.run.status import read_records
 
     statuses = {s.stage: s for s in stage_statuses(read_records(store), ["train"])}
     gen = statuses["generate"]

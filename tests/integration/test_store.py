@@ -2,7 +2,7 @@
 
 import pytest
 
-from flashdraft.store import ChecksumError, NotCommittedError, ObjectStore, StoreUnavailableError, open_store
+from flashdraft.storage.store import ChecksumError, NotCommittedError, ObjectStore, StoreUnavailableError, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ def test_s3_wrong_credentials_fail_clearly(s3_storage, monkeypatch):
 
 
 def test_unsupported_scheme():
-    from flashdraft.store import StoreError
+    from flashdraft.storage.store import StoreError
 
     with pytest.raises(StoreError, match="gs"):
         ObjectStore("gs://bucket/x")
@@ -98,7 +98,7 @@ def test_credentials_from_mounted_secret_dir(s3_storage, monkeypatch, tmp_path):
     store.commit("x.bin", b"abc")
     assert store.get_verified("x.bin") == b"abc"
     (secret / "AWS_SECRET_ACCESS_KEY").unlink()
-    from flashdraft.store import StoreError
+    from flashdraft.storage.store import StoreError
 
     with pytest.raises(StoreError, match="AWS_SECRET_ACCESS_KEY"):
         open_store(s3_storage, "secret-run")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from flashdraft import layout
 from flashdraft.config import load_config
 from flashdraft.pipelines.local import run_local
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 # One tiny-target sample is ~100-150 KB of features and a part holds one extraction batch, so 128-token batches
 # make parts of one or two samples; a 1 MB window then holds a few of the ~2.4 MB the run produces.

@@ -16,15 +16,15 @@ import pytest
 from support.target_families import FAMILIES, SLIDING_WINDOW, build_family, hidden_size
 from typer.testing import CliRunner
 
-from flashdraft import layout
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.export.export import read_export
 from flashdraft.components.plan.planner import plan_markdown
 from flashdraft.config import load_config
 from flashdraft.drafter.defaults import dflash_layer_ids
 from flashdraft.features.manifest import committed_parts
-from flashdraft.runner import run_task
-from flashdraft.store import open_store
+from flashdraft.run.runner import run_task
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 pytestmark = [pytest.mark.timeout(900)]
 

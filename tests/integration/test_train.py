@@ -1,4 +1,4 @@
-"""Training on real feature shards (tiny target, features from flashdraft.capture, the shard format and the
+"""Training on real feature shards (tiny target, features from flashdraft.target.capture, the shard format and the
 reader): it learns, resume reproduces an uninterrupted run, and 2 gloo processes train under torchrun."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from safetensors.torch import load as load_bytes
 from support.gloo_ranks import two_gloo_ranks
 from support.rule_shards import as_samples, rule_sequences, train_cfg, write_shards
 
-from flashdraft import layout
-from flashdraft.checkpoint import latest_checkpoint
 from flashdraft.components.train.distributed import DistEnv
 from flashdraft.components.train.schedule import build_schedule
 from flashdraft.components.train.trainer import evaluate_samples, run_train
-from flashdraft.store import open_store
-from flashdraft.target import load_hf_config
+from flashdraft.storage import layout
+from flashdraft.storage.checkpoint import latest_checkpoint
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_hf_config
 
 
 @pytest.mark.slow  # ~100 optimizer steps: ~1-6 min on 2 cores depending on load
@@ -48,7 +48,7 @@ def test_more_steps_train_on_from_the_final_checkpoint_and_fewer_are_refused(tin
     training.max_steps carries on from its final checkpoint (the history continues, the first steps unchanged);
     lowering it below the checkpoint's step is refused."""
     from flashdraft.components.train.schedule import TrainError
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     cfg = train_cfg(tiny_cfg, **{"training.epochs": 2, "training.max_steps": 3})
     write_shards(cfg, rule_sequences(96, seed=1))  # 6 steps in 2 epochs
@@ -140,7 +140,7 @@ def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy, kind):
     preempt = (strategy, kind) == ("fsdp2", "dflash")
     sets += ["training.checkpoint_every=1", "training.preempt_after=2"] if preempt else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "flashdraft.cli", "train", "--preset", "tiny"]
+    cmd = [sys.executable, "-m", "flashdraft.cli.main", "train", "--preset", "tiny"]
     cmd += [a for s in sets for a in ("--set", s)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

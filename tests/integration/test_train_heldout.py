@@ -11,7 +11,7 @@ from flashdraft.components.train.heldout import select_heldout
 from flashdraft.components.train.trainer import evaluate_samples, run_train
 from flashdraft.drafter.persistence import load_drafter
 from flashdraft.features.reader import open_reader
-from flashdraft.store import open_store
+from flashdraft.storage.store import open_store
 
 
 @pytest.mark.slow  # 40 optimizer steps plus 6 held-out points: ~1-3 min on 2 quiet cores, 20+ min under load

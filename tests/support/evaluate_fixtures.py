@@ -6,14 +6,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from flashdraft import layout
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 def commit_drafter(cfg, seed: int, step: int = 1) -> str:
     """A randomly initialised drafter saved under checkpoints/step-<step>/ of the run; returns its URI."""
     from flashdraft.drafter.persistence import build_drafter, save_drafter
-    from flashdraft.target import load_hf_config
+    from flashdraft.target.model import load_hf_config
 
     store = open_store(cfg.storage, cfg.run_id)
     prefix = layout.checkpoint_prefix(step)

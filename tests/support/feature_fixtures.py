@@ -6,9 +6,9 @@ import torch
 
 from flashdraft.features.manifest import codec_from_config, expected_provenance
 from flashdraft.features.shard import build_shard, encode_sample
-from flashdraft.layout import feature_part_key
-from flashdraft.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.run.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
+from flashdraft.storage.layout import feature_part_key
+from flashdraft.storage.store import ObjectStore, open_store
 
 _PROVENANCE: dict[str, dict] = {}
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from flashdraft import layout
 from flashdraft.components.plan.planner import run_plan
 from flashdraft.config import load_config
-from flashdraft.runner import run_task
-from flashdraft.store import open_store
+from flashdraft.run.runner import run_task
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 from .shared_runs import copy_run
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from flashdraft import layout
-from flashdraft.capture import capture_layers
 from flashdraft.features.manifest import codec_from_config, make_provenance
 from flashdraft.features.shard import Sample, build_shard, encode_sample
-from flashdraft.store import open_store
-from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer, tokenizer_fingerprint
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import load_causal_lm, load_hf_config, load_tokenizer, tokenizer_fingerprint
 
 PROMPT, RESPONSE = 8, 40
 

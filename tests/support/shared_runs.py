@@ -72,7 +72,7 @@ def tiny_evaluated(tmp_path_factory) -> SharedRun:
     thinking off; 8 new tokens; published figures from the shipped reference. No training: no train metrics.
     outputs: metrics (the EvaluateSummary), drafter_uri."""
     from flashdraft.components.plan.planner import run_plan
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     folder = tmp_path_factory.mktemp("tiny-evaluated")
     extra = folder / "extra.jsonl"
@@ -94,7 +94,7 @@ def smollm2_run(tmp_path_factory) -> SharedRun:
     runner, then the report. 32 train + 4 eval prompts, 64 response tokens. outputs: prep (prep's summary), generated
     (generate's summary per shard), metrics (evaluate's), report (run_report's)."""
     from flashdraft.components.report.report import run_report
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     folder = tmp_path_factory.mktemp("smollm2")
     cfg = load_config(preset="smollm2-local", overrides={

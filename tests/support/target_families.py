@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flashdraft.config import TargetConfig
-from flashdraft.target import resolve_model_dir
+from flashdraft.target.model import resolve_model_dir
 
 FAMILIES = ("llama", "llama_h160", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5")
 SLIDING_WINDOW = 8  # gpt-oss's window here: shorter than every prompt, so verify blocks cross it

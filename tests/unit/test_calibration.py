@@ -1,11 +1,11 @@
-"""The calibration file's schema (flashdraft/calibration.py): round trip, and errors that name file and field."""
+"""The calibration file's schema (flashdraft/perf/calibration.py): round trip, and errors that name file and field."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from flashdraft.calibration import CalibrationError, load_calibration, save_calibration
+from flashdraft.perf.calibration import CalibrationError, load_calibration, save_calibration
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration" / "h200-2026-12-04.json"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashdraft.capture import capture_layers
 from flashdraft.config import load_config
-from flashdraft.target import load_causal_lm
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import load_causal_lm
 
 
 def _model_and_ids(preset: str):

@@ -8,7 +8,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 
 
 def _command_paths(cmd, prefix=()):

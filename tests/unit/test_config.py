@@ -2,10 +2,10 @@
 
 import pytest
 
-from flashdraft import registry
 from flashdraft.config import ConfigError, load_config
 from flashdraft.config.overrides import parse_override
 from flashdraft.drafter.defaults import default_gamma, dflash_layer_ids
+from flashdraft.run import registry
 
 
 @pytest.mark.parametrize(("layers", "ids"), [
@@ -103,7 +103,7 @@ def test_missing_inputs_are_clear(tmp_path):
 
 
 def test_every_field_has_a_description():
-    from flashdraft.config_reference import iter_fields, undescribed_fields
+    from flashdraft.cli.config_reference import iter_fields, undescribed_fields
 
     assert len(list(iter_fields())) > 130  # the walk reaches nested sections and data.sources[] items
     assert undescribed_fields() == [], "describe these fields in flashdraft/config/ (Field(description=...))"
@@ -112,7 +112,7 @@ def test_every_field_has_a_description():
 def test_committed_config_reference_is_current():
     from pathlib import Path
 
-    from flashdraft.config_reference import REFERENCE_DOC, render
+    from flashdraft.cli.config_reference import REFERENCE_DOC, render
 
     committed = (Path(__file__).resolve().parents[2] / REFERENCE_DOC).read_text()
     assert committed == render() + "\n", (
@@ -120,7 +120,7 @@ def test_committed_config_reference_is_current():
 
 
 def test_config_reference_shows_effective_nested_defaults():
-    from flashdraft.config_reference import render
+    from flashdraft.cli.config_reference import render
 
     pools = render("pools")
     assert "| `pools.cpu.accelerator_type` | `str \\| None` | `null` |" in pools  # the cpu pool's own default

@@ -9,8 +9,8 @@ import json
 from rich.console import Console
 from tqdm import tqdm
 
-from flashdraft.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
-from flashdraft.status import StageRecord
+from flashdraft.cli.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
+from flashdraft.run.status import StageRecord
 
 
 def test_a_tqdm_bar_becomes_progress_events_and_one_final_log_line(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.pipelines.containers import ContainerRun, versions_match
 from flashdraft.pipelines.pipeline import POOL_IMAGE
 

@@ -1,4 +1,4 @@
-"""flashdraft/cpu_gemm.py: a bf16 target's linear layers on a CPU without native bf16 GEMMs compute many-row inputs
+"""flashdraft/perf/cpu_gemm.py: a bf16 target's linear layers on a CPU without native bf16 GEMMs compute many-row inputs
 in fp32 slabs of the stored weights, and leave single rows, autograd and bf16-capable CPUs alone."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import flashdraft.cpu_gemm as cpu_gemm
+import flashdraft.perf.cpu_gemm as cpu_gemm
 from flashdraft.config import load_config
-from flashdraft.target import set_cpu_threads
+from flashdraft.target.model import set_cpu_threads
 
 
 def _bf16_mlp(seed: int = 0) -> torch.nn.Module:
@@ -101,7 +101,7 @@ def test_a_bf16_hybrid_target_runs_through_transformers_with_fp32_convolutions(m
 
     from transformers import Qwen3_5ForCausalLM
 
-    from flashdraft.target import tiny_qwen35_config
+    from flashdraft.target.model import tiny_qwen35_config
 
     monkeypatch.setattr(cpu_gemm, "native_narrow_gemm", lambda: False)
     torch.manual_seed(0)

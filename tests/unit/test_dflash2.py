@@ -199,7 +199,7 @@ def test_zlab_export_round_trip_and_vllm_config_keys(tmp_path):
     import json
 
     from flashdraft.components.export.export import _files_zlab
-    from flashdraft.zlab import read_zlab
+    from flashdraft.drafter.zlab import read_zlab
 
     m = drafter()
     with torch.no_grad():

@@ -19,7 +19,7 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from flashdraft import registry
+from flashdraft.run import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("base", "inference", "trainer")

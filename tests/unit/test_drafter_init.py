@@ -7,7 +7,7 @@ import torch
 
 from flashdraft.drafter.persistence import build_drafter
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
-from flashdraft.target import load_hf_config, target_init
+from flashdraft.target.model import load_hf_config, target_init
 
 
 def test_init_from_target_copies_the_named_layers_and_final_norm(tiny_cfg):

@@ -9,7 +9,7 @@ from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
 from flashdraft.drafter.geometry import DrafterGeometry, resolve_mask_token
 from flashdraft.drafter.persistence import build_drafter, load_drafter, save_drafter
-from flashdraft.target import load_hf_config, load_tokenizer
+from flashdraft.target.model import load_hf_config, load_tokenizer
 
 H, V, B, NF = 64, 97, 4, 3
 
@@ -110,7 +110,7 @@ def test_geometry_and_frozen_tensors_come_from_the_target(tiny_cfg):
     assert g.intermediate_size == hf.intermediate_size and g.rope_theta == 1_000_000.0
     assert g.target_layer_ids == tiny_cfg.layer_ids() and g.num_layers == tiny_cfg.drafter.num_layers
     assert m.fc.weight.shape == (256, 5 * 256)
-    from flashdraft.target import load_causal_lm
+    from flashdraft.target.model import load_causal_lm
 
     target = load_causal_lm(tiny_cfg.target, num_layers=1)
     assert torch.equal(m.embed_weight, target.model.embed_tokens.weight.float())

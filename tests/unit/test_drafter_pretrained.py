@@ -10,14 +10,14 @@ import shutil
 import pytest
 import torch
 
-from flashdraft.checkpoint import save_checkpoint
 from flashdraft.components.export.export import run_export
 from flashdraft.config import ConfigError
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.persistence import build_drafter
 from flashdraft.drafter.pretrained import read_parent, weights_digest
-from flashdraft.store import open_store
-from flashdraft.target import load_hf_config
+from flashdraft.storage.checkpoint import save_checkpoint
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_hf_config
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
 from flashdraft.drafter.geometry import DrafterGeometry, geometry_from_hf
 from flashdraft.drafter.persistence import build_drafter, drafter_from_parts
-from flashdraft.target import load_hf_config
+from flashdraft.target.model import load_hf_config
 
 H, V, B, NF = 64, 97, 4, 3
 
@@ -112,7 +112,7 @@ def test_drafter_config_fields_and_errors(tiny_cfg):
 
 def test_zlab_export_states_the_windows_and_reads_them_back(tmp_path, tiny_cfg):
     from flashdraft.components.export.export import _files_zlab
-    from flashdraft.zlab import read_zlab
+    from flashdraft.drafter.zlab import read_zlab
 
     hf = load_hf_config(tiny_cfg.target)
     cfg = load_config(preset="tiny", overrides={"drafter.num_layers": 2, "drafter.num_heads": 8,
@@ -145,7 +145,7 @@ def test_production_preset_drafter_is_the_published_geometry():
     drafter's layer geometry (SpecForge configs/qwen3.6-27b-dflash2.json) in the exported config.json."""
     from transformers import Qwen3_5Config
 
-    from flashdraft.zlab import zlab_config
+    from flashdraft.drafter.zlab import zlab_config
 
     cfg = load_config(preset="qwen3.6-27b")
     target = Qwen3_5Config(text_config={"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 24,

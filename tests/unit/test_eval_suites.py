@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from support.evaluate_fixtures import commit_drafter
 
-from flashdraft import layout
 from flashdraft.components.evaluate.reference import ReferenceError, load_reference, published_for
 from flashdraft.components.evaluate.suites import SuiteError, humaneval_rows, load_suites
 from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import ConfigError, StorageConfig, load_config
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 def _cfg(tmp_path, **overrides):
@@ -26,7 +26,7 @@ def _cfg(tmp_path, **overrides):
 
 
 def _tok(cfg):
-    from flashdraft.target import load_tokenizer
+    from flashdraft.target.model import load_tokenizer
 
     return load_tokenizer(cfg.target)
 

@@ -9,11 +9,11 @@ import pytest
 from support.evaluate_fixtures import commit_drafter
 from support.shared_runs import copy_run
 
-from flashdraft import layout
 from flashdraft.components.evaluate.evaluate import run_evaluate
 from flashdraft.components.prep.prep import run_prep
-from flashdraft.runner import run_task
-from flashdraft.store import open_store
+from flashdraft.run.runner import run_task
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 @pytest.fixture()
@@ -64,7 +64,7 @@ def test_evaluate_without_a_trained_drafter_names_what_is_missing(tiny_cfg):
 
 def test_bad_extra_prompt_line_is_named(tiny_cfg, tmp_path):
     from flashdraft.components.evaluate.prompts import extra_prompts
-    from flashdraft.target import load_tokenizer
+    from flashdraft.target.model import load_tokenizer
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"text": "no prompt key"}) + "\n")
@@ -78,7 +78,7 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
     from flashdraft.components.evaluate.prompts import load_eval_prompts
     from flashdraft.components.evaluate.spec import greedy_accept
     from flashdraft.drafter.persistence import build_drafter
-    from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
+    from flashdraft.target.model import load_causal_lm, load_hf_config, load_tokenizer
 
     cfg, _, _ = evaluated
     tok, model = load_tokenizer(cfg.target), load_causal_lm(cfg.target)
@@ -97,7 +97,7 @@ def test_the_baseline_decodes_only_its_prompt_limit_and_is_compared_on_those_pro
     from flashdraft.components.evaluate.evaluate import evaluate_prompts
     from flashdraft.components.evaluate.prompts import load_eval_prompts
     from flashdraft.drafter.persistence import build_drafter
-    from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
+    from flashdraft.target.model import load_causal_lm, load_hf_config, load_tokenizer
 
     cfg, _, _ = evaluated
     tok, model = load_tokenizer(cfg.target), load_causal_lm(cfg.target)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from support.feature_fixtures import write_responses
 
-from flashdraft import layout
 from flashdraft.components.extract.extract import FAULT_ENV, length_buckets, run_extract
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
-from flashdraft.store import open_store
-from flashdraft.target import load_causal_lm
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_causal_lm
 
 
 @pytest.fixture()
@@ -47,7 +47,7 @@ def test_extract_writes_committed_shards_matching_hf(cfg):
         ref = torch.cat([hs[i + 1][0] for i in ids], dim=-1).to(torch.bfloat16)
         # right-padded batch vs a lone forward: equal up to float reassociation and the bf16 rounding
         torch.testing.assert_close(s.features.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    from flashdraft.runner import run_task
+    from flashdraft.run.runner import run_task
 
     first = run_task(cfg, "extract", 0)  # through the runner: a complete shard's run writes nothing new
     assert first.new_tokens == 0 and run_task(cfg, "extract", 0).skipped is True  # then the result is reused

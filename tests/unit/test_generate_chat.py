@@ -3,9 +3,9 @@ exactly the tokens the target generated (its stop token included)."""
 
 import pytest
 
-from flashdraft.chat import Reply, build_turn, encode, prompt_token_count, render
 from flashdraft.config import load_config
-from flashdraft.target import load_tokenizer
+from flashdraft.target.chat import Reply, build_turn, encode, prompt_token_count, render
+from flashdraft.target.model import load_tokenizer
 
 CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."},
         {"role": "assistant", "content": ""}, {"role": "user", "content": "And a colour?"},

@@ -70,7 +70,7 @@ def test_gpu_check_tolerance_admits_bf16_but_sees_it(tmp_path):
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash2", "dflash2-detached"])
 def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path, kind):
-    """The FLOP model behind the TFLOP/s figure (flashdraft/flops.py on the row trained) equals what torch counts
+    """The FLOP model behind the TFLOP/s figure (flashdraft/perf/flops.py on the row trained) equals what torch counts
     for the projections, MLP and head of one real training step (torch does not count masked SDPA; ours counts the
     allowed pairs only); for DFlash2 also its block convolutions and candidate selector, detached or not."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -78,7 +78,7 @@ def test_gpu_check_step_flops_match_torch_flop_counter(tmp_path, kind):
     from flashdraft.components.train.distributed import DistEnv
     from flashdraft.components.train.trainer import build_model, micro_step
     from flashdraft.drafter.batch import pack
-    from flashdraft.flops import trainer_flops
+    from flashdraft.perf.flops import trainer_flops
 
     cfg = targets.run_config(targets.build_target(MICRO, tmp_path / "m"), MICRO, tmp_path, drafter_layers=2,
                              block_size=4, max_anchors=12)
@@ -127,7 +127,7 @@ def test_gpu_check_production_dry_run_writes_a_calibration_file(tmp_path, capsys
     """Section 5 (the production shapes) through its CPU dry run: the production preset's own config keys at toy
     widths, every activation-checkpointing choice trained, the extraction prefill of the hybrid architecture, and
     a calibration file that `flashdraft plan --calibrate` reads."""
-    from flashdraft.calibration import load_calibration
+    from flashdraft.perf.calibration import load_calibration
 
     out = tmp_path / "calibration.json"
     assert cli.main(["--device", "cpu", "--only-production", "--production", "--work", str(tmp_path),

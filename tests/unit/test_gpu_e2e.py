@@ -57,11 +57,11 @@ def test_checks_pass_a_complete_run_and_name_what_a_broken_one_lacks():
 def test_stage_records_and_their_console_line_name_the_device(tmp_path):
     """What `make gpu-e2e` checks per stage: the runner copies a summary's `device` into the task's record and its
     line; a stage that reports none (prep) has neither."""
+    from flashdraft.cli.console import record_line
     from flashdraft.config import load_config
-    from flashdraft.console import record_line
-    from flashdraft.runner import run_task
-    from flashdraft.status import read_records
-    from flashdraft.store import open_store
+    from flashdraft.run.runner import run_task
+    from flashdraft.run.status import read_records
+    from flashdraft.storage.store import open_store
 
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/runs"})
     run_task(cfg, "generate", body=lambda: {"samples": 2, "generated_tokens": 40, "generation_seconds": 2.0,

@@ -97,7 +97,7 @@ def test_fused_chunk_function_equals_the_eager_loop(monkeypatch, compiled):
 def test_a_bf16_head_on_cpu_is_upcast_in_slabs_exactly(monkeypatch):
     """The memory-mapped bf16 LM head (production storage) on a CPU: loss, per-row CE and gradient equal those of
     its exact fp32 copy, computed a few head rows at a time (slabs smaller than the vocabulary)."""
-    import flashdraft.cpu_gemm as cpu_gemm
+    import flashdraft.perf.cpu_gemm as cpu_gemm
 
     monkeypatch.setattr(cpu_gemm, "SLAB_ROWS", 7)
     g = torch.Generator().manual_seed(3)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import yaml
 from typer.testing import CliRunner
 
-from flashdraft import registry
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import RETRIES
+from flashdraft.run import registry
 
 POOL_OF_EXECUTOR = {
     "exec-plan-gate": "cpu", "exec-prep": "cpu", "exec-report": "cpu", "exec-export": "cpu",

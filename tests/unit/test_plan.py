@@ -6,7 +6,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.plan.planner import (
     ID_BYTES_PER_TOKEN,
     PlanGateError,

@@ -9,7 +9,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.plan.compare import HOURS_PER_MONTH, StageHours, rate_letter, schedule
 from flashdraft.components.plan.gpus import GPUS
 from flashdraft.components.plan.planner import PlanGateError, comparison_of, make_plan, run_plan

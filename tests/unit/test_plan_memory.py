@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flashdraft.calibration import TrainShape, load_calibration
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.plan.gpus import GPUS
 from flashdraft.components.plan.memory import (
     LOSS_CHUNK_ELEMENTS,
@@ -27,6 +26,7 @@ from flashdraft.components.plan.planner import PlanGateError, make_plan, run_pla
 from flashdraft.components.plan.resources import train_shape
 from flashdraft.config import load_config
 from flashdraft.drafter.loss import CHUNK_ELEMENTS
+from flashdraft.perf.calibration import TrainShape, load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "benchmarks" / "calibration" / "h200-2026-12-04.json"

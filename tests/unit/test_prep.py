@@ -6,13 +6,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flashdraft import layout
 from flashdraft.components.prep.formats import BAD_REASONS, content_key, normalize_row
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.prep.sources import SourceError
 from flashdraft.config import load_config
-from flashdraft.records import PROMPT_SCHEMA, parquet_bytes_to_table
-from flashdraft.store import open_store
+from flashdraft.run.records import PROMPT_SCHEMA, parquet_bytes_to_table
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 GOOD = [
     {"messages": [{"role": "user", "content": "Name three primary colours."}]},
@@ -107,7 +107,7 @@ def test_demo_prep_shards_split_and_manifest(tiny_cfg):
 
 
 def test_shuffle_is_deterministic_and_rerun_is_reused_but_changed_config_is_refused(tmp_path):
-    from flashdraft.runner import StageInputsChanged, run_task
+    from flashdraft.run.runner import StageInputsChanged, run_task
 
     a = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/a"})
     b = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/b"})

@@ -2,7 +2,7 @@
 
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 
 
 def test_prep_cli_prints_the_table_and_reports_bad_sources(tmp_path):

@@ -8,11 +8,11 @@ import pytest
 import torch
 from support.scripted_drafter import ScriptedDrafter
 
-from flashdraft.capture import capture_layers, decoder_stack
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
 from flashdraft.components.evaluate.target_cache import VerifyCache, croppable
 from flashdraft.config import load_config
-from flashdraft.target import (
+from flashdraft.target.capture import capture_layers, decoder_stack
+from flashdraft.target.model import (
     NO_HUB_KERNELS,
     UnsupportedTargetError,
     geometry_of,
@@ -163,7 +163,7 @@ def test_extract_cli_reports_an_unreadable_target_without_a_traceback(tmp_path):
     from transformers import ViTConfig
     from typer.testing import CliRunner
 
-    from flashdraft.cli import app
+    from flashdraft.cli.main import app
 
     ViTConfig(num_hidden_layers=2, hidden_size=32).save_pretrained(tmp_path / "vit")
     out = CliRunner().invoke(app, ["extract", "--shard", "0", "--preset", "tiny", "--set", "target.source=hf", "--set",

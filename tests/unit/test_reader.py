@@ -6,12 +6,12 @@ import pytest
 import torch
 from support.feature_fixtures import commit_parts, provenance
 
-from flashdraft import layout
 from flashdraft.features.manifest import ProvenanceError
 from flashdraft.features.parts import PartCache, read_header
 from flashdraft.features.reader import OfflineReader, open_reader
 from flashdraft.features.shard import EncodedFeatures, ShardFormatError
-from flashdraft.store import ChecksumError, ObjectStore
+from flashdraft.storage import layout
+from flashdraft.storage.store import ChecksumError, ObjectStore
 
 LAYOUT = {0: [7, 5], 1: [6], 2: [4, 4, 3]}
 TOTAL = sum(sum(v) for v in LAYOUT.values())

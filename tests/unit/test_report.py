@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flashdraft import layout
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.extract.report_section import StoredFeatures, stored_codec, stored_features
 from flashdraft.components.plan.planner import run_plan
 from flashdraft.components.report.report import build_report, run_report
 from flashdraft.config import load_config
-from flashdraft.reporting import fmt_bytes
-from flashdraft.store import ObjectStore, open_store
+from flashdraft.run.reporting import fmt_bytes
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore, open_store
 
 
 def test_report_cli_regenerates_from_the_run_uri(evaluated_run):
@@ -65,7 +65,7 @@ def test_stored_features_counts_objects_bytes_and_bytes_per_token(tmp_path):
 
 
 def test_a_task_that_died_without_a_record_reads_failed_once_the_run_is_over(failed_run):
-    from flashdraft.status import StageRecord, now, status_key
+    from flashdraft.run.status import StageRecord, now, status_key
 
     store = open_store(failed_run.storage, failed_run.run_id)
     store.commit_json(status_key("extract", 0), StageRecord(stage="extract", shard=0, state="running",
@@ -100,7 +100,7 @@ def test_status_prints_the_suite_table(suites_run):
 def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only_this_targets_figures(suites_run,
                                                                                                     tmp_path):
     from flashdraft.components.evaluate.report_section import charted_published
-    from flashdraft.provenance import current
+    from flashdraft.run.provenance import current
 
     cfg, evaluated = suites_run
     result = run_report(cfg, out_dir=tmp_path / "out")

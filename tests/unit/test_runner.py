@@ -1,4 +1,4 @@
-"""The stage runner's rules (flashdraft/runner.py) on a local store, with stand-in stage bodies (`body=`) that
+"""The stage runner's rules (flashdraft/run/runner.py) on a local store, with stand-in stage bodies (`body=`) that
 count their calls: a matching fingerprint reuses, a declared change carries on, any other change is refused in
 one line before anything is overwritten, and `--from` clears exactly the stages it names."""
 
@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from flashdraft import layout, registry, status
 from flashdraft.config import ConfigError, EvalConfig, load_config, preset_names
-from flashdraft.runner import StageInputsChanged, check_run, clear_from, config_inputs, run_task
-from flashdraft.store import open_store
+from flashdraft.run import registry, status
+from flashdraft.run.runner import StageInputsChanged, check_run, clear_from, config_inputs, run_task
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 @pytest.fixture()
@@ -200,7 +201,7 @@ def test_streaming_training_cannot_carry_on_from_a_finished_stream(cfg):
 def test_a_reused_task_keeps_the_duration_of_the_run_that_made_it(cfg, monkeypatch):
     """`flashdraft status`, the console and the report show how long a reused result took, not 0 s; a stage whose
     shards were partly reused is timed by the shards that ran now, not from the first run to this one."""
-    from flashdraft.console import record_line
+    from flashdraft.cli.console import record_line
 
     clock = [100.0, 160.5, 900.0, 1000.0, 1010.0, 1040.0, 1100.0, 2010.0, 2030.0, 2045.0]
     monkeypatch.setattr(status, "now", lambda: clock.pop(0))

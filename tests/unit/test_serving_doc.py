@@ -15,8 +15,7 @@ import pytest
 from support.shared_runs import copy_run
 from typer.testing import CliRunner
 
-from flashdraft import layout
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.export.card import card_meta
 from flashdraft.components.export.export import (
     ExportError,
@@ -25,8 +24,9 @@ from flashdraft.components.export.export import (
     read_export,
 )
 from flashdraft.components.export.report_section import drafter_uris
-from flashdraft.provenance import current
-from flashdraft.store import ChecksumError, ObjectStore, open_store
+from flashdraft.run.provenance import current
+from flashdraft.storage import layout
+from flashdraft.storage.store import ChecksumError, ObjectStore, open_store
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 

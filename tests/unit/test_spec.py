@@ -7,7 +7,6 @@ import pytest
 import torch
 from support.scripted_drafter import ScriptedDrafter
 
-from flashdraft.capture import capture_layers
 from flashdraft.components.evaluate.evaluate import lossless_mismatches, summarize
 from flashdraft.components.evaluate.prompts import EvalPrompt
 from flashdraft.components.evaluate.spec import (
@@ -19,7 +18,8 @@ from flashdraft.components.evaluate.spec import (
 )
 from flashdraft.config import load_config
 from flashdraft.drafter.persistence import build_drafter
-from flashdraft.target import load_causal_lm, load_hf_config, load_tokenizer
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import load_causal_lm, load_hf_config, load_tokenizer
 
 MAX_NEW = 20
 

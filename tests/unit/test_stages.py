@@ -10,12 +10,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flashdraft import registry
-from flashdraft.cli import build_app
+from flashdraft.cli.main import build_app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
-from flashdraft.registry import StageRegistry
-from flashdraft.stage import StageSpec, StageSummary, numbers
+from flashdraft.run import registry
+from flashdraft.run.registry import StageRegistry
+from flashdraft.run.stage import StageSpec, StageSummary, numbers
 
 TOY_TIMEOUT_S = 1234
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from flashdraft import layout
 from flashdraft.components.stream_end.stream_end import end_stream
 from flashdraft.config import load_config
 from flashdraft.features.window import WindowConsumer
-from flashdraft.store import open_store
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 
 def test_end_stream_fails_the_stream_for_missing_shards_then_ends_it(tmp_path):

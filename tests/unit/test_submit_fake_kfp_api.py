@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 

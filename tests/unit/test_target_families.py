@@ -13,7 +13,7 @@ from support.target_families import FAMILIES, SLIDING_WINDOW, build_family
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
 from flashdraft.components.evaluate.target_cache import VerifyCache
 from flashdraft.config import TargetConfig
-from flashdraft.target import load_causal_lm, load_tokenizer
+from flashdraft.target.model import load_causal_lm, load_tokenizer
 
 MAX_NEW = 24
 

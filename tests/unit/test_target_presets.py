@@ -10,11 +10,11 @@ import pytest
 from support.target_families import build_family
 from typer.testing import CliRunner
 
-from flashdraft.cli import app
+from flashdraft.cli.main import app
 from flashdraft.components.plan.planner import make_plan
 from flashdraft.config import ConfigError, load_config
 from flashdraft.drafter.defaults import dflash_layer_ids
-from flashdraft.target import geometry_of, resolve_target
+from flashdraft.target.model import geometry_of, resolve_target
 
 
 def _public_configs():
@@ -137,7 +137,7 @@ def test_storage_plan_counts_only_extracted_samples_of_at_most_the_length_limits
 def test_a_depth_cut_random_target_may_plan_the_published_parameter_count():
     """qwen3.6-27b-rehearsal builds 5 random layers of the 27B (source=random) and plans the 27B's 2.7e10
     parameters on purpose; the same statement about a checkpoint (source=hf) that counts 4.6e9 is refused."""
-    from flashdraft.target import TargetGeometry, check_target_settings
+    from flashdraft.target.model import TargetGeometry, check_target_settings
 
     cfg = load_config(preset="qwen3.6-27b-rehearsal")
     built = TargetGeometry(num_layers=5, hidden_size=5120, vocab_size=248320, layer_types=None, model_type="qwen3_5",

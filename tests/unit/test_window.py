@@ -8,12 +8,12 @@ import time
 import pytest
 from support.feature_fixtures import part_bytes
 
-from flashdraft import layout
 from flashdraft.config import ModeConfig
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.reader import StreamReader
 from flashdraft.features.window import StreamFailed, WindowConsumer, WindowProducer
-from flashdraft.store import ObjectStore
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 
 def _stored_bytes(store: ObjectStore) -> int:
@@ -91,8 +91,8 @@ def test_consumer_stop_ends_a_waiting_producer(tiny_cfg):
 def test_streaming_extract_with_a_concurrent_trainer_and_resume_after_release(tiny_cfg):
     from support.feature_fixtures import write_responses
 
-    from flashdraft import layout
     from flashdraft.components.extract.extract import run_extract
+    from flashdraft.storage import layout
 
     cfg = tiny_cfg.with_overrides({"mode.kind": "streaming", "mode.window_shards": 2, "mode.reuse": 1,
                                    "features.shard_bytes": 30_000, "features.batch_tokens": 64,

@@ -26,7 +26,7 @@ from flashdraft.components.export.export import _files_zlab
 from flashdraft.config import load_config
 from flashdraft.drafter.dflash2 import select_walk
 from flashdraft.drafter.persistence import build_drafter
-from flashdraft.target import load_hf_config, resolve_model_dir
+from flashdraft.target.model import load_hf_config, resolve_model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 WORKER = Path(__file__).with_name("dflash2_vllm_worker.py")

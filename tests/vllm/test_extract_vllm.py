@@ -9,7 +9,7 @@ from support.feature_fixtures import write_responses
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
-from flashdraft.store import open_store
+from flashdraft.storage.store import open_store
 
 pytestmark = pytest.mark.vllm
 

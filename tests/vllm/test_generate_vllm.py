@@ -9,8 +9,8 @@ import pytest
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
-from flashdraft.records import iter_responses
-from flashdraft.store import open_store
+from flashdraft.run.records import iter_responses
+from flashdraft.storage.store import open_store
 
 pytestmark = pytest.mark.vllm
 

@@ -25,16 +25,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from flashdraft.capture import capture_layers
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
-from flashdraft.records import iter_responses
-from flashdraft.store import open_store
-from flashdraft.target import NO_HUB_KERNELS, resolve_model_dir
+from flashdraft.run.records import iter_responses
+from flashdraft.storage.store import open_store
+from flashdraft.target.capture import capture_layers
+from flashdraft.target.model import NO_HUB_KERNELS, resolve_model_dir
 
 pytestmark = pytest.mark.vllm
 TIE = 0.02

@@ -26,8 +26,8 @@ from flashdraft.components.prep.prep import run_prep
 from flashdraft.config import load_config
 from flashdraft.features.manifest import committed_parts
 from flashdraft.features.shard import iter_shard
-from flashdraft.records import iter_responses
-from flashdraft.store import open_store
+from flashdraft.run.records import iter_responses
+from flashdraft.storage.store import open_store
 
 pytestmark = pytest.mark.vllm
 

@@ -29,8 +29,8 @@ from flashdraft.components.generate.generate import run_generate
 from flashdraft.components.prep.prep import run_prep
 from flashdraft.components.train.trainer import run_train
 from flashdraft.config import load_config
-from flashdraft.store import open_store
-from flashdraft.target import load_tokenizer, resolve_model_dir
+from flashdraft.storage.store import open_store
+from flashdraft.target.model import load_tokenizer, resolve_model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(3600)]
 MAX_NEW = 24
@@ -101,8 +101,8 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.components.evaluate.spec import speculative_generate
     from flashdraft.components.export.export import _files_zlab
     from flashdraft.drafter.persistence import drafter_from_parts
-    from flashdraft.target import load_causal_lm
-    from flashdraft.zlab import read_zlab
+    from flashdraft.drafter.zlab import read_zlab
+    from flashdraft.target.model import load_causal_lm
 
     cfg, tmp, export, metrics, prompts = evaluated_run
     geometry, weights = read_zlab(export.formats["zlab"]["local"])

@@ -31,9 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from flashdraft import layout
 from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE
-from flashdraft.store import ObjectStore
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 
 def _distributed() -> bool:

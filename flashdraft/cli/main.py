@@ -1,4 +1,4 @@
-"""The `flashdraft` command: one sub-command per registered stage (flashdraft/registry.py), plus the pipeline and
+"""The `flashdraft` command: one sub-command per registered stage (flashdraft/run/registry.py), plus the pipeline and
 inspection commands."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from flashdraft import __version__, layout, registry
-from flashdraft.cli_options import (
+from flashdraft import __version__
+from flashdraft.cli.config_reference import render
+from flashdraft.cli.options import (
     ConfigOpt,
     EndpointOpt,
     PresetOpt,
@@ -26,9 +27,10 @@ from flashdraft.cli_options import (
     run_store,
 )
 from flashdraft.config import ConfigError, StorageConfig, dump_config, preset_names
-from flashdraft.config_reference import render
-from flashdraft.provenance import git_commit
-from flashdraft.stage import StageSpec, load_ref
+from flashdraft.run import registry
+from flashdraft.run.provenance import git_commit
+from flashdraft.run.stage import StageSpec, load_ref
+from flashdraft.storage import layout
 
 # Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
 # run-local). Each module's `register(app)` adds them; importing them is cheap (heavy imports sit in the bodies).
@@ -60,7 +62,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 def version_line() -> str:
     """`flashdraft 0.1.0 (commit 6e030b9...)`: the version, and the git commit when it is known (an image's
-    $FLASHDRAFT_COMMIT or the checkout flashdraft runs from; flashdraft/provenance.py)."""
+    $FLASHDRAFT_COMMIT or the checkout flashdraft runs from; flashdraft/run/provenance.py)."""
     commit = git_commit()
     return f"flashdraft {__version__}" + (f" (commit {commit})" if commit else " (commit unknown)")
 
@@ -78,7 +80,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 
 
 def build_app() -> typer.Typer:
-    """The `flashdraft` command from the registered stages (flashdraft/registry.py) and the other command modules.
+    """The `flashdraft` command from the registered stages (flashdraft/run/registry.py) and the other command modules.
     Built when called, so a stage declared later (a plugin, a test's toy stage) gets its command too."""
     app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       context_settings=CONTEXT)  # sub-commands and `features` inherit -h
@@ -151,8 +153,8 @@ def status(
     from rich.console import Console
 
     # here, not at import: these import the store (fsspec/s3fs), which would slow every --help
-    from flashdraft.console import summary_table
-    from flashdraft.status import (
+    from flashdraft.cli.console import summary_table
+    from flashdraft.run.status import (
         describe,
         find_runs,
         is_run,
@@ -161,7 +163,7 @@ def status(
         read_records,
         stage_statuses,
     )
-    from flashdraft.store import ObjectStore, open_store
+    from flashdraft.storage.store import ObjectStore, open_store
 
     root = None
     if run:
@@ -211,7 +213,7 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        from flashdraft.store import StoreError  # here, not at import: fsspec/s3fs would slow every --help
+        from flashdraft.storage.store import StoreError  # here, not at import: fsspec/s3fs would slow every --help
 
         if not isinstance(exc, ConfigError | StoreError):
             raise

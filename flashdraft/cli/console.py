@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from flashdraft.status import REUSED, StageRecord, StageStatus, describe
+from flashdraft.run.status import REUSED, StageRecord, StageStatus, describe
 
 LOG_DIR_ENV = "FLASHDRAFT_LOG_DIR"      # set by run-local: events go to $FLASHDRAFT_LOG_DIR/events.jsonl
 TASK_LOGS_ENV = "FLASHDRAFT_TASK_LOGS"  # "1": each task writes its output to $FLASHDRAFT_LOG_DIR/<task>.log

@@ -29,12 +29,13 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from flashdraft import layout, registry, status
+from flashdraft.cli.console import emit, task_output
 from flashdraft.config import ConfigError, RunConfig
-from flashdraft.console import emit, task_output
-from flashdraft.stage import StageSpec, StageSummary
-from flashdraft.status import REUSED
-from flashdraft.store import COMMIT_SUFFIX, ObjectStore, open_store
+from flashdraft.run import registry, status
+from flashdraft.run.stage import StageSpec, StageSummary
+from flashdraft.run.status import REUSED
+from flashdraft.storage import layout
+from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 

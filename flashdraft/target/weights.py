@@ -2,7 +2,7 @@
 the frozen embedding and LM head (memory-mapped), and the decoder layers and final norm that `drafter.init=target`
 starts from. Hub ids download only the index and the shards holding those tensors.
 
-Below flashdraft/target.py (which resolves a target to its folder or Hub id and calls these through
+Below flashdraft/target/model.py (which resolves a target to its folder or Hub id and calls these through
 `target_embeddings` / `target_init`): this module reads files and imports nothing of flashdraft's.
 """
 

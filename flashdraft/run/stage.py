@@ -1,7 +1,7 @@
 """The contract of a pipeline stage: its declaration (`StageSpec`) and the base of its typed summary.
 
 Each stage is one package, `components/<stage>/`: its logic, its CLI, its summary type (figures, headline) and its
-declaration, `components/<stage>/stage.py`'s `SPEC`. The registry (flashdraft/registry.py) builds the list of
+declaration, `components/<stage>/stage.py`'s `SPEC`. The registry (flashdraft/run/registry.py) builds the list of
 stages from lazy references, so this core module, like all of `flashdraft/`, imports no stage.
 """
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
-    from flashdraft.provenance import Provenance
+    from flashdraft.run.provenance import Provenance
 
 Pool = Literal["cpu", "inference", "trainer"]
 HOUR = 3600
@@ -137,7 +137,7 @@ class StageSpec:
     ignores: tuple[str, ...] = ()  # fields under `reads` that cannot change the result (threads, queue depths)
     # Changes that make the stage run again and carry on from its committed work (more training steps, a new
     # checkpoint to evaluate): config paths (prefix match), upstream stage names, or "*" for any change.
-    # Every other change of a committed result is refused (flashdraft/runner.py).
+    # Every other change of a committed result is refused (flashdraft/run/runner.py).
     continue_on: tuple[str, ...] = ()
     streaming_continue_on: tuple[str, ...] | None = None  # continue_on in mode.kind=streaming, when it differs
     outputs: tuple[str, ...] = ()  # store prefixes/keys it writes besides metrics/ and status/ (for --from)

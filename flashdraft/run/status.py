@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from flashdraft import layout, registry
-from flashdraft.store import ObjectStore
+from flashdraft.run import registry
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 NOT_RUN = "not run"
 REUSED = "reused: fingerprint matches"

@@ -11,7 +11,7 @@ CHECKPOINTS = "checkpoints"  # checkpoints/step-00000100/...
 EXPORT = "export"            # export/zlab/, export/zlab.manifest.json, export/speculators/, ...
 REPORTS = "reports"          # reports/report.html, reports/summary.md
 METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
-STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/status.py)
+STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/run/status.py)
 
 
 def shard_name(index: int) -> str:
@@ -106,7 +106,7 @@ def stream_released_key(part_key: str) -> str:
     return _per_part("released", part_key) + ".json"
 
 
-# -- checkpoints (flashdraft/checkpoint.py) -------------------------------------------------------------------
+# -- checkpoints (flashdraft/storage/checkpoint.py) -------------------------------------------------------------------
 
 CHECKPOINT_LATEST = f"{CHECKPOINTS}/latest.json"
 

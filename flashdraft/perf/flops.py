@@ -14,7 +14,7 @@ anyway).
 
 from __future__ import annotations
 
-from flashdraft.calibration import TrainShape
+from flashdraft.perf.calibration import TrainShape
 
 
 def drafted(s: TrainShape) -> tuple[int, int]:

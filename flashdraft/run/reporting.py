@@ -13,12 +13,12 @@ import io
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flashdraft.status import NOT_RUN, StageStatus, stage_of
+from flashdraft.run.status import NOT_RUN, StageStatus, stage_of
 
 if TYPE_CHECKING:
-    from flashdraft.provenance import Provenance
-    from flashdraft.stage import StageSummary
-    from flashdraft.store import ObjectStore
+    from flashdraft.run.provenance import Provenance
+    from flashdraft.run.stage import StageSummary
+    from flashdraft.storage.store import ObjectStore
 
 # (title, rows of a table, the first row its header unless it is a two-column key/value table) or (title, a note)
 Section = tuple[str, list[list[str]] | str]

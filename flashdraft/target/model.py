@@ -6,7 +6,7 @@
 * `tiny`: a tiny random model from a fixed config and seed, saved once so every process sees identical weights:
   a plain Qwen3 with the SmolLM2 tokenizer, or with `target.architecture=qwen3_5` the production target's own
   hybrid class (`Qwen3_5ForConditionalGeneration`) with the real Qwen3.5/3.6 tokenizer
-  (flashdraft.qwen_tokenizer).
+  (flashdraft.target.qwen_tokenizer).
 * `random`: a published architecture (`RANDOM_ARCHITECTURES`) at full width, depth cut to `target.num_layers`,
   written one shard at a time from a meta-device model so its memory stays bounded (docs/rehearsal.md).
 Every source resolves to a local folder (config.json, safetensors, tokenizer), so stages only call
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flashdraft.config import ConfigError, RunConfig, TargetConfig
-from flashdraft.qwen_tokenizer import build_qwen35_tokenizer
+from flashdraft.target.qwen_tokenizer import build_qwen35_tokenizer
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -275,14 +275,14 @@ def resolve_model_dir(target: TargetConfig) -> Path | str:
 
 def target_embeddings(target: TargetConfig) -> tuple[Tensor, Tensor]:
     """(embedding [V, H], LM head [V, H]) of `target`, memory-mapped from its safetensors (target_weights.py)."""
-    from flashdraft.target_weights import load_target_embeddings  # torch: not at import (the CLI's start-up)
+    from flashdraft.target.weights import load_target_embeddings  # torch: not at import (the CLI's start-up)
 
     return load_target_embeddings(resolve_model_dir(target), target.revision, target.model)
 
 
 def target_init(target: TargetConfig, layer_ids: list[int]) -> tuple[list[dict[str, Tensor]], Tensor | None]:
     """The tensors of `target`'s decoder layers `layer_ids` and its final norm (`drafter.init=target`)."""
-    from flashdraft.target_weights import load_target_init
+    from flashdraft.target.weights import load_target_init
 
     return load_target_init(resolve_model_dir(target), target.revision, target.model, layer_ids)
 
@@ -634,10 +634,10 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
     """The target as an HF CausalLM in eval mode. `num_layers` keeps only the first N decoder layers (extraction
     stops after the deepest layer it needs, so deeper layers are never even loaded). On a CPU without native bf16
     GEMMs a bf16/fp16 target's linear layers multiply many-row inputs in fp32 slabs and its convolutions run in
-    fp32 (flashdraft/cpu_gemm.py)."""
+    fp32 (flashdraft/perf/cpu_gemm.py)."""
     from transformers import AutoModelForCausalLM
 
-    from flashdraft.cpu_gemm import upcast_for_cpu  # torch: not at import
+    from flashdraft.perf.cpu_gemm import upcast_for_cpu  # torch: not at import
 
     kwargs = _hub_kwargs(target)
     if num_layers is not None:

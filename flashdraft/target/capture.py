@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from flashdraft.target import UnsupportedTargetError
+from flashdraft.target.model import UnsupportedTargetError
 
 
 class _StopForward(Exception):

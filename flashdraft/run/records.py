@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flashdraft import layout
-from flashdraft.store import ObjectStore
+from flashdraft.storage import layout
+from flashdraft.storage.store import ObjectStore
 
 # One prompt: the conversation so far (system/user turns, plus earlier assistant turns that are regenerated
 # turn by turn), as JSON-encoded chat messages.

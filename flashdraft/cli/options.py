@@ -12,13 +12,13 @@ import typer
 
 from flashdraft.config import ConfigError, RunConfig, StorageConfig, load_config, preset_names
 
-# flashdraft.store (fsspec, s3fs) and the runner, which imports it, are imported in the functions that use them:
+# flashdraft.storage.store (fsspec, s3fs) and the runner, which imports it, are imported in the functions that use them:
 # at import they would slow every --help.
 if TYPE_CHECKING:
-    from flashdraft.store import ObjectStore
+    from flashdraft.storage.store import ObjectStore
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Run config YAML (merged over --preset).")]
-# The list is read from the presets folder (flashdraft/presets/*.yaml), so a new preset shows without an edit
+# The list is read from the presets folder (flashdraft/config/presets/*.yaml), so a new preset shows without an edit
 # here.
 PresetOpt = Annotated[str | None, typer.Option("--preset", "-p", help=f"Packaged preset: {', '.join(preset_names())} "
                                                                       "(`flashdraft presets`).")]
@@ -43,11 +43,11 @@ def fail(exc: BaseException | str, code: int = 1) -> typer.Exit:
 
 def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
     """The store of `--run RUN_URI` (S3 credentials from the environment, as for every store), after the read
-    preflight (`flashdraft.store.check_readable`): no credentials or a dead endpoint ends the command in one
+    preflight (`flashdraft.storage.store.check_readable`): no credentials or a dead endpoint ends the command in one
     line within seconds. Opened read-only: a give-up advises running the command again, not rerunning a stage."""
     from pydantic import ValidationError
 
-    from flashdraft.store import ObjectStore, check_readable
+    from flashdraft.storage.store import ObjectStore, check_readable
 
     try:
         storage = StorageConfig(root=run, endpoint_url=endpoint_url)
@@ -59,7 +59,7 @@ def run_store(run: str, endpoint_url: str | None) -> ObjectStore:
 
 def check_readable_store(cfg: RunConfig) -> None:
     """The read preflight for a command that inspects the configured run (status, features verify)."""
-    from flashdraft.store import check_readable
+    from flashdraft.storage.store import check_readable
 
     _quietly(lambda: check_readable(cfg.storage, cfg.run_id))
 
@@ -67,10 +67,10 @@ def check_readable_store(cfg: RunConfig) -> None:
 def run_stage(cfg: RunConfig, stage: str, shard: int | None = None, *, body: Callable[[], Any] | None = None,
               force: bool = False, errors: tuple[type[BaseException], ...] = ()) -> Any:
     """`flashdraft <stage>`: the store preflight (`check_store`), then the task through the runner
-    (flashdraft/runner.py), as a pipeline runs it. A store that cannot be used, a refused change
+    (flashdraft/run/runner.py), as a pipeline runs it. A store that cannot be used, a refused change
     (StageInputsChanged), a config error or one of the stage's own `errors` ends in one red line, exit 1."""
-    from flashdraft.runner import run_task
-    from flashdraft.store import StoreError
+    from flashdraft.run.runner import run_task
+    from flashdraft.storage.store import StoreError
 
     check_store(cfg)  # before the stage works: a bad store fails in seconds, in one line
     known = (ConfigError, StoreError, *errors)
@@ -111,19 +111,19 @@ def run_config(config: Path | None, preset: str | None, sets: list[str] | None) 
 
 
 def check_store(cfg: RunConfig) -> None:
-    """The store preflight (`flashdraft.store.preflight`) before a command starts any work: credentials, server,
+    """The store preflight (`flashdraft.storage.store.preflight`) before a command starts any work: credentials, server,
     bucket and a probe commit, in seconds; a failure exits 1 with one line naming the setting to fix."""
-    from flashdraft.store import preflight
+    from flashdraft.storage.store import preflight
 
     _quietly(lambda: preflight(cfg.storage, cfg.run_id))
 
 
 def _quietly(check: Callable[[], None]) -> None:
     """Run a store preflight; its failure exits 1 with its one line."""
-    from flashdraft.store import StorePreflightError
+    from flashdraft.storage.store import StorePreflightError
 
     # The probe's own chatter (botocore's "found credentials", the store's retry warning) would bury the verdict.
-    quiet = [logging.getLogger(name) for name in ("botocore", "aiobotocore", "flashdraft.store")]
+    quiet = [logging.getLogger(name) for name in ("botocore", "aiobotocore", "flashdraft.storage.store")]
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.ERROR)

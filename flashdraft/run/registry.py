@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from flashdraft.errors import ConfigError
-from flashdraft.stage import Pool, StageSpec, StageSummary, load_ref
+from flashdraft.config.errors import ConfigError
+from flashdraft.run.stage import Pool, StageSpec, StageSummary, load_ref
 
 if TYPE_CHECKING:
     from flashdraft.config.pipeline import PoolConfig, PoolsConfig

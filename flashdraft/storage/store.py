@@ -39,9 +39,9 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from flashdraft import registry
 from flashdraft.config import StorageConfig
 from flashdraft.config.features import STORAGE_SCHEMES, split_uri
+from flashdraft.run import registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

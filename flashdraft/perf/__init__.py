@@ -1,0 +1,1 @@
+"""Performance models: FLOPs, CPU GEMM rate, measured calibration."""
