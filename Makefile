@@ -30,7 +30,7 @@ install: $(BIN)/flashdraft
 # ../shared/k8s/README.md); with neither set it is skipped with that one line, and the cluster contract is checked
 # without a server (tests/integration/test_cluster_contract.py).
 
-test: install tools checkov-venv
+test: install tools checkov-venv bench-venv
 	$(PYTEST) -q -m "not vllm and not containers" --durations=40 tests
 
 # checkov (the policy scan of tests/integration/test_cluster_contract.py) in its own venv: it pins boto3 1.35,
@@ -73,7 +73,8 @@ VLLM_TESTS ?= tests
 test-vllm: install vllm-venv
 	FLASHDRAFT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) -q -m vllm $(VLLM_TESTS)
 
-# The peer for benchmarks/bench_train.py: speculators 0.9.0 (its DFlash model + eager loss) in its own venv; its
+# The peer for benchmarks/bench_train.py and for the speculators-format check `make test` runs
+# (tests/integration/test_pretrained_speculators.py): speculators 0.9.0 (its DFlash model + eager loss) in its own venv; its
 # declared deps pull torchvision/torchaudio/vLLM-era pins, so only the packages its imports need are installed.
 BENCH_VENV ?= .venv-bench
 
