@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from support.evaluate_fixtures import export_perturbed_drafter
 
-from flashdraft.components.export.export import run_export
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.persistence import build_drafter
-from flashdraft.storage.checkpoint import save_checkpoint
-from flashdraft.storage.store import open_store
 from flashdraft.target.model import load_hf_config, resolve_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,14 +27,7 @@ def test_a_folder_made_by_speculators_converter_loads_with_speculators_logits(ti
         pytest.fail(f"{BENCH_PY} is missing: speculators 0.9.0's side runs in its own venv (`make bench-venv`)")
     # an explicit mask row: speculators' converter keeps no trained mask embedding (export.py warns of it)
     cfg = tiny_cfg.with_overrides({"export.dtype": "float32", "drafter.mask_token_id": 0})
-    source = build_drafter(cfg, load_hf_config(cfg.target), seed=5)
-    with torch.no_grad():
-        for p in source.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    save_checkpoint(open_store(cfg.storage, cfg.run_id), source, torch.optim.AdamW(source.parameters()),
-                    source.config_dict(), {"step": 1, "history": []}, final=True)
-    run_export(cfg, out_dir=tmp_path / "out")
+    source = export_perturbed_drafter(cfg, tmp_path / "out", seed=5, step=1)
     g = source.geometry
     gen = torch.Generator().manual_seed(0)
     T, anchors = 24, torch.tensor([3, 9, 15])

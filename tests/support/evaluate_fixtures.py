@@ -23,3 +23,24 @@ def commit_drafter(cfg, seed: int, step: int = 1) -> str:
             store.commit(f"{prefix}/{f.name}", f.read_bytes())
     store.commit_json(layout.CHECKPOINT_LATEST, {"step": step, "prefix": prefix, "final": True})
     return store.url(prefix)
+
+
+def export_perturbed_drafter(cfg, out_dir: Path, seed: int = 5, step: int = 1):
+    """A seeded drafter with perturbed norms (so a loader that drops or re-initialises one is caught), committed as
+    the run's final checkpoint and exported by `run_export` to the store and `out_dir`; returns it in eval mode."""
+    import torch
+
+    from flashdraft.components.export.export import run_export
+    from flashdraft.drafter.persistence import build_drafter
+    from flashdraft.storage.checkpoint import save_checkpoint
+    from flashdraft.target.model import load_hf_config
+
+    model = build_drafter(cfg, load_hf_config(cfg.target), seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    save_checkpoint(open_store(cfg.storage, cfg.run_id), model, torch.optim.AdamW(model.parameters()),
+                    model.config_dict(), {"step": step, "history": []}, final=True)
+    run_export(cfg, out_dir=out_dir)
+    return model.eval()

@@ -9,13 +9,12 @@ import shutil
 
 import pytest
 import torch
+from support.evaluate_fixtures import export_perturbed_drafter
 
-from flashdraft.components.export.export import run_export
 from flashdraft.config import ConfigError
 from flashdraft.drafter.attention import BlockLayout
 from flashdraft.drafter.persistence import build_drafter
 from flashdraft.drafter.pretrained import read_parent, weights_digest
-from flashdraft.storage.checkpoint import save_checkpoint
 from flashdraft.storage.store import open_store
 from flashdraft.target.model import load_hf_config
 
@@ -25,15 +24,7 @@ def source(tiny_cfg, tmp_path):
     """A seeded tiny drafter with perturbed norms, committed as the run's final checkpoint and exported (float32)
     as z-lab and speculators folders, locally and in the run's store."""
     cfg = tiny_cfg.with_overrides({"export.dtype": "float32", "export.formats": ["zlab", "speculators"]})
-    model = build_drafter(cfg, load_hf_config(cfg.target), seed=5)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    save_checkpoint(open_store(cfg.storage, cfg.run_id), model, torch.optim.AdamW(model.parameters()),
-                    model.config_dict(), {"step": 7, "history": []}, final=True)
-    run_export(cfg, out_dir=tmp_path / "out")
-    return cfg, model.eval()
+    return cfg, export_perturbed_drafter(cfg, tmp_path / "out", seed=5, step=7)
 
 
 def _pretrained(cfg, init_from: str, **sets):
