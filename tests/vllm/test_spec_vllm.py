@@ -87,6 +87,25 @@ def test_vllm_serves_the_export_with_equal_outputs_and_equal_tau(vllm_python, ev
     assert spec["acceptance_per_position"] == pytest.approx(ours["acceptance_per_position"], abs=1e-4)
 
 
+def test_vllm_serves_a_re_exported_pretrained_drafter_like_its_source(vllm_python, evaluated_run):
+    """Issue 40: an evaluate-only run started from the run's z-lab export (`drafter.init: pretrained`,
+    `training.max_steps: 0`) re-exports it; vLLM serving that folder accepts exactly what flashdraft measured for the
+    source, so a loaded drafter drafts what its source drafts in vLLM's own code too."""
+    cfg, tmp, export, metrics, prompts = evaluated_run
+    child = cfg.with_overrides({"run_id": "child", "drafter.init": "pretrained",
+                                "drafter.init_from": export.formats["zlab"]["local"], "training.max_steps": 0})
+    run_prep(child)
+    child_metrics = run_evaluate(child)
+    child_export = run_export(child, out_dir=tmp / "child-export")
+    assert child_metrics.lossless.passed
+    assert [p["id"] for p in child_metrics.prompts] == [p["id"] for p in metrics.prompts], "same held-out prompts"
+    ours = metrics.drafter.model_dump()
+    assert child_metrics.drafter.model_dump()["tau"] == pytest.approx(ours["tau"], abs=1e-6)
+    spec = _vllm(vllm_python, cfg, tmp, child_export.formats["zlab"]["local"], prompts, cfg.drafter.block_size - 1)
+    assert spec["drafts"] == ours["cycles"] and spec["accepted"] == ours["accepted"]
+    assert spec["tau"] == pytest.approx(ours["tau"], abs=1e-4)
+
+
 WINDOW = 3  # < every prompt and < the block (8): both the context window and the in-block window are in play
 
 
