@@ -30,8 +30,14 @@ install: $(BIN)/flashdraft
 # ../shared/k8s/README.md); with neither set it is skipped with that one line, and the cluster contract is checked
 # without a server (tests/integration/test_cluster_contract.py).
 
+# Two pytest-xdist workers: through much of the suite one process is busy (Python, subprocess starts) and the other
+# core idle. OpenMP's idle threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), else two workers' torch pools
+# burn each other's cores: 1.39x on a subset, same CPU time (docs/testing.md). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+
 test: install tools checkov-venv bench-venv
-	$(PYTEST) -q -m "not vllm and not containers" --durations=40 tests
+	OMP_WAIT_POLICY=PASSIVE $(PYTEST) -q -n $(TEST_WORKERS) --dist loadgroup -m "not vllm and not containers" \
+	  --durations=40 tests
 
 # checkov (the policy scan of tests/integration/test_cluster_contract.py) in its own venv: it pins boto3 1.35,
 # networkx 2.6 and packaging 23, which would downgrade ours. ~250 MB, ~1 min.

@@ -82,10 +82,21 @@ TIER_FOLDERS = ("integration", "vllm", "k8s", "containers")
 SERVICE_FIXTURES = {"s3_server"}  # every real-S3 fixture (s3_env, s3_storage, any_store's s3 case) depends on it
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+# `make test` runs two pytest-xdist workers (`--dist loadgroup`), and each worker is a session of its own: a session
+# fixture read on both would be built twice. So a test that reads one of the shared runs (tests/support/shared_runs.py)
+# runs on that run's worker, and any other test on the worker of its file (its module fixtures are built once).
+SHARED_RUNS = ("user_repo", "smollm2_run", "tiny_evaluated")  # tiny_streaming_run is built in user_repo
+
+
+def xdist_group(item: pytest.Item) -> str:
+    return next((name for name in SHARED_RUNS if name in item.fixturenames), item.nodeid.split("::")[0])
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
         folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else None
         if folder in TIER_FOLDERS:
             item.add_marker(folder)
