@@ -242,6 +242,8 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
     n_base0 = len(first) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(first))
+    if cfg.drafter.init == "pretrained" and n_base0:  # the parent: its tau is "before", on the same prompts as "after"
+        n_base0 = len(first)
     n_base0 = 0 if cfg.evaluate_only else n_base0  # the pretrained drafter as is: nothing to compare it with
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)
     log.info("evaluate: suites %s, drafter %s, device %s, %d threads",

@@ -92,7 +92,9 @@ class EvalConfig(Section):
     baseline_prompts: int | None = Field(
         default=4, ge=0, description="prompts the untrained baseline drafter decodes (the first N; None = all, "
                                      "0 = none): at tau ~1 it costs a verify forward per token, as much as the "
-                                     "target alone, and its tau is ~1.0 on any prompt")
+                                     "target alone, and its tau is ~1.0 on any prompt. A pretrained parent "
+                                     "(drafter.init=pretrained, trained on) decodes every prompt unless 0: its tau "
+                                     "is the 'before' beside the trained drafter's, on the same prompts")
     lossless_tie_margin: float = Field(
         default=0.0, ge=0,
         description="lossless check: a divergence where the target's own top-2 logit gap is below this is a "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.evaluate_fixtures import commit_drafter
+from support.evaluate_fixtures import commit_drafter, export_perturbed_drafter
 from support.shared_runs import copy_run
 
 from flashdraft.components.evaluate.evaluate import run_evaluate
@@ -120,3 +120,22 @@ def test_baseline_prompts_zero_skips_the_baseline(tmp_path):
     commit_drafter(cfg, seed=7)
     metrics = run_evaluate(cfg)
     assert metrics.baseline is None and metrics.drafter.prompts == 1 and metrics.lossless.passed
+
+
+def test_a_pretrained_parent_is_the_baseline_on_every_prompt_the_drafter_decodes(tmp_path):
+    """Trained on from a parent, evaluate's baseline is the parent, decoded on every prompt (eval.baseline_prompts
+    limits only an untrained baseline, whose tau is ~1.0 anyway): tau before and after on the same prompts."""
+    from flashdraft.config import load_config
+
+    export_perturbed_drafter(load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/parent"}),
+                             tmp_path / "export")
+    cfg = load_config(preset="tiny", overrides={
+        "storage.root": f"file://{tmp_path}/runs", "eval.num_prompts": 3, "eval.max_new_tokens": 6,
+        "eval.baseline_prompts": 1, "drafter.init": "pretrained", "training.max_steps": 2,
+        "drafter.init_from": str(tmp_path / "export" / "zlab")})
+    run_prep(cfg)
+    commit_drafter(cfg, seed=7)
+    metrics = run_evaluate(cfg)
+    assert metrics.baseline_init == "pretrained" and metrics.parent.format == "zlab"
+    assert metrics.baseline.prompts == metrics.drafter.prompts == 3
+    assert all(p["baseline_tau"] is not None for p in metrics.prompts)
