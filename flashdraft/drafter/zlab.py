@@ -190,9 +190,14 @@ def speculators_geometry(c: dict[str, Any], weights: dict[str, torch.Tensor], wh
     _draft_vocab_back(weights)
     weights.pop("t2d", None)  # speculators' reverse map; ours is rebuilt from d2t
     draft_vocab = c.get("draft_vocab_size")
+    layer_ids = [int(i) - 1 for i in c["aux_hidden_state_layer_ids"]]
+    fc = weights.get("fc.weight")
+    if fc is not None and fc.shape[1] == (len(layer_ids) + 1) * layer["hidden_size"]:
+        # speculators' converter leaves a z-lab id equal to the target's last layer out (vLLM captures that layer
+        # anyway); the fc's input width says one more layer feeds it
+        layer_ids.append(num_target_layers - 1)
     geometry = {
-        **_layers_geometry(layer), "block_size": c["block_size"],
-        "target_layer_ids": [int(i) - 1 for i in c["aux_hidden_state_layer_ids"]],
+        **_layers_geometry(layer), "block_size": c["block_size"], "target_layer_ids": layer_ids,
         "num_target_layers": num_target_layers, "mask_token_id": c["mask_token_id"],
         "trainable_mask": "mask_embedding" in weights, "target": {},
         **_read_attention(layer, where, causal=not c.get("sliding_window_non_causal", False)

@@ -60,6 +60,21 @@ def test_a_pretrained_drafter_drafts_exactly_what_its_source_drafts(source, tmp_
     assert loaded.geometry.trainable_mask and torch.equal(loaded.mask_embedding, model.mask_embedding)
 
 
+
+def test_a_speculators_folder_that_leaves_the_last_target_layer_implicit_reads_it_back(tiny_cfg, tmp_path):
+    """speculators' own converter leaves a z-lab layer id equal to the target's last layer out of
+    aux_hidden_state_layer_ids (vLLM captures the last layer anyway): the fc's width says it feeds the drafter."""
+    cfg = tiny_cfg.with_overrides({"export.dtype": "float32", "export.formats": ["speculators"],
+                                   "features.num_features": 3, "features.layer_ids": [1, 4, 7]})
+    model = export_perturbed_drafter(cfg, tmp_path / "out")
+    conf = tmp_path / "out" / "speculators" / "config.json"
+    c = json.loads(conf.read_text())
+    assert c["aux_hidden_state_layer_ids"] == [2, 5, 8]  # capture ids: z-lab id + 1; 8 = the tiny target's last
+    conf.write_text(json.dumps({**c, "aux_hidden_state_layer_ids": [2, 5]}))  # as speculators' converter writes it
+    _, loaded = _pretrained(cfg, str(conf.parent))
+    assert loaded.geometry.target_layer_ids == model.geometry.target_layer_ids == [1, 4, 7]
+    _same_drafts(model, loaded)
+
 def test_the_parent_is_named_by_source_format_and_weights_digest(source, tmp_path):
     folder = tmp_path / "out" / "zlab"
     parent = read_parent(str(folder))
