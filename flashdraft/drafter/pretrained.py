@@ -84,7 +84,7 @@ def _source_store(uri: str, storage):
 
     store = ObjectStore(uri.rstrip("/"), storage)
     if not store.exists(CONFIG_FILE) and not store.exists(ZLAB_CONFIG) and store.exists("latest.json"):
-        latest = json.loads(store.get("latest.json"))
+        latest = store.get_json_verified("latest.json")  # its commit record: a torn write is refused
         store = store.child(latest["prefix"].rstrip("/").rsplit("/", 1)[-1])
     return store
 
