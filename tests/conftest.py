@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.s3 import aws_env, free_port, rclone_command, wait_for_port
+from support.shared_runs import SHARED_RUNS
 
 from flashdraft.config import StorageConfig, load_config
 from flashdraft.storage.store import ObjectStore
@@ -82,13 +83,11 @@ TIER_FOLDERS = ("integration", "vllm", "k8s", "containers")
 SERVICE_FIXTURES = {"s3_server"}  # every real-S3 fixture (s3_env, s3_storage, any_store's s3 case) depends on it
 
 
-# `make test` runs two pytest-xdist workers (`--dist loadgroup`), and each worker is a session of its own: a session
-# fixture read on both would be built twice. So a test that reads one of the shared runs (tests/support/shared_runs.py)
-# runs on that run's worker, and any other test on the worker of its file (its module fixtures are built once).
-SHARED_RUNS = ("user_repo", "smollm2_run", "tiny_evaluated")  # tiny_streaming_run is built in user_repo
-
-
 def xdist_group(item: pytest.Item) -> str:
+    """`make test` runs two pytest-xdist workers (`--dist loadgroup`), and each worker is a session of its own: a
+    session fixture read on both would be built twice. So a test that reads one of the shared runs
+    (tests/support/shared_runs.py) runs on that run's worker, any other test on the worker of its file (its module
+    fixtures are built once)."""
     return next((name for name in SHARED_RUNS if name in item.fixturenames), item.nodeid.split("::")[0])
 
 

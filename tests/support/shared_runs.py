@@ -33,6 +33,9 @@ from .evaluate_fixtures import commit_drafter
 from .user_path import doc_commands, run_as_user, user_copy
 
 ROOT = Path(__file__).resolve().parents[2]
+# The session fixtures below that build a run; each is one xdist group, so its readers share one build under
+# `make test`'s two workers (tests/conftest.py). tiny_streaming_run is built inside user_repo, so it is in that group.
+SHARED_RUNS = ("user_repo", "smollm2_run", "tiny_evaluated")
 
 # The console bound of `flashdraft run-local` (tested in test_local_run.py for a failed run, in
 # test_readme_commands.py for the docs' tiny run): one line per task start and end, a 10-line summary table, 6 lines
