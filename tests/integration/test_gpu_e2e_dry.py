@@ -2,7 +2,7 @@
 is never the first time it runs: both runs through `flashdraft run-local` (kfp.local), every stage done on the
 expected device, the rehearsal's DFlash2 trainer through torchrun (one gloo rank, FSDP2) preempted and resumed,
 lossless, exported, reported; the table; a calibration file that `flashdraft plan --calibrate` reads as measured
-for generate, extract and train. 163 s on a 2-core machine under load."""
+for generate, extract and train. 113 s on a quiet 2-core machine (2026-12-06)."""
 
 from __future__ import annotations
 
