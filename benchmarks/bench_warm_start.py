@@ -80,8 +80,7 @@ def train_and_evaluate(label: str, root: Path, data_root: Path, sets: dict, step
         probe = f"{taus[0]:.2f} -> {taus[-1]:.2f}" if taus else "-"
     metrics, eval_s = timed(cfg, "evaluate")
     assert metrics.lossless is None or metrics.lossless.passed, f"{label}: not lossless"
-    row = Row(label, sets.get("training.lr", cfg.training.lr) if steps else None,
-              sets.get("training.warmup_ratio", cfg.training.warmup_ratio) if steps else None, steps,
+    row = Row(label, cfg.training.lr if steps else None, cfg.training.warmup_ratio if steps else None, steps,
               round(metrics.drafter.tau, 3), probe, train_s, eval_s)
     print(f"  {row}  (load {os.getloadavg()[0]:.1f})", flush=True)
     return row

@@ -241,10 +241,13 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     model = target.causal_lm(device)
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
-    n_base0 = len(first) if cfg.eval.baseline_prompts is None else min(cfg.eval.baseline_prompts, len(first))
-    if cfg.drafter.init == "pretrained" and n_base0:  # the parent: its tau is "before", on the same prompts as "after"
+    limit = cfg.eval.baseline_prompts
+    if cfg.evaluate_only or limit == 0:  # the pretrained drafter as is has nothing to compare with
+        n_base0 = 0
+    elif limit is None or cfg.drafter.init == "pretrained":  # a parent's tau is "before", on the prompts of "after"
         n_base0 = len(first)
-    n_base0 = 0 if cfg.evaluate_only else n_base0  # the pretrained drafter as is: nothing to compare it with
+    else:
+        n_base0 = min(limit, len(first))
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)
     log.info("evaluate: suites %s, drafter %s, device %s, %d threads",
              ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri, device,
