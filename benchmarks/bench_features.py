@@ -35,7 +35,7 @@ from safetensors.torch import save as st_save
 from flashdraft.components.extract.extract import run_extract
 from flashdraft.components.prep.demo import demo_rows
 from flashdraft.config import StorageConfig, load_config
-from flashdraft.features.codec_registry import CODECS
+from flashdraft.config.codecs import CODECS
 from flashdraft.features.codecs import Codec, relative_error_per_layer
 from flashdraft.features.reader import OfflineReader
 from flashdraft.features.shard import build_shard, encode_sample

@@ -101,8 +101,9 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     _hide_shadowing_docker()
     from kfp import local
 
-    from flashdraft.cli.console import LOG_DIR_ENV, TASK_LOGS_ENV, ConsoleView
+    from flashdraft.cli.console import ConsoleView
     from flashdraft.pipelines.pipeline import build_pipeline
+    from flashdraft.run.events import LOG_DIR_ENV, TASK_LOGS_ENV
     from flashdraft.run.runner import check_run, clear_from
 
     # images first: a missing engine or image must not cost a --from its cleared results

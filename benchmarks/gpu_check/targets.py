@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from flashdraft.components.extract.extract import Row
+from flashdraft.components.extract.source import Row
 from flashdraft.config import load_config
 
 

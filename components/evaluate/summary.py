@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flashdraft.run.provenance import ParentIdentity
+from flashdraft.drafter.identity import ParentIdentity
 from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.target.model import same_model
 

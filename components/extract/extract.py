@@ -24,11 +24,10 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-from flashdraft.components.extract.source import FeatureSource
+from flashdraft.components.extract.source import ExtractionError, FeatureSource, Row
 from flashdraft.components.extract.summary import ExtractSummary
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
@@ -49,17 +48,6 @@ log = logging.getLogger(__name__)
 
 # Test hook: exit the process (as a kill would) after writing part N's bytes but before its commit record.
 FAULT_ENV = "FLASHDRAFT_FAULT_EXTRACT_KILL_AT_PART"
-
-
-class ExtractionError(RuntimeError):
-    """A sample that cannot be extracted faithfully (names the sample)."""
-
-
-@dataclass
-class Row:
-    sample_id: str
-    input_ids: list[int]
-    loss_mask: list[int]
 
 
 def load_rows(store: ObjectStore, shard: int, vocab_size: int) -> tuple[list[Row], int]:

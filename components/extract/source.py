@@ -2,18 +2,31 @@
 
 Both backends conform: `HFFeatureSource` (components/extract/extract.py, transformers with forward hooks, in this
 process) and `VLLMFeatureSource` (components/extract/vllm_backend.py, vLLM in a worker subprocess). It lives in the
-extract stage, not the core, because only extraction uses it and its input is the stage's own `Row`; the core's
-contract for what comes out is the feature shard format (flashdraft/features/shard.py).
+extract stage, not the core, because only extraction uses it; its input (`Row`) and its error (`ExtractionError`)
+live here too, below both extract.py and the backends, so neither imports the other back. The core's contract for
+what comes out is the feature shard format (flashdraft/features/shard.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from flashdraft.components.extract.extract import Row
+
+class ExtractionError(RuntimeError):
+    """A sample that cannot be extracted faithfully (names the sample)."""
+
+
+@dataclass
+class Row:
+    """One committed response as extraction feeds it to a source: its tokens and which of them are the response."""
+
+    sample_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
 
 
 class FeatureSource(Protocol):

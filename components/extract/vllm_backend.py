@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from flashdraft.components.extract.extract import ExtractionError, Row
+from flashdraft.components.extract.source import ExtractionError, Row
 from flashdraft.config import RunConfig
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
-from flashdraft.features.codec_registry import CODECS, CodecParams, CodecSpecError
+from flashdraft.config.codecs import CODECS, CodecParams, CodecSpecError
 from flashdraft.perf.calibration import load_calibration
 from flashdraft.perf.flops import trainer_flops
 from flashdraft.run import registry

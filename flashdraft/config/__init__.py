@@ -4,7 +4,7 @@ A whole run (every stage, every pool) is described by one `RunConfig` (run.py), 
 they describe (target.py, features.py, drafter.py, evaluation.py, pipeline.py). It loads from a YAML file or a
 packaged preset, then takes `--set path.to.key=value` overrides (CLI) or a dict of overrides (KFP pipeline
 parameters) (loader.py, overrides.py). Values that follow from others (DFlash target layer ids, the loss decay
-gamma) are derived by the drafter's rules (flashdraft/drafter/defaults.py), not typed. Validation errors name the
+gamma) are derived by the drafter's rules (flashdraft/config/derived.py), not typed. Validation errors name the
 field and the reason.
 """
 

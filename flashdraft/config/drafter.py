@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from flashdraft.config.base import Section
-from flashdraft.drafter.defaults import default_gamma
+from flashdraft.config.derived import default_gamma
 
 
 class DrafterConfig(Section):

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from flashdraft.config.base import Section
-from flashdraft.features.codec_registry import (
+from flashdraft.config.codecs import (
     CODECS,
     Q4_BLOCKS,
     Q4_SCALES,
@@ -40,7 +40,7 @@ class FeaturesConfig(Section):
     codec: str = Field(
         default="bf16-zstd", description=f"on-store encoding of the features, one of {', '.join(CODECS)}: bf16 is "
         "lossless for a bf16 target; fp8 halves the bytes (lossy); q4 (4-bit, 0.27x, lossy, the q4_* fields); "
-        "-zstd adds zstd compression. The codec registry (flashdraft/features/codec_registry.py) defines them; "
+        "-zstd adds zstd compression. The codec registry (flashdraft/config/codecs.py) defines them; "
         "read by extract (writes), train (reads), plan (bytes)")
     fp8_scale: Literal["token", "block64"] = Field(
         default="token", description="fp8 codecs: one scale per token row, or one per 64 channels of a row "

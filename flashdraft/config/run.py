@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from flashdraft.config.base import Section
+from flashdraft.config.derived import dflash_layer_ids
 from flashdraft.config.drafter import DrafterConfig, TrainingConfig
 from flashdraft.config.errors import ConfigError
 from flashdraft.config.evaluation import EvalConfig, ExportConfig
@@ -17,7 +18,6 @@ from flashdraft.config.features import FeaturesConfig, StorageConfig
 from flashdraft.config.overrides import apply_overrides, drop_stale_target_facts
 from flashdraft.config.pipeline import ModeConfig, PlanConfig, PoolsConfig
 from flashdraft.config.target import DataConfig, GenerationConfig, TargetConfig
-from flashdraft.drafter.defaults import dflash_layer_ids
 
 
 class RunConfig(Section):

@@ -16,10 +16,6 @@ from flashdraft.target.model import text_config
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)
-# flashdraft's own drafter format (a checkpoint, an export's flashdraft folder): this geometry as JSON beside the
-# trainable weights. Named here, below both the writer (persistence.py) and the readers (pretrained.py, checkpoint.py).
-CONFIG_FILE = "drafter_config.json"
-WEIGHTS_FILE = "model.safetensors"
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 

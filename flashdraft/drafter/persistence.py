@@ -21,9 +21,10 @@ from safetensors.torch import save_file
 
 from flashdraft.config import TargetConfig
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
-from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE, DrafterGeometry, geometry_from_hf, resolve_mask_token
+from flashdraft.drafter.geometry import DrafterGeometry, geometry_from_hf, resolve_mask_token
 from flashdraft.drafter.pretrained import build_pretrained
 from flashdraft.drafter.zlab import read_zlab
+from flashdraft.storage.layout import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.storage.store import ObjectStore
 from flashdraft.target.model import load_tokenizer, target_embeddings, target_init, text_config
 

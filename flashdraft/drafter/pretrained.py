@@ -28,8 +28,8 @@ import torch
 from safetensors.torch import load as load_bytes
 
 from flashdraft.config.errors import ConfigError
+from flashdraft.drafter.identity import ParentIdentity
 from flashdraft.drafter.zlab import MASK_ST
-from flashdraft.run.provenance import ParentIdentity
 
 ZLAB_CONFIG = "config.json"
 # Drafter settings with no default (None: follow the checkpoint) and where the checkpoint states them.
@@ -79,7 +79,7 @@ def _hf_reader(spec: str) -> tuple[Reader, str, Callable[[], str | None]]:
 
 def _source_store(uri: str, storage):
     """The store folder `uri` names; a run's checkpoints/ resolves to its newest checkpoint (latest.json)."""
-    from flashdraft.drafter.geometry import CONFIG_FILE
+    from flashdraft.storage.layout import CONFIG_FILE
     from flashdraft.storage.store import ObjectStore
 
     store = ObjectStore(uri.rstrip("/"), storage)
@@ -106,7 +106,7 @@ def weights_digest(init_from: str, storage=None) -> str:
     cache blob's name (huggingface_hub names LFS blobs by their sha256), else the file hashed. A Hub file not in
     the cache is named by `init_from` itself (pin a commit with @revision to make that an identity); a missing
     file reads "missing" (loading it fails with its own error)."""
-    from flashdraft.drafter.geometry import WEIGHTS_FILE
+    from flashdraft.storage.layout import WEIGHTS_FILE
 
     if init_from.startswith("hf:"):
         from huggingface_hub import try_to_load_from_cache
@@ -154,8 +154,8 @@ def _folder_reader(folder: Path) -> Reader:
 def read_parent(init_from: str, storage=None, *, num_target_layers: int | None = None) -> Parent:
     """Read the drafter `init_from` names (module docstring). `num_target_layers`: the target's layer count, for
     the speculators format (which does not record it)."""
-    from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE
     from flashdraft.drafter.zlab import speculators_geometry, zlab_geometry
+    from flashdraft.storage.layout import CONFIG_FILE, WEIGHTS_FILE
 
     revision: Callable[[], str | None] = lambda: None  # noqa: E731
     if init_from.startswith("hf:"):

@@ -9,7 +9,7 @@
 * ``fp8-zstd``  fp8, then zstd over the fp8 bytes and the scales.
 * ``q4``        4-bit codes with block scales, outliers kept in bf16, an optional Hadamard rotation; decodes on
   the CPU (numpy) or a GPU (torch) to the same bits.
-Names, parameters, the lossless flag and byte accounting live in `codec_registry` (no torch there); error and
+Names, parameters, the lossless flag and byte accounting live in `flashdraft.config.codecs` (no torch there); error and
 size figures: docs/shard-format.md. Decoding is vectorised and returns a bfloat16 tensor [T, n*H], the layers
 concatenated in increasing id order (the drafter's fc input layout).
 """
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import zstandard
 
-from flashdraft.features.codec_registry import CodecParams, CodecSpecError
+from flashdraft.config.codecs import CodecParams, CodecSpecError
 
 FP8_MAX = 448.0
 BLOCK = 64
@@ -37,7 +37,7 @@ class CodecError(CodecSpecError):
 
 @dataclass(frozen=True)
 class Codec(CodecParams):
-    """A codec and its parameters (flashdraft.features.codec_registry) with its encoder and decoders."""
+    """A codec and its parameters (flashdraft.config.codecs) with its encoder and decoders."""
 
     _zstd: dict = field(default_factory=dict, compare=False, repr=False)
 

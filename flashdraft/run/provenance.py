@@ -14,28 +14,12 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from flashdraft import __version__
 
 COMMIT_ENV = "FLASHDRAFT_COMMIT"
 LIBRARIES = ("torch", "transformers", "safetensors", "kfp", "vllm")
-
-
-class ParentIdentity(BaseModel):
-    """The pretrained drafter a run started from (drafter.init=pretrained; flashdraft/drafter/pretrained.py): what
-    the train and evaluate summaries record and the report and the model card name."""
-
-    model_config = ConfigDict(frozen=True)
-
-    source: str = Field(description="drafter.init_from as given")
-    format: str = Field(description="flashdraft | zlab | speculators")
-    revision: str | None = Field(None, description="the Hub commit the cache resolved (hf:), else None")
-    sha256: str = Field(description="of the weights file (model.safetensors)")
-
-    def line(self) -> str:
-        rev = f" @ {self.revision[:12]}" if self.revision else ""
-        return f"{self.source}{rev} ({self.format}, weights sha256 {self.sha256[:12]})"
 
 
 class Provenance(BaseModel):

@@ -29,9 +29,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from flashdraft.cli.console import emit, task_output
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.run import registry, status
+from flashdraft.run.events import emit, task_output
 from flashdraft.run.stage import StageSpec, StageSummary
 from flashdraft.run.status import REUSED
 from flashdraft.storage import layout

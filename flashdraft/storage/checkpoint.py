@@ -31,8 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.storage import layout
+from flashdraft.storage.layout import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.storage.store import ObjectStore
 
 

@@ -109,6 +109,11 @@ def stream_released_key(part_key: str) -> str:
 # -- checkpoints (flashdraft/storage/checkpoint.py) -------------------------------------------------------------------
 
 CHECKPOINT_LATEST = f"{CHECKPOINTS}/latest.json"
+# flashdraft's own drafter format (a checkpoint's folder, an export's flashdraft folder): the drafter's geometry as
+# JSON beside its trainable weights. Named here, below both the writer (drafter/persistence.py) and the readers
+# (drafter/pretrained.py, checkpoint.py).
+CONFIG_FILE = "drafter_config.json"
+WEIGHTS_FILE = "model.safetensors"
 
 
 def checkpoint_prefix(step: int) -> str:
@@ -143,3 +148,23 @@ REPORT_HTML = f"{REPORTS}/report.html"
 REPORT_MARKDOWN = f"{REPORTS}/summary.md"
 REPORT_SCALARS = f"{REPORTS}/metrics.json"
 REPORT_CONFIG = f"{REPORTS}/config.json"
+
+
+# -- which stage writes what ------------------------------------------------------------------------------------
+# The prefixes (and keys) each built-in stage writes besides metrics/<task>.json and status/: its declared
+# `outputs` (components/<stage>/stage.py reads its entry here; `--from` deletes them) and what the store advises
+# for bytes corrupt at rest (the stage to recompute them from). Here, below both, so the store names a stage
+# without importing the registry.
+STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "prep": (f"{PROMPTS}/",), "generate": (f"{RESPONSES}/",), "extract": (f"{FEATURES}/",),
+    "train": (f"{CHECKPOINTS}/", metrics_key("stream")), "export": (f"{EXPORT}/",), "report": (f"{REPORTS}/",)}
+
+
+def recompute_remedy(key: str) -> str:
+    """What to do about an object whose bytes stay wrong on every re-read (corrupt at rest): recompute it from
+    the stage that wrote it, as `: ...` to end a message; "" for a key no stage writes."""
+    stage = next((name for name, outs in STAGE_OUTPUTS.items() if any(key.startswith(o) for o in outs)), None)
+    if stage is None:
+        return ""
+    return (f": recompute them with `flashdraft run-local --from {stage}` (deletes {stage}'s results and those of "
+            "the stages after it), or start a new run_id")

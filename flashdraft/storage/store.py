@@ -41,7 +41,7 @@ import fsspec
 
 from flashdraft.config import StorageConfig
 from flashdraft.config.features import STORAGE_SCHEMES, split_uri
-from flashdraft.run import registry
+from flashdraft.storage import layout
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -271,7 +271,7 @@ class ObjectStore:
                     if kind == "checksum":  # the same mismatch on every read: corrupt at rest
                         reads = f"all {attempt + 1} reads" if attempt else "its one read"
                         raise ChecksumError(f"{exc}; the stored bytes are corrupt (mismatched on {reads})"
-                                            f"{corrupt_remedy(key)}") from exc
+                                            f"{layout.recompute_remedy(key)}") from exc
                     advice = ("check the store (storage.endpoint_url, the network) and run the command again once it "
                               "answers" if self.read_only else "Nothing was committed by this operation; rerun the "
                               "stage once the store is back: it resumes from its committed outputs")
@@ -465,16 +465,6 @@ class ObjectStore:
         """Remove the commit record first (readers stop seeing it), then the object."""
         self.delete(key + COMMIT_SUFFIX)
         self.delete(key)
-
-
-def corrupt_remedy(key: str) -> str:
-    """What to do about an object whose bytes stay wrong on every re-read (corrupt at rest): recompute it from
-    the stage that wrote it (its declared `outputs`), as `: ...` to end a message; "" for a key no stage owns."""
-    stage = next((s.name for s in registry.current() if any(key.startswith(o) for o in s.outputs)), None)
-    if stage is None:
-        return ""
-    return (f": recompute them with `flashdraft run-local --from {stage}` (deletes {stage}'s results and those of "
-            "the stages after it), or start a new run_id")
 
 
 def open_store(storage: StorageConfig, run_id: str | None = None, *, read_only: bool = False) -> ObjectStore:

@@ -20,7 +20,7 @@ from flashdraft.cli.main import app
 from flashdraft.components.export.export import read_export
 from flashdraft.components.plan.planner import plan_markdown
 from flashdraft.config import load_config
-from flashdraft.drafter.defaults import dflash_layer_ids
+from flashdraft.config.derived import dflash_layer_ids
 from flashdraft.features.manifest import committed_parts
 from flashdraft.run.runner import run_task
 from flashdraft.storage import layout

@@ -3,8 +3,8 @@
 import pytest
 
 from flashdraft.config import ConfigError, load_config
+from flashdraft.config.derived import default_gamma, dflash_layer_ids
 from flashdraft.config.overrides import parse_override
-from flashdraft.drafter.defaults import default_gamma, dflash_layer_ids
 from flashdraft.run import registry
 
 

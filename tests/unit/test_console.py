@@ -9,7 +9,8 @@ import json
 from rich.console import Console
 from tqdm import tqdm
 
-from flashdraft.cli.console import EVENTS, LOG_DIR_ENV, ConsoleView, ProgressTee, emit
+from flashdraft.cli.console import ConsoleView
+from flashdraft.run.events import EVENTS, LOG_DIR_ENV, ProgressTee, emit
 from flashdraft.run.status import StageRecord
 
 

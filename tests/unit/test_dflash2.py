@@ -182,8 +182,8 @@ def test_save_load_round_trip_keeps_vllm_names(tmp_path):
             "candidate_selector.hidden_projection.weight", "layers.1.attention_conv.base_kernel",
             "layers.1.mlp_conv.kernel_projection.weight"} <= names
     assert m.state_dict()["layers.0.mlp_conv.base_kernel"].shape == (2, 2, H)
-    from flashdraft.drafter.geometry import CONFIG_FILE, WEIGHTS_FILE
     from flashdraft.drafter.persistence import save_drafter
+    from flashdraft.storage.layout import CONFIG_FILE, WEIGHTS_FILE
     save_drafter(m, tmp_path)
     import json
 

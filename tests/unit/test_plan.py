@@ -15,7 +15,7 @@ from flashdraft.components.plan.planner import (
     run_plan,
 )
 from flashdraft.config import load_config
-from flashdraft.features.codec_registry import CODECS
+from flashdraft.config.codecs import CODECS
 
 
 def test_known_case_37_tb():

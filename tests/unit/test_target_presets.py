@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from flashdraft.cli.main import app
 from flashdraft.components.plan.planner import make_plan
 from flashdraft.config import ConfigError, load_config
-from flashdraft.drafter.defaults import dflash_layer_ids
+from flashdraft.config.derived import dflash_layer_ids
 from flashdraft.target.model import geometry_of, resolve_target
 
 

@@ -1,6 +1,7 @@
 """Defaults of the DFlash drafter that follow from other settings: which target layers it reads, and the loss
 decay for a block size. The run config derives these instead of typing them, so a preset cannot disagree with the
-target it names."""
+target it names. Pure functions of config values, so they sit in `config` (the bottom layer) and the drafter
+reads them from here."""
 
 from __future__ import annotations
 

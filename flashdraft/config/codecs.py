@@ -2,7 +2,8 @@
 
 Config validation (`features.codec`), the shard header (`Codec.from_params`), the planner's bytes per token and
 extraction's verification tolerance all ask this module, so a codec is added here once and nowhere else.
-It imports neither torch nor numpy: the config and the planner load it without the encoder.
+It imports neither torch nor numpy: the config and the planner load it without the encoder. It sits in `config`,
+the bottom layer, because config validation needs it; the encoders (flashdraft/features/codecs.py) build on it.
 
 Byte accounting is exact for what a codec writes before entropy coding (`raw_bytes_per_token`). For the
 zstd codecs the stored size depends on the data; the planner multiplies by a measured ratio
