@@ -64,140 +64,147 @@ def images_line(registry: str | None, tag: str | None) -> str:
     return f"images {', '.join(images)} ({origin}{hint})"
 
 
+def compile_cmd(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
+    config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+    registry: RegistryOpt = None, tag: TagOpt = None,
+    parallelism: Annotated[int, typer.Option(help="Shards in flight per ParallelFor (0 = all). In streaming "
+                                                  "mode each concurrent extract pod may add one part beyond "
+                                                  "the window.")] = 0,
+) -> None:
+    """Compile the Kubeflow pipeline (PipelineSpec + Kubernetes platform spec) with this config's defaults.
+
+    Without --config/--preset the cluster preset qwen3.6-27b gives the defaults.
+    """
+    from flashdraft.pipelines.pipeline import compile_pipeline
+
+    cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
+    compile_pipeline(cfg, str(output), registry, tag, parallelism)
+    typer.echo(f"compiled {output} (mode {cfg.mode.kind}); {images_line(registry, tag)}")
+
+
+def chart_config_cmd(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Run config YAML to write.")],
+    preset: Annotated[str, typer.Option("--preset", "-p", help="The preset the chart's pools and storage "
+                                                               "are applied to.")] = CLUSTER_PRESET,
+) -> None:
+    """The run config `make chart-pipeline` compiles: PRESET with the pools and storage of the chart's defaults
+    ConfigMap, read on stdin (`helm template ... --show-only templates/configmap-defaults.yaml`)."""
+    from flashdraft.config import ConfigError
+    from flashdraft.pipelines.chart_config import chart_run_config
+
+    try:
+        text = chart_run_config(sys.stdin.read(), preset)
+    except (ValueError, ConfigError) as exc:
+        raise fail(exc) from None
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    typer.echo(f"wrote {output} ({preset} with the chart's pools and storage)")
+
+
+def upload_pipeline(
+    package: PackageOpt = Path(DEFAULT_PACKAGE), name: NameOpt = "flashdraft", version: VersionOpt = None,
+    host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
+) -> None:
+    """Idempotently upload the compiled pipeline and a version (used by the Helm hook Job)."""
+    from flashdraft.pipelines.submit import KfpApiError
+
+    api = _kfp_api(package, host, namespace, dry_run, "flashdraft compile")
+    try:
+        ids = api.ensure_pipeline_version(str(package), name, version or _git_sha())
+    except KfpApiError as exc:
+        raise fail(exc) from None
+    if dry_run:
+        typer.echo(json.dumps(api.planned, indent=2))
+    typer.echo(json.dumps({"pipeline": name, "version": version or _git_sha(), **ids}))
+
+
+def submit(
+    package: PackageOpt = Path(DEFAULT_PACKAGE),
+    params: Annotated[Path | None, typer.Option("--params", help="YAML mapping of run parameters.")] = None,
+    experiment: Annotated[str, typer.Option(help="KFP experiment name.")] = "flashdraft",
+    name: NameOpt = "flashdraft", version: VersionOpt = None,
+    run_name: Annotated[str | None, typer.Option(help="Run display name.")] = None,
+    host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
+) -> None:
+    """Upload pipeline + version (idempotent), create the run, print its UI URL.
+
+    Auth: the in-cluster ServiceAccount token (KF_PIPELINES_SA_TOKEN_PATH) or KFP_BEARER_TOKEN.
+    """
+    from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters
+
+    api = _kfp_api(package, host, namespace, dry_run, "make compile")
+    version = version or _git_sha()
+    try:
+        parameters = load_parameters(str(params) if params else None)
+        check_parameters(str(package), parameters)
+        ids = api.ensure_pipeline_version(str(package), name, version)
+        experiment_id = api.ensure_experiment(experiment)
+        run = api.create_run(run_name or f"{name}-{version}", experiment_id, ids, parameters)
+    except KfpApiError as exc:
+        raise fail(exc) from None
+    if dry_run:
+        typer.echo(json.dumps(api.planned, indent=2))
+        typer.echo("dry run: nothing was sent")
+        return
+    typer.echo(f"run {run['run_id']}: {api.run_url(run['run_id'])}")
+
+
+def run_local_cmd(
+    config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+    workdir: Annotated[Path, typer.Option(help="kfp.local pipeline root (task outputs; logs/ holds each run's "
+                                               "log folder).")] = Path("runs/kfp-local"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show kfp.local's output and every "
+                                                                  "task's log on the terminal.")] = False,
+    from_stage: Annotated[str | None, typer.Option("--from", help="Recompute from this stage: its committed "
+                                                                  "results and those of every stage after it "
+                                                                  "are deleted, then the run starts.")] = None,
+    runner: Annotated[str, typer.Option(help="`subprocess`: each task in a subprocess of this Python; "
+                                             "`docker`: each task in its pool's image on this machine's "
+                                             "Docker engine, the way to test images before `make push`.")]
+    = "subprocess",
+    image: Annotated[str | None, typer.Option(help="--runner docker: this image for every pool (else each "
+                                                   "pool's image from --registry/--tag).")] = None,
+    registry: RegistryOpt = None, tag: TagOpt = None,
+) -> None:
+    """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store.
+
+    The terminal shows one line per task start and end with its figures, live progress, a summary table and
+    where the report and the logs are; kfp.local's executor dumps and each task's output go to log files."""
+    import logging
+    import sys
+
+    from rich.console import Console
+
+    from flashdraft.pipelines.containers import ContainerError, ContainerRun
+    from flashdraft.pipelines.local import print_outcome, run_local
+
+    if runner not in ("subprocess", "docker"):
+        raise fail(f"--runner must be subprocess or docker, got {runner!r}", 1)
+    container = ContainerRun.resolve(image, registry, tag) if runner == "docker" else None
+    cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
+    check_store(cfg)  # before kfp.local starts anything: a bad store fails in seconds, in one line
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)
+    from flashdraft.config import ConfigError
+
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    try:
+        result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage,
+                           container=container)
+    except ConfigError as exc:  # a refused change (runner.StageInputsChanged), an unknown --from stage
+        raise fail(exc, 1) from None
+    except ContainerError as exc:  # no engine, a missing image, an image of another version
+        raise fail(exc, 1) from None
+    print_outcome(console, result)
+    if result.get("state") != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("compile")
-    def compile_cmd(
-        output: Annotated[Path, typer.Option("--output", "-o", help="Compiled pipeline YAML.")] = Path(DEFAULT_PACKAGE),
-        config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
-        registry: RegistryOpt = None, tag: TagOpt = None,
-        parallelism: Annotated[int, typer.Option(help="Shards in flight per ParallelFor (0 = all). In streaming "
-                                                      "mode each concurrent extract pod may add one part beyond "
-                                                      "the window.")] = 0,
-    ) -> None:
-        """Compile the Kubeflow pipeline (PipelineSpec + Kubernetes platform spec) with this config's defaults.
-
-        Without --config/--preset the cluster preset qwen3.6-27b gives the defaults.
-        """
-        from flashdraft.pipelines.pipeline import compile_pipeline
-
-        cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
-        compile_pipeline(cfg, str(output), registry, tag, parallelism)
-        typer.echo(f"compiled {output} (mode {cfg.mode.kind}); {images_line(registry, tag)}")
-
-    @app.command("chart-config")
-    def chart_config_cmd(
-        output: Annotated[Path, typer.Option("--output", "-o", help="Run config YAML to write.")],
-        preset: Annotated[str, typer.Option("--preset", "-p", help="The preset the chart's pools and storage "
-                                                                   "are applied to.")] = CLUSTER_PRESET,
-    ) -> None:
-        """The run config `make chart-pipeline` compiles: PRESET with the pools and storage of the chart's defaults
-        ConfigMap, read on stdin (`helm template ... --show-only templates/configmap-defaults.yaml`)."""
-        from flashdraft.config import ConfigError
-        from flashdraft.pipelines.chart_config import chart_run_config
-
-        try:
-            text = chart_run_config(sys.stdin.read(), preset)
-        except (ValueError, ConfigError) as exc:
-            raise fail(exc) from None
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        typer.echo(f"wrote {output} ({preset} with the chart's pools and storage)")
-
-    @app.command("upload-pipeline")
-    def upload_pipeline(
-        package: PackageOpt = Path(DEFAULT_PACKAGE), name: NameOpt = "flashdraft", version: VersionOpt = None,
-        host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
-    ) -> None:
-        """Idempotently upload the compiled pipeline and a version (used by the Helm hook Job)."""
-        from flashdraft.pipelines.submit import KfpApiError
-
-        api = _kfp_api(package, host, namespace, dry_run, "flashdraft compile")
-        try:
-            ids = api.ensure_pipeline_version(str(package), name, version or _git_sha())
-        except KfpApiError as exc:
-            raise fail(exc) from None
-        if dry_run:
-            typer.echo(json.dumps(api.planned, indent=2))
-        typer.echo(json.dumps({"pipeline": name, "version": version or _git_sha(), **ids}))
-
-    @app.command("submit")
-    def submit(
-        package: PackageOpt = Path(DEFAULT_PACKAGE),
-        params: Annotated[Path | None, typer.Option("--params", help="YAML mapping of run parameters.")] = None,
-        experiment: Annotated[str, typer.Option(help="KFP experiment name.")] = "flashdraft",
-        name: NameOpt = "flashdraft", version: VersionOpt = None,
-        run_name: Annotated[str | None, typer.Option(help="Run display name.")] = None,
-        host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
-    ) -> None:
-        """Upload pipeline + version (idempotent), create the run, print its UI URL.
-
-        Auth: the in-cluster ServiceAccount token (KF_PIPELINES_SA_TOKEN_PATH) or KFP_BEARER_TOKEN.
-        """
-        from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters
-
-        api = _kfp_api(package, host, namespace, dry_run, "make compile")
-        version = version or _git_sha()
-        try:
-            parameters = load_parameters(str(params) if params else None)
-            check_parameters(str(package), parameters)
-            ids = api.ensure_pipeline_version(str(package), name, version)
-            experiment_id = api.ensure_experiment(experiment)
-            run = api.create_run(run_name or f"{name}-{version}", experiment_id, ids, parameters)
-        except KfpApiError as exc:
-            raise fail(exc) from None
-        if dry_run:
-            typer.echo(json.dumps(api.planned, indent=2))
-            typer.echo("dry run: nothing was sent")
-            return
-        typer.echo(f"run {run['run_id']}: {api.run_url(run['run_id'])}")
-
-    @app.command("run-local")
-    def run_local_cmd(
-        config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
-        workdir: Annotated[Path, typer.Option(help="kfp.local pipeline root (task outputs; logs/ holds each run's "
-                                                   "log folder).")] = Path("runs/kfp-local"),
-        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show kfp.local's output and every "
-                                                                      "task's log on the terminal.")] = False,
-        from_stage: Annotated[str | None, typer.Option("--from", help="Recompute from this stage: its committed "
-                                                                      "results and those of every stage after it "
-                                                                      "are deleted, then the run starts.")] = None,
-        runner: Annotated[str, typer.Option(help="`subprocess`: each task in a subprocess of this Python; "
-                                                 "`docker`: each task in its pool's image on this machine's "
-                                                 "Docker engine, the way to test images before `make push`.")]
-        = "subprocess",
-        image: Annotated[str | None, typer.Option(help="--runner docker: this image for every pool (else each "
-                                                       "pool's image from --registry/--tag).")] = None,
-        registry: RegistryOpt = None, tag: TagOpt = None,
-    ) -> None:
-        """Run the same pipeline on this machine with kfp.local (SubprocessRunner) and a local store.
-
-        The terminal shows one line per task start and end with its figures, live progress, a summary table and
-        where the report and the logs are; kfp.local's executor dumps and each task's output go to log files."""
-        import logging
-        import sys
-
-        from rich.console import Console
-
-        from flashdraft.pipelines.containers import ContainerError, ContainerRun
-        from flashdraft.pipelines.local import print_outcome, run_local
-
-        if runner not in ("subprocess", "docker"):
-            raise fail(f"--runner must be subprocess or docker, got {runner!r}", 1)
-        container = ContainerRun.resolve(image, registry, tag) if runner == "docker" else None
-        cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
-        check_store(cfg)  # before kfp.local starts anything: a bad store fails in seconds, in one line
-        if not verbose:
-            logging.getLogger().setLevel(logging.WARNING)
-        from flashdraft.config import ConfigError
-
-        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
-        try:
-            result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage,
-                               container=container)
-        except ConfigError as exc:  # a refused change (runner.StageInputsChanged), an unknown --from stage
-            raise fail(exc, 1) from None
-        except ContainerError as exc:  # no engine, a missing image, an image of another version
-            raise fail(exc, 1) from None
-        print_outcome(console, result)
-        if result.get("state") != "SUCCEEDED":
-            raise typer.Exit(1)
+    """Add the pipeline commands to `app` (the `flashdraft.commands` entry point: flashdraft/cli/main.py calls it)."""
+    app.command("compile")(compile_cmd)
+    app.command("chart-config")(chart_config_cmd)
+    app.command("upload-pipeline")(upload_pipeline)
+    app.command("submit")(submit)
+    app.command("run-local")(run_local_cmd)

@@ -167,7 +167,8 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
     stored feature bytes."""
     from flashdraft.components.report.report import stage_metrics
     from flashdraft.features.manifest import committed_parts
-    from flashdraft.run.status import first_failure, read_records, stage_statuses
+    from flashdraft.run.overview import stage_statuses
+    from flashdraft.run.status import first_failure, read_records
     from flashdraft.storage import layout
     from flashdraft.storage.store import open_store
 

@@ -23,7 +23,6 @@ from flashdraft.config import RunConfig
 from flashdraft.pipelines import stages
 from flashdraft.pipelines.placement import PoolParams, place
 from flashdraft.run import registry as stage_registry
-from flashdraft.run.stage import load_ref
 
 PIPELINE_NAME = "flashdraft"
 DEFAULT_REGISTRY = "ghcr.io/flashdraft"
@@ -44,23 +43,35 @@ def stage_images(registry: str | None = None, tag: str | None = None) -> dict[st
 # Tasks wired by hand below: the DAG's shape (the plan gate with the compiled shape, prep's shard list feeding the
 # fan-outs, the per-shard loops, streaming's stream-end, train's offline fan-in or the TrainJob launcher). The exit
 # handler is the registry's `exit_handler` stage (the report). Every other declared stage (evaluate, export, an
-# extension's) is added after its upstream tasks, in registry order, through its own component or the generic
-# `stages.stage_task`: it reads its inputs from the store.
+# extension's) is added after its upstream tasks, in registry order, through the generic `stages.stage_task`: it
+# reads its inputs from the store.
 WIRED = frozenset({"plan", "prep", "generate", "extract", "stream-end", "train"})
+# The stages whose component takes or gives something the generic body does not (pipelines/stages.py).
+OWN_BODIES = {"plan": stages.plan_gate, "prep": stages.prep, "train": stages.train, "report": stages.report}
 
 
 def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
-    """One KFP component per declared stage (its `component` body, else the generic one), in its pool's image;
-    plus the multi-node launcher, which only talks to the Kubernetes API (the TrainJob's pods use the trainer
-    image)."""
+    """One KFP component per declared stage (its own body, else the generic one named after the stage, so its
+    task and executor are `<stage>` / `exec-<stage>` as for a body of its own), in its pool's image; plus the
+    multi-node launcher, which only talks to the Kubernetes API (the TrainJob's pods use the trainer image)."""
     def comp(func: Any, pool: str) -> Any:
         return dsl.component(func, base_image=images[pool], install_kfp_package=False)
 
-    out = {spec.name: comp(load_ref(spec.component) if spec.component else stages.stage_task,
-                           stage_registry.current().pool_name(cfg.pools, spec.name))
-           for spec in stage_registry.current()}
+    out = {}
+    for stage in stage_registry.current():
+        pool = stage_registry.current().pool_name(cfg.pools, stage.name)
+        out[stage.name] = comp(OWN_BODIES.get(stage.name, stages.stage_task), pool)
+        if stage.name not in OWN_BODIES:
+            out[stage.name].component_spec.name = stage.name
     out["train-launcher"] = comp(stages.train_multinode, "cpu")
     return out
+
+
+def stage_args(stage: str, shard: Any = -1) -> dict[str, Any]:
+    """The arguments a stage's component takes besides the config: for the generic body, the stage's name and its
+    shard (a ParallelFor item; -1: not per-shard), always given (KFP's ignore_upstream_failure wants every input
+    bound)."""
+    return {} if stage in OWN_BODIES else {"stage": stage, "shard": shard}
 
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
@@ -117,15 +128,16 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             the tasks of every run that trains."""
             streaming, multinode = cfg.mode.kind == "streaming", cfg.training.num_nodes > 1
             with dsl.ParallelFor(prep.output, parallelism=parallelism, name="generate-shards") as shard:
-                gen = placed("generate", c["generate"](**cfg_args, shard=shard))
+                gen = placed("generate", c["generate"](**cfg_args, **stage_args("generate", shard)))
             extracted: Any = []
             tasks = {"generate": gen}
             if not (streaming and local):
                 with dsl.ParallelFor(prep.output, parallelism=parallelism, name="extract-shards") as s:
-                    ext = placed("extract", c["extract"](**cfg_args, shard=s)).after(gen)
+                    ext = placed("extract", c["extract"](**cfg_args, **stage_args("extract", s))).after(gen)
                 tasks["extract"] = ext
                 if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
-                    placed("stream-end", c["stream-end"](**cfg_args)).after(ext).ignore_upstream_failure()
+                    placed("stream-end", c["stream-end"](**cfg_args, **stage_args("stream-end"))).after(
+                        ext).ignore_upstream_failure()
                 else:
                     extracted = dsl.Collected(ext.outputs["Output"])
             if multinode:
@@ -148,7 +160,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                                             compiled_evaluate_only=cfg.evaluate_only))
             prep = placed("prep", c["prep"](**cfg_args)).after(gate)
             tasks = {"plan": gate, "prep": prep}
-            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (StageSpec.trains)
+            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
                 tasks.update(training_tasks(prep))
             for spec in stage_registry.current():
                 if spec.name in WIRED or spec.exit_handler or spec.skipped_for(cfg):
@@ -156,8 +168,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                 if spec.per_shard:
                     raise ValueError(f"stage {spec.name!r}: the pipeline fans out only generate and extract per "
                                      "shard; declare it per_shard=False (it may still loop over shards itself)")
-                generic = {} if spec.component else {"stage": spec.name}
-                task = placed(spec.name, c[spec.name](**cfg_args, **generic))
+                task = placed(spec.name, c[spec.name](**cfg_args, **stage_args(spec.name)))
                 reg = stage_registry.current()
                 upstream = [n for n in spec.upstream_for(cfg) if not reg.get(n).skipped_for(cfg)]
                 for name in upstream or ("prep",):

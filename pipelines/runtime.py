@@ -18,8 +18,10 @@ from typing import Any, cast
 
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.components.train.summary import StreamStats, TrainSummary
-from flashdraft.config import ConfigError, RunConfig, dump_config, load_config
-from flashdraft.run.stage import StageSummary, numbers
+from flashdraft.config import ConfigError, RunConfig, load_config
+from flashdraft.run import registry
+from flashdraft.run.runner import check_run, run_task
+from flashdraft.run.stage import StageSummary
 
 log = logging.getLogger(__name__)
 
@@ -59,27 +61,50 @@ def to_json(summary: StageSummary) -> str:
     return json.dumps(summary.handoff(), sort_keys=True, default=str)
 
 
-def finish(summary: StageSummary, metrics: Any) -> str:
-    """Log the summary's numbers (top level and one level down, e.g. drafter_tau) as KFP metrics shown in the UI,
-    and return the summary as JSON."""
-    for key, value in numbers(summary.dump()).items():
-        metrics.log_metric(key, value)
-    return to_json(summary)
+def stage_task(config_yaml: str, overrides: dict[str, Any] | None, stage: str, shard: int, metrics: Any) -> str:
+    """The generic component's body: the stage object's `run` for one task (`shard` < 0: not per-shard) through
+    the runner, which logs the task's KFP metrics."""
+    cfg = stage_config(config_yaml, overrides)
+    return to_json(run_task(cfg, stage, None if shard < 0 else shard, metrics=metrics))
 
 
-def _write_config(cfg: RunConfig, folder: str) -> str:
-    path = os.path.join(folder, "config.yaml")
-    Path(path).write_text(dump_config(cfg))
-    return path
+def plan_gate(config_yaml: str, overrides: dict[str, Any] | None, compiled_mode: str, compiled_num_nodes: int,
+              compiled_evaluate_only: bool, metrics: Any) -> str:
+    """The plan task, refusing first a config that needs another DAG or a change no committed stage can carry on
+    from (`check_run`), so a refused run stops here, before any GPU stage."""
+    cfg = stage_config(config_yaml, overrides)
+    plan = registry.current().get("plan")
+
+    def body() -> StageSummary | dict[str, Any]:
+        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only)
+        check_run(cfg)
+        return plan.run(cfg)
+
+    return to_json(run_task(cfg, "plan", body=body, metrics=metrics))
 
 
-def train_in_pod(cfg: RunConfig) -> TrainSummary:
-    """Train in this pod: in-process for one rank; under torchrun --nproc_per_node for several GPUs (and twice
-    with training.preempt_after: components/train/cli.py `launch_training`)."""
-    from flashdraft.components.train.cli import launch_training
+def prep_shards(config_yaml: str, overrides: dict[str, Any] | None) -> list[int]:
+    """The prep task; its shard ids drive the per-shard fan-outs."""
+    summary = run_task(stage_config(config_yaml, overrides), "prep")
+    return list(range(int(summary.num_shards)))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        return launch_training(cfg, _write_config(cfg, tmp))
+
+def train_task(config_yaml: str, overrides: dict[str, Any] | None, run_producers: bool, metrics: Any) -> str:
+    """The train task in this pod: the train stage's launcher (its `run`), or with `run_producers` (local
+    streaming) the launcher beside the extraction producers."""
+    cfg = stage_config(config_yaml, overrides)
+    body = (lambda: train_with_producers(cfg)) if run_producers else None
+    return to_json(run_task(cfg, "train", body=body, metrics=metrics))
+
+
+def trainjob_task(config_yaml: str, overrides: dict[str, Any] | None, metrics: Any, **placement: Any) -> str:
+    """Multi-node training: create the TrainJob, wait for it, and return its final status as the train summary
+    (raises if it failed)."""
+    from flashdraft.pipelines.trainjob import launch_and_wait
+
+    cfg = stage_config(config_yaml, overrides)
+    body = lambda: launch_and_wait(cfg, config_yaml=config_yaml, overrides=overrides, **placement)  # noqa: E731
+    return to_json(run_task(cfg, "train", body=body, metrics=metrics))
 
 
 class WindowMonitor(threading.Thread):
@@ -154,6 +179,7 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
     so the trainer stops with the cause; a trainer failure stops the producer. A monitor records produced vs peak
     stored bytes (metrics/stream.json).
     """
+    from flashdraft.components.train.launch import launch_training, write_config
     from flashdraft.features import window
     from flashdraft.storage import layout
     from flashdraft.storage.store import open_store
@@ -175,11 +201,11 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
     monitor.start()
     with tempfile.TemporaryDirectory() as tmp:
         producer = subprocess.Popen([sys.executable, "-m", "flashdraft.pipelines.producers",
-                                     _write_config(producer_cfg, tmp)])
+                                     write_config(producer_cfg, tmp)])
         stopping = threading.Event()
         watcher = _watch_producer(producer, cfg, stopping)
         try:
-            summary = train_in_pod(cfg)
+            summary = launch_training(cfg)
         except BaseException:
             stopping.set()
             producer.terminate()
@@ -205,13 +231,6 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
     return TrainSummary.model_validate({**summary.dump(), "streaming": StreamStats.model_validate(stats)})
 
 
-def run_trainjob(cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
-    """Create the multi-node TrainJob, wait for it, return its final status (raises if it failed)."""
-    from flashdraft.pipelines.trainjob import launch_and_wait
-
-    return launch_and_wait(cfg, **kwargs)
-
-
 def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path: str, metrics: Any = None) -> str:
     """Exit handler body: the run report (whatever stages ran), copied into the task's HTML/Markdown artifacts, and
     every stage's state and figures (report/metrics.json) as this step's KFP Metrics."""
@@ -231,8 +250,6 @@ def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path
         Path(md_path).write_text(md)
         Path(html_path).write_text(html)
         return result
-
-    from flashdraft.run.runner import run_task
 
     result = cast(ReportSummary, run_task(cfg, "report", body=body))  # body's own model, passed through
     if metrics is not None:

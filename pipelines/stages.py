@@ -1,11 +1,15 @@
-"""The bodies of the pipeline's KFP components, one per stage.
+"""The bodies of the pipeline's KFP components: one generic body for any stage, and the few whose inputs or
+outputs differ.
 
 KFP embeds each function's source in the compiled spec and runs it in the stage image, so every import sits inside
-the body and each body is a thin call into the same entry function the `flashdraft <stage>` CLI uses (via
-`flashdraft.run.runner.run_task`, which owns reuse, continuation and the status records). They are plain functions
-here; `pipelines/pipeline.py` turns them into components with the right base image. A declared stage without a
-component of its own (its `StageSpec.component` is None) runs through `stage_task`. Only small things leave a
-body: a JSON summary string, metrics, Markdown/HTML reports.
+the body and each body is one call into `pipelines/runtime.py`, which runs the task through the runner
+(`flashdraft.run.runner.run_task`: reuse, continuation, the status record, the task's KFP metrics) and the stage
+object's own `run`. `stage_task` serves every stage without a body of its own (generate, extract, stream-end,
+evaluate, export, an extension's); `pipelines/pipeline.py` names each of its components after its stage. The
+others differ in what they take or give: the plan gate (the compiled DAG's shape), prep (the shard list the
+fan-outs read), train (the offline fan-in, the local producers), train_multinode (the TrainJob's placement) and
+the report (the exit handler's status and artifacts). Only small things leave a body: a JSON summary string,
+metrics, Markdown/HTML reports.
 """
 
 # No `from __future__ import annotations`: KFP reads these annotations as real types.
@@ -14,21 +18,21 @@ from kfp import dsl
 from kfp.dsl import HTML, Markdown, Metrics, Output
 
 
+def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Metrics], shard: int = -1) -> str:
+    """Any stage's task (one shard of a per-shard stage; -1: not per-shard): the stage object's `run`, through the
+    runner (it reads its inputs from the store; the DAG orders it after its upstream tasks)."""
+    from flashdraft.pipelines import runtime
+
+    return runtime.stage_task(config_yaml, overrides, stage, int(shard), metrics)
+
+
 def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_num_nodes: int,
               compiled_evaluate_only: bool, metrics: Output[Metrics]) -> str:
     """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
-    from flashdraft.components.plan.planner import run_plan
     from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import check_run, run_task
 
-    cfg = runtime.stage_config(config_yaml, overrides)
-
-    def body() -> dict:
-        runtime.check_compiled_shape(cfg, compiled_mode, int(compiled_num_nodes), bool(compiled_evaluate_only))
-        check_run(cfg)  # a changed setting no committed stage can carry on from stops the run here
-        return run_plan(cfg)
-
-    return runtime.finish(run_task(cfg, "plan", body=body, metrics=metrics), metrics)
+    return runtime.plan_gate(config_yaml, overrides, compiled_mode, int(compiled_num_nodes),
+                             bool(compiled_evaluate_only), metrics)
 
 
 def prep(config_yaml: str, overrides: dict) -> list[int]:
@@ -38,54 +42,21 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
     `Output`. Its figures reach the UI through the report step's Metrics.
     """
     from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
 
-    cfg = runtime.stage_config(config_yaml, overrides)
-    summary = run_task(cfg, "prep")
-    return list(range(int(summary.num_shards)))
-
-
-def generate(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
-    """Target responses for one prompt shard."""
-    from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
-
-    cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(run_task(cfg, "generate", int(shard), metrics=metrics))
-
-
-def extract(config_yaml: str, overrides: dict, shard: int, metrics: Output[Metrics]) -> str:
-    """Hidden states of one response shard into the object store (never a KFP artifact)."""
-    from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
-
-    cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(run_task(cfg, "extract", int(shard), metrics=metrics))
-
-
-def stream_end(config_yaml: str, overrides: dict) -> str:
-    """Streaming: after the extract loop (even a failed one), tell the trainer the stream ended or failed."""
-    from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
-
-    cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(run_task(cfg, "stream-end"))
+    return runtime.prep_shards(config_yaml, overrides)
 
 
 def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers: bool,
           metrics: Output[Metrics]) -> str:
-    """Train the drafter in this pod (torchrun when nproc_per_node > 1).
+    """Train the drafter in this pod (the train stage's launcher: torchrun when nproc_per_node > 1).
 
     `extracted` is the offline fan-in (empty in streaming mode). `run_producers` is the local streaming path: the
     extraction producers run in a background process inside this task, because kfp.local runs sibling tasks one
     after another and a consumer that waits for a producer scheduled after it would never finish.
     """
     from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
 
-    cfg = runtime.stage_config(config_yaml, overrides)
-    body = runtime.train_with_producers if run_producers else runtime.train_in_pod
-    return runtime.finish(run_task(cfg, "train", body=lambda: body(cfg), metrics=metrics), metrics)
+    return runtime.train_task(config_yaml, overrides, bool(run_producers), metrics)
 
 
 def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], image: str, namespace: str,
@@ -93,45 +64,11 @@ def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], ima
                     runtime_ref: str, metrics: Output[Metrics]) -> str:
     """Multi-node training: create a Kubeflow Trainer TrainJob, wait for it, surface its status."""
     from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
 
-    cfg = runtime.stage_config(config_yaml, overrides)
-
-    def body() -> dict:
-        return runtime.run_trainjob(cfg, config_yaml=config_yaml, overrides=overrides, image=image,
-                                    namespace=namespace, node_selector=node_selector, tolerations=tolerations,
-                                    gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
-                                    runtime_ref=runtime_ref)
-
-    return runtime.finish(run_task(cfg, "train", body=body, metrics=metrics), metrics)
-
-
-def evaluate(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str:
-    """Acceptance length (tau) of the trained drafter against the target."""
-    from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
-
-    cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.finish(run_task(cfg, "evaluate", metrics=metrics), metrics)
-
-
-def export(config_yaml: str, overrides: dict, metrics: Output[Metrics]) -> str:
-    """Export the trained drafter for vLLM / SGLang."""
-    from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
-
-    cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.to_json(run_task(cfg, "export", metrics=metrics))
-
-
-def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Metrics]) -> str:
-    """Any declared stage without a component of its own: its declared run function, through the runner (it
-    reads its inputs from the store; the DAG orders it after its upstream tasks)."""
-    from flashdraft.pipelines import runtime
-    from flashdraft.run.runner import run_task
-
-    cfg = runtime.stage_config(config_yaml, overrides)
-    return runtime.finish(run_task(cfg, stage, metrics=metrics), metrics)
+    return runtime.trainjob_task(config_yaml, overrides, metrics, image=image, namespace=namespace,
+                                 node_selector=node_selector, tolerations=tolerations,
+                                 gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
+                                 runtime_ref=runtime_ref)
 
 
 def report(config_yaml: str, overrides: dict, status: dsl.PipelineTaskFinalStatus,

@@ -36,7 +36,7 @@ CONFIG_PATH = "/tmp/flashdraft-config.yaml"
 POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # torchrun takes nnodes/nproc/rank/master from the PET_* env the Trainer's torch plugin sets on every node.
 COMMAND = ["sh", "-c", f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
-                       f"exec torchrun -m flashdraft.cli.main train --config {CONFIG_PATH}"]
+                       f"exec torchrun -m flashdraft.components.train.launch --config {CONFIG_PATH}"]
 
 
 def trainjob_name(cfg: RunConfig) -> str:

@@ -1,14 +1,44 @@
-"""The export stage's declaration (read by the registry, flashdraft/run/registry.py)."""
+"""The export stage: the trained drafter in the formats servers load (registered in components/stages.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from flashdraft.components.export.summary import ExportSummary
-from flashdraft.run.stage import HOUR, TARGET_HINTS, StageSpec
+from flashdraft.run.contract import Stage
+from flashdraft.run.stage import HOUR, TARGET_HINTS
+from flashdraft.storage.layout import STAGE_OUTPUTS
 
-SPEC = StageSpec(
-    "export", ExportSummary, "cpu", HOUR, run="flashdraft.components.export.export:run_export",
+if TYPE_CHECKING:
+    from flashdraft.config import RunConfig
+    from flashdraft.run.reporting import RunView, StageReport
+
+
+class Export(Stage):
+    name = "export"
+    summary = ExportSummary
+    pool = "cpu"
+    timeout_s = HOUR
     # evaluate: the model card in every export folder carries the evaluation, so a new evaluation re-exports
-    upstream=("train", "evaluate"), continue_on=("*",), reads=("target", "export", "drafter.init", "drafter.init_from"),
-    ignores=TARGET_HINTS,
-    doc="Export the latest training checkpoint to the object store (export/) and a local folder.",
-    outputs=("export/",), report="flashdraft.components.export.report_section:report",
-    cli="flashdraft.components.export.cli:export",
-    component="flashdraft.pipelines.stages:export")
+    upstream = ("train", "evaluate")
+    continue_on = ("*",)
+    reads = ("target", "export", "drafter.init", "drafter.init_from")
+    ignores = TARGET_HINTS
+    doc = "Export the latest training checkpoint to the object store (export/) and a local folder."
+    outputs = STAGE_OUTPUTS["export"]
+
+    def run(self, cfg: RunConfig, shard: int | None = None) -> ExportSummary:
+        from flashdraft.components.export.export import run_export
+
+        return run_export(cfg)
+
+    def command(self) -> Callable[..., None]:
+        from flashdraft.components.export.cli import export
+
+        return export
+
+    def report(self, summary: ExportSummary | None, run: RunView) -> StageReport:
+        from flashdraft.components.export.report_section import report
+
+        return report(summary, run)

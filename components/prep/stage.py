@@ -1,13 +1,36 @@
-"""The prep stage's declaration (read by the registry, flashdraft/run/registry.py)."""
+"""The prep stage: prompts into shards (registered in components/stages.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from flashdraft.components.prep.summary import PrepSummary
-from flashdraft.run.stage import HOUR, StageSpec
+from flashdraft.run.contract import Stage
+from flashdraft.run.stage import HOUR
+from flashdraft.storage.layout import STAGE_OUTPUTS
 
-SPEC = StageSpec(
-    "prep", PrepSummary, "cpu", 4 * HOUR, run="flashdraft.components.prep.prep:run_prep",
-    doc="Read, clean, dedupe, length-filter, shuffle and shard the prompts (quarantining bad rows).",
-    reads=("data", "target.model", "target.source", "target.revision", "target.architecture",
-           "target.trust_remote_code"),
-    ignores=("data.expected_tokens_per_sample", "data.expected_samples", "data.max_response_tokens"),
-    outputs=("prompts/",), cli="flashdraft.components.prep.cli:prep",
-    component="flashdraft.pipelines.stages:prep")
+if TYPE_CHECKING:
+    from flashdraft.config import RunConfig
+
+
+class Prep(Stage):
+    name = "prep"
+    summary = PrepSummary
+    pool = "cpu"
+    timeout_s = 4 * HOUR
+    doc = "Read, clean, dedupe, length-filter, shuffle and shard the prompts (quarantining bad rows)."
+    reads = ("data", "target.model", "target.source", "target.revision", "target.architecture",
+             "target.trust_remote_code")
+    ignores = ("data.expected_tokens_per_sample", "data.expected_samples", "data.max_response_tokens")
+    outputs = STAGE_OUTPUTS["prep"]
+
+    def run(self, cfg: RunConfig, shard: int | None = None) -> PrepSummary:
+        from flashdraft.components.prep.prep import run_prep
+
+        return run_prep(cfg)
+
+    def command(self) -> Callable[..., None]:
+        from flashdraft.components.prep.cli import prep
+
+        return prep

@@ -1,8 +1,8 @@
 """`flashdraft report`: one self-contained HTML page, a Markdown summary and a flat dict of scalars for a run.
 
 Everything comes from what the stages committed to the run's store, and every section but the run's own (verdict
-line, run, stages, throughput) is a stage's: each registered stage's report section (its `StageSpec.report`
-reference, flashdraft/run/reporting.py). The report can be regenerated at any time with `flashdraft
+line, run, stages, throughput) is a stage's: each registered stage's report section (its stage object's `report`
+method, flashdraft/run/reporting.py). The report can be regenerated at any time with `flashdraft
 report --run RUN_URI`, and it renders for a partial or failed run: a missing section says "not run" instead of
 failing. The outputs are committed under reports/ and, for a KFP component, also written to local artifact paths.
 """
@@ -22,10 +22,11 @@ from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.config import RunConfig
 from flashdraft.run import registry, status
+from flashdraft.run.overview import stage_statuses
 from flashdraft.run.provenance import Provenance
 from flashdraft.run.provenance import current as current_provenance
 from flashdraft.run.reporting import RunView, Section, StageReport, fmt
-from flashdraft.run.stage import load_ref, numbers
+from flashdraft.run.stage import numbers
 from flashdraft.storage import layout
 from flashdraft.storage.store import NotCommittedError, ObjectStore, open_store
 
@@ -56,7 +57,7 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
     """The run as the report reads it. run_over: called as the run's exit handler, so a task whose record still
     says running died without recording an outcome and is shown failed."""
     metrics = stage_metrics(store)
-    statuses = status.stage_statuses(status.read_records(store), metrics, run_over=run_over)
+    statuses = stage_statuses(status.read_records(store), metrics, run_over=run_over)
     summaries = {spec.name: spec.summary.model_validate(metrics[spec.name]) for spec in registry.current()
                  if spec.name in metrics and set(metrics[spec.name]) != {"error"}}
     # the config's target; a report regenerated without one takes what the plan or evaluate recorded
@@ -70,7 +71,7 @@ def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = F
 
 def stage_reports(run: RunView) -> list[StageReport]:
     """Every registered stage's contribution, in pipeline order."""
-    reports = (load_ref(spec.report)(run.summary(spec.name), run) for spec in registry.current() if spec.report)
+    reports = (stage.report(run.summary(stage.name), run) for stage in registry.current())
     return [r for r in reports if r is not None]
 
 

@@ -1,9 +1,26 @@
-"""The report stage's declaration (read by the registry, flashdraft/run/registry.py)."""
+"""The report stage: the run report, the pipeline's exit handler (registered in components/stages.py). It has no
+`run` of its own: its callers (its command, the pipeline's exit task) pass the runner the body that renders it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
 
 from flashdraft.components.report.summary import ReportSummary
-from flashdraft.run.stage import StageSpec
+from flashdraft.run.contract import Stage
+from flashdraft.storage.layout import STAGE_OUTPUTS
 
-SPEC = StageSpec(
-    "report", ReportSummary, "cpu", 1800, reuse=False, doc="Render the run report.", exit_handler=True,
-    outputs=("reports/",), cli="flashdraft.components.report.cli:report",
-    component="flashdraft.pipelines.stages:report")
+
+class Report(Stage):
+    name = "report"
+    summary = ReportSummary
+    pool = "cpu"
+    timeout_s = 1800
+    reuse = False
+    exit_handler = True
+    doc = "Render the run report."
+    outputs = STAGE_OUTPUTS["report"]
+
+    def command(self) -> Callable[..., None]:
+        from flashdraft.components.report.cli import report
+
+        return report

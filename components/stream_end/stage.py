@@ -1,10 +1,28 @@
-"""The stream-end stage's declaration (read by the registry, flashdraft/run/registry.py)."""
+"""The stream-end stage: streaming's end-of-stream marker (registered in components/stages.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from flashdraft.components.stream_end.summary import StreamEndSummary
-from flashdraft.run.stage import StageSpec
+from flashdraft.run.contract import Stage
 
-SPEC = StageSpec(
-    "stream-end", StreamEndSummary, "cpu", 900, run="flashdraft.components.stream_end.stream_end:end_stream",
-    reuse=False, trains=True,
-    command=False, upstream=("extract",), doc="Streaming: tell the trainer the extract loop ended (EOS or FAILED).",
-    component="flashdraft.pipelines.stages:stream_end")
+if TYPE_CHECKING:
+    from flashdraft.config import RunConfig
+
+
+class StreamEnd(Stage):
+    name = "stream-end"
+    summary = StreamEndSummary
+    pool = "cpu"
+    timeout_s = 900
+    reuse = False
+    trains = True
+    has_command = False
+    upstream = ("extract",)
+    doc = "Streaming: tell the trainer the extract loop ended (EOS or FAILED)."
+
+    def run(self, cfg: RunConfig, shard: int | None = None) -> StreamEndSummary:
+        from flashdraft.components.stream_end.stream_end import end_stream
+
+        return end_stream(cfg)

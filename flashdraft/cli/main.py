@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,31 +29,32 @@ from flashdraft.cli.options import (
 )
 from flashdraft.config import ConfigError, StorageConfig, dump_config, preset_names
 from flashdraft.run import registry
+from flashdraft.run.contract import Stage
 from flashdraft.run.provenance import git_commit
-from flashdraft.run.stage import StageSpec, load_ref
 from flashdraft.storage import layout
 
-# Commands that are not a stage: `flashdraft features verify` and the pipeline commands (compile, submit,
-# run-local). Each module's `register(app)` adds them; importing them is cheap (heavy imports sit in the bodies).
-_OTHER_COMMANDS = ["flashdraft.components.extract.cli:register_features", "flashdraft.pipelines.cli:register"]
+# Commands that are not a stage's: the pipeline commands (compile, submit, run-local), received from the top layer
+# through this entry point group (pyproject.toml) as `register(app)` functions; importing them is cheap (heavy
+# imports sit in the bodies).
+COMMAND_ENTRY_POINTS = "flashdraft.commands"
 
 
-def stage_command(spec: StageSpec) -> Callable[..., None]:
+def stage_command(stage: Stage) -> Callable[..., None]:
     """The generic `flashdraft <stage>` command of a stage that declares no CLI of its own: run the stage (one
     shard for a per-shard stage) through the runner and print its summary as JSON."""
 
     def run(shard: int | None, config: Any, preset: Any, set_: Any) -> None:
-        summary = run_stage(run_config(config, preset, set_), spec.name, shard)
+        summary = run_stage(run_config(config, preset, set_), stage.name, shard)
         typer.echo(json.dumps(summary.handoff(), sort_keys=True, default=str))
 
-    if spec.per_shard:
+    if stage.per_shard:
         def command(shard: ShardOpt, config: ConfigOpt = None, preset: PresetOpt = None,
                     set_: SetOpt = None) -> None:
             run(shard, config, preset, set_)
     else:
         def command(config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
             run(None, config, preset, set_)
-    command.__doc__ = spec.doc
+    command.__doc__ = stage.doc
     return command
 
 
@@ -80,16 +82,19 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 
 
 def build_app() -> typer.Typer:
-    """The `flashdraft` command from the registered stages (flashdraft/run/registry.py) and the other command modules.
-    Built when called, so a stage declared later (a plugin, a test's toy stage) gets its command too."""
+    """The `flashdraft` command from the registered stages (flashdraft/run/registry.py: each stage object's
+    command) and the `flashdraft.commands` entry points. Built when called, so a stage declared later (a plugin, a
+    test's toy stage) gets its command too."""
     app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       context_settings=CONTEXT)  # sub-commands and `features` inherit -h
     app.callback()(_root)
-    for spec in registry.current():
-        if spec.command:
-            app.command(spec.name, help=spec.doc or None)(load_ref(spec.cli) if spec.cli else stage_command(spec))
-    for ref in _OTHER_COMMANDS:
-        load_ref(ref)(app)
+    for stage in registry.current():
+        if stage.has_command:
+            app.command(stage.name, help=stage.doc or None)(stage.command() or stage_command(stage))
+    for stage in registry.current():  # after every stage's own command: `flashdraft features verify`
+        stage.add_commands(app)
+    for entry in entry_points(group=COMMAND_ENTRY_POINTS):
+        entry.load()(app)
     app.command("presets")(presets)
     app.command("show-config")(show_config)
     app.command("config-reference")(config_reference)
@@ -132,10 +137,10 @@ def status_details(store) -> list[str]:
     """What each stage's committed summary adds below the status table (`StageSummary.status_detail`: evaluate's
     per-suite table), in pipeline order."""
     out = []
-    for spec in registry.current():
-        key = layout.metrics_key(spec.name)
-        if not spec.per_shard and store.is_committed(key):
-            detail = spec.summary.model_validate(store.get_json_verified(key)).status_detail()
+    for stage in registry.current():
+        key = layout.metrics_key(stage.name)
+        if not stage.per_shard and store.is_committed(key):
+            detail = stage.summary.model_validate(store.get_json_verified(key)).status_detail()
             out += [detail] if detail else []
     return out
 
@@ -154,6 +159,7 @@ def status(
 
     # here, not at import: these import the store (fsspec/s3fs), which would slow every --help
     from flashdraft.cli.console import summary_table
+    from flashdraft.run.overview import stage_statuses
     from flashdraft.run.status import (
         describe,
         find_runs,
@@ -161,7 +167,6 @@ def status(
         metrics_names,
         no_run_message,
         read_records,
-        stage_statuses,
     )
     from flashdraft.storage.store import ObjectStore, open_store
 

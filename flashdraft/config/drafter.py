@@ -196,7 +196,7 @@ class TrainingConfig(Section):
     preempt_after: int | None = Field(
         default=None, ge=1, description="rehearsal of a preemption: the train task's first launch of its ranks "
         "ends after this many optimizer steps without a final checkpoint, as a preempted pod would, and a second "
-        "launch resumes from the last checkpoint (components/train/cli.py `launch_training`). A multiple of "
+        "launch resumes from the last checkpoint (components/train/launch.py `launch_training`). A multiple of "
         "checkpoint_every; single-node only; None (production) = one launch")
     heldout_samples: int = Field(
         default=0, ge=0, description="extracted samples held out of training for the held-out curve "

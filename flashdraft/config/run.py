@@ -71,7 +71,7 @@ class RunConfig(Section):
     @property
     def evaluate_only(self) -> bool:
         """A pretrained drafter evaluated as is: plan, prep, evaluate, export and report run; generate, extract and
-        train do not (their StageSpec.trains; the DAG is built without them)."""
+        train do not (their Stage.trains; the DAG is built without them)."""
         return self.drafter.init == "pretrained" and self.training.max_steps == 0
 
     def layer_ids(self, num_layers: int | None = None) -> list[int]:

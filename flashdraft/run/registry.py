@@ -1,9 +1,10 @@
-"""The stage registry: the pipeline's stages in order, built once from lazy references and never mutated.
+"""The stage registry: the pipeline's stage objects in order, never mutated.
 
-`BUILTIN_STAGES` names each built-in stage's declaration ("module:attribute"); they are imported the first time a
-registry is asked for, so core `flashdraft/` imports no stage at import time. A test or an extension gets another
-registry with `builtin().with_stage(spec)` and makes it the active one for a block with `active(registry)`; the
-CLI, the runner, `status`, the report and the pipeline read the active registry through `current()`.
+The core receives the built-in registry from the top layer (components/stages.py `BUILTIN`) through the
+`flashdraft.stages` entry point, loaded the first time a registry is asked for, so `flashdraft/` imports no stage.
+A test or an extension gets another registry with `builtin().with_stage(stage)` and makes it the active one for a
+block with `active(registry)`; the CLI, the runner, `status`, the report and the pipeline read the active registry
+through `current()`.
 """
 
 from __future__ import annotations
@@ -16,65 +17,61 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from flashdraft.config.errors import ConfigError
-from flashdraft.run.stage import Pool, StageSpec, StageSummary, load_ref
+from flashdraft.run.contract import Stage
+from flashdraft.run.stage import Pool, StageSummary
 
 if TYPE_CHECKING:
     from flashdraft.config.pipeline import PoolConfig, PoolsConfig
 
-BUILTIN_STAGES = tuple(f"flashdraft.components.{package}.stage:SPEC" for package in (
-    "plan", "prep", "generate", "extract", "stream_end", "train", "evaluate", "export", "report"))
+ENTRY_POINTS = "flashdraft.stages"  # the group pyproject.toml's `builtin` registry is declared in
 
 
 @dataclass(frozen=True)
 class StageRegistry:
     """Stages in pipeline order; each stage's upstream stages come before it."""
 
-    specs: tuple[StageSpec, ...]
+    stages: tuple[Stage, ...]
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
-        for spec in self.specs:
-            if spec.name in seen:
-                raise ValueError(f"stage {spec.name!r} is declared twice")
-            for name in spec.upstream + (spec.streaming_upstream or ()):
+        for stage in self.stages:
+            if stage.name in seen:
+                raise ValueError(f"stage {stage.name!r} is declared twice")
+            for name in stage.upstream + (stage.streaming_upstream or ()):
                 if name not in seen:
-                    raise ValueError(f"stage {spec.name!r}: upstream stage {name!r} is not declared before it")
-            seen.add(spec.name)
-        exit_handlers = [s.name for s in self.specs if s.exit_handler]
+                    raise ValueError(f"stage {stage.name!r}: upstream stage {name!r} is not declared before it")
+            seen.add(stage.name)
+        exit_handlers = [s.name for s in self.stages if s.exit_handler]
         if len(exit_handlers) > 1:
             raise ValueError(f"stages {exit_handlers} are all declared exit_handler: a run has one")
 
-    @classmethod
-    def from_refs(cls, refs: tuple[str, ...]) -> StageRegistry:
-        return cls(tuple(load_ref(ref) for ref in refs))
-
-    def with_stage(self, spec: StageSpec, *, after: str | None = None) -> StageRegistry:
-        """A new registry with `spec` added (or replacing the stage of its name) after `after`, by default after
+    def with_stage(self, stage: Stage, *, after: str | None = None) -> StageRegistry:
+        """A new registry with `stage` added (or replacing the stage of its name) after `after`, by default after
         the last stage before the exit handler (the report)."""
-        specs = [s for s in self.specs if s.name != spec.name]
-        anchor = after if after is not None else next((s.name for s in reversed(specs) if not s.exit_handler), None)
-        at = next((i + 1 for i, s in enumerate(specs) if s.name == anchor), len(specs))
-        return StageRegistry((*specs[:at], spec, *specs[at:]))
+        stages = [s for s in self.stages if s.name != stage.name]
+        anchor = after if after is not None else next((s.name for s in reversed(stages) if not s.exit_handler), None)
+        at = next((i + 1 for i, s in enumerate(stages) if s.name == anchor), len(stages))
+        return StageRegistry((*stages[:at], stage, *stages[at:]))
 
-    def __iter__(self) -> Iterator[StageSpec]:
-        return iter(self.specs)
+    def __iter__(self) -> Iterator[Stage]:
+        return iter(self.stages)
 
     def names(self) -> list[str]:
-        return [s.name for s in self.specs]
+        return [s.name for s in self.stages]
 
-    def get(self, name: str) -> StageSpec:
-        for spec in self.specs:
-            if spec.name == name:
-                return spec
+    def get(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
         raise ValueError(f"unknown stage {name!r}; stages: {', '.join(self.names())}")
 
     def downstream(self, name: str) -> list[str]:
         """`name` and every stage that reads it, directly or not (in either mode), in pipeline order."""
         out = {name}
-        for spec in self.specs:
-            if set(spec.upstream + (spec.streaming_upstream or ())) & out:
-                out.add(spec.name)
-        return [s.name for s in self.specs if s.name in out]
+        for stage in self.stages:
+            if set(stage.upstream + (stage.streaming_upstream or ())) & out:
+                out.add(stage.name)
+        return [s.name for s in self.stages if s.name in out]
 
     def pool_name(self, pools: PoolsConfig, stage: str) -> Pool:
         """The pool `stage` runs on: the run's `pools.stage_pool` entry, else the stage's declared pool. Here, not
@@ -101,8 +98,18 @@ class StageRegistry:
 
 @lru_cache(maxsize=1)
 def builtin() -> StageRegistry:
-    """The built-in stages (imported on first use)."""
-    return StageRegistry.from_refs(BUILTIN_STAGES)
+    """The built-in stages, from the `flashdraft.stages` entry point named `builtin` (imported on first use)."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=ENTRY_POINTS, name="builtin")
+    if not found:
+        raise RuntimeError(f"no {ENTRY_POINTS!r} entry point named 'builtin': flashdraft's package metadata is "
+                           "missing or stale; reinstall it (`make install`, or pip install -e .)")
+    registry = next(iter(found)).load()
+    if not isinstance(registry, StageRegistry):
+        raise TypeError(f"the {ENTRY_POINTS!r} entry point 'builtin' is a {type(registry).__name__}, not a "
+                        "StageRegistry")
+    return registry
 
 
 _ACTIVE: ContextVar[StageRegistry | None] = ContextVar("flashdraft_stage_registry", default=None)

@@ -1,9 +1,9 @@
 """What a stage contributes to the run report, and the formatting its sections share.
 
 The report stage (components/report/) reads a finished or partial run into a `RunView` and asks every registered
-stage's report section (the `report` reference of its `StageSpec`) for its `StageReport`: parts of the verdict line,
+stage for its `StageReport` (its stage object's `report`, flashdraft/run/contract.py): parts of the verdict line,
 flags, sections, flat scalars (the KFP Metrics) and charts. The report itself holds no per-stage code; a new stage
-reports by naming a function of its own package in its spec.
+reports by overriding `report` with a function of its own package.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ from pydantic_core import to_jsonable_python
 
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.run import registry, status
+from flashdraft.run.contract import Stage
 from flashdraft.run.events import emit, task_output
-from flashdraft.run.stage import StageSpec, StageSummary
+from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.run.status import REUSED
 from flashdraft.storage import layout
 from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
@@ -61,17 +62,17 @@ def _ignored(key: str, ignores: Iterable[str]) -> bool:
     return any(key == i or key.startswith(i + ".") for i in ignores)
 
 
-def config_inputs(spec: StageSpec, cfg: RunConfig) -> dict[str, Any]:
+def config_inputs(stage: Stage, cfg: RunConfig) -> dict[str, Any]:
     """The config values a stage's result depends on, by dotted field name (every field of a declared section)."""
     out: dict[str, Any] = {}
-    for path in spec.reads:
+    for path in stage.reads:
         node: Any = cfg
         for part in path.split("."):
             if not isinstance(node, BaseModel) or part not in type(node).model_fields:
-                raise ValueError(f"stage {spec.name!r} reads {path!r}, which is not a config field")
+                raise ValueError(f"stage {stage.name!r} reads {path!r}, which is not a config field")
             node = getattr(node, part)
         out.update(_leaves(node, path))
-    out = {k: v for k, v in sorted(out.items()) if not _ignored(k, spec.ignores)}
+    out = {k: v for k, v in sorted(out.items()) if not _ignored(k, stage.ignores)}
     if "drafter.init_from" in out and cfg.drafter.init == "pretrained":
         from flashdraft.drafter.pretrained import weights_digest
 
@@ -115,12 +116,12 @@ def _shards(store: ObjectStore, stage_name: str) -> list[int]:
     return sorted(out)
 
 
-def upstream_fingerprints(store: ObjectStore, spec: StageSpec, cfg: RunConfig,
+def upstream_fingerprints(store: ObjectStore, stage: Stage, cfg: RunConfig,
                           shard: int | None) -> dict[str, str | None]:
     """Per upstream stage, the fingerprint of the committed result this task reads: the same shard's for a
     per-shard stage reading a per-shard one, all shards' together for a fan-in; None when not committed."""
     out: dict[str, str | None] = {}
-    for name in spec.upstream_for(cfg):
+    for name in stage.upstream_for(cfg):
         up = registry.current().get(name)
         if up.per_shard and shard is not None:
             record = status.read_record(store, name, shard)
@@ -149,9 +150,9 @@ class Fingerprint:
 
 def task_fingerprint(cfg: RunConfig, stage_name: str, shard: int | None = None,
                      store: ObjectStore | None = None) -> Fingerprint:
-    spec = registry.current().get(stage_name)
+    stage = registry.current().get(stage_name)
     store = store or open_store(cfg.storage, cfg.run_id)
-    return Fingerprint(config_inputs(spec, cfg), upstream_fingerprints(store, spec, cfg, shard))
+    return Fingerprint(config_inputs(stage, cfg), upstream_fingerprints(store, stage, cfg, shard))
 
 
 def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
@@ -172,8 +173,8 @@ def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
     return out
 
 
-def _continues(spec: StageSpec, cfg: RunConfig, change: str) -> bool:
-    for c in spec.continue_on_for(cfg):
+def _continues(stage: Stage, cfg: RunConfig, change: str) -> bool:
+    for c in stage.continue_on_for(cfg):
         if c == "*" or change == c or change.startswith(c + ".") or change == f"upstream {c}":
             return True
     return False
@@ -184,11 +185,11 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def refusal(task: str, spec: StageSpec, changes: dict[str, tuple[Any, Any]]) -> StageInputsChanged:
+def refusal(task: str, stage: Stage, changes: dict[str, tuple[Any, Any]]) -> StageInputsChanged:
     """The one-line refusal: the changed fields, then the choices."""
     fields = [k for k in changes if not k.startswith("upstream ")]
     upstream = [k.removeprefix("upstream ") for k in changes if k.startswith("upstream ")]
-    start = spec.name if fields else next((s for s in registry.current().names() if s in upstream), spec.name)
+    start = stage.name if fields else next((s for s in registry.current().names() if s in upstream), stage.name)
     detail = ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in changes.items()
                        if not k.startswith("upstream "))
     what = detail if detail else f"the result of {', '.join(upstream)}"
@@ -213,16 +214,11 @@ def _emit_and_commit(store: ObjectStore, record: status.StageRecord, commit: boo
         log.warning("could not commit the status record of %s", record.task, exc_info=True)
 
 
-def _committed_result(store: ObjectStore, spec: StageSpec, shard: int | None) -> StageSummary | None:
-    key = layout.metrics_key(status.task_name(spec.name, shard))
+def _committed_result(store: ObjectStore, stage: Stage, shard: int | None) -> StageSummary | None:
+    key = layout.metrics_key(status.task_name(stage.name, shard))
     if not store.is_committed(key):
         return None
-    return registry.current().summary_of(spec.name, {**store.get_json_verified(key), "skipped": True})
-
-
-def _call(spec: StageSpec, cfg: RunConfig, shard: int | None) -> Any:
-    fn = spec.run_function()
-    return fn(cfg) if shard is None else fn(cfg, shard)
+    return registry.current().summary_of(stage.name, {**store.get_json_verified(key), "skipped": True})
 
 
 def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
@@ -230,23 +226,23 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
              metrics: Any = None) -> StageSummary:
     """Run one task (a stage, or one shard of a per-shard stage) under the runner's rules (module docstring).
 
-    body: what to call instead of the stage's declared run function (a CLI's options, a pipeline's launcher).
+    body: what to call instead of the stage's own `run` (a CLI's options, a pipeline's launcher).
     force: run even when the committed result's fingerprint matches or the change would be refused (the old
     `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
     The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
-    spec = registry.current().get(stage_name)
-    if spec.skipped_for(cfg):
-        raise ConfigError(f"{spec.name}: this run evaluates a pretrained drafter as is (drafter.init=pretrained, "
+    stage = registry.current().get(stage_name)
+    if stage.skipped_for(cfg):
+        raise ConfigError(f"{stage.name}: this run evaluates a pretrained drafter as is (drafter.init=pretrained, "
                           "training.max_steps=0) and has no such task; set training.max_steps >= 1 to train on")
     store = open_store(cfg.storage, cfg.run_id)
-    task = status.task_name(spec.name, shard)
-    previous = status.read_record(store, spec.name, shard)
-    fp = Fingerprint(config_inputs(spec, cfg), upstream_fingerprints(store, spec, cfg, shard))
+    task = status.task_name(stage.name, shard)
+    previous = status.read_record(store, stage.name, shard)
+    fp = Fingerprint(config_inputs(stage, cfg), upstream_fingerprints(store, stage, cfg, shard))
     attempt = previous.attempt + 1 if previous else 1
-    if spec.reuse and not force and previous is not None and previous.fingerprint is not None:
+    if stage.reuse and not force and previous is not None and previous.fingerprint is not None:
         changes = changed_fields(previous, fp.inputs, fp.upstream)
         if not changes and previous.state == "done":
-            result = _committed_result(store, spec, shard)
+            result = _committed_result(store, stage, shard)
             if result is not None:
                 log.info("%s: %s (%s)", task, REUSED, previous.fingerprint)
                 # started/ended stay those of the run that made the result: status and the report show how long
@@ -254,27 +250,27 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                 _emit_and_commit(store, previous.model_copy(update={
                     "reused": True, "reused_at": status.now(), "attempt": attempt,
                     "log": status.task_log_location()}))
-                _log_metrics(metrics, spec, previous.figures, 0.0)
+                _log_metrics(metrics, stage, result, previous.figures, 0.0)
                 return result
-        refused = {k: v for k, v in changes.items() if not _continues(spec, cfg, k)}
+        refused = {k: v for k, v in changes.items() if not _continues(stage, cfg, k)}
         if refused:
-            exc = refusal(status.task_name(spec.name, shard), spec, refused)
+            exc = refusal(status.task_name(stage.name, shard), stage, refused)
             now = status.now()
             _emit_and_commit(store, status.StageRecord(
-                stage=spec.name, shard=shard, state="failed", started=now, ended=now, attempt=attempt,
+                stage=stage.name, shard=shard, state="failed", started=now, ended=now, attempt=attempt,
                 error_type=type(exc).__name__, error=str(exc)), commit=False)  # the committed record stays
             raise exc
         if changes:
             log.info("%s: carrying on from its committed work after a change of %s", task, ", ".join(changes))
     with task_output(task) as log_path:
-        record = status.StageRecord(stage=spec.name, shard=shard, state="running", started=status.now(),
+        record = status.StageRecord(stage=stage.name, shard=shard, state="running", started=status.now(),
                                     attempt=attempt, log=log_path or status.task_log_location(),
                                     fingerprint=fp.digest, inputs=fp.inputs, upstream=fp.upstream)
         _emit_and_commit(store, record)
         try:
-            result = body() if body is not None else _call(spec, cfg, shard)
-            summary = registry.current().summary_of(spec.name, result)
-            if spec.reuse and not spec.commits_result:
+            result = body() if body is not None else stage.run(cfg, shard)
+            summary = registry.current().summary_of(stage.name, result)
+            if stage.reuse and not stage.commits_result:
                 store.commit_json(layout.metrics_key(task), summary.dump())
         except BaseException as exc:
             log.error("%s failed", task, exc_info=True)  # the traceback, in its log
@@ -287,17 +283,22 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
         figures = summary.figures()
         device = summary.device
         done = record.model_copy(update={"state": "done", "ended": status.now(), "figures": figures, "device": device,
-                                         "headline": spec.summary.headline(figures)
+                                         "headline": stage.summary.headline(figures)
                                          + (f" (on {device})" if device else "")})
         _emit_and_commit(store, done)
-    _log_metrics(metrics, spec, figures, done.duration_s or 0.0)
+    _log_metrics(metrics, stage, summary, figures, done.duration_s or 0.0)
     return summary
 
 
-def _log_metrics(metrics: Any, spec: StageSpec, figures: dict[str, float], duration_s: float) -> None:
+def _log_metrics(metrics: Any, stage: Stage, summary: StageSummary, figures: dict[str, float],
+                 duration_s: float) -> None:
+    """The one place a task's KFP metrics (shown in the UI) are logged: the summary's numbers (top level and one
+    level down, e.g. drafter_tau), the stage's figures with the rates derived from them, and the duration (0 when
+    reused)."""
     if metrics is None:
         return
-    for key, value in {**spec.summary.derive(figures), "duration_s": duration_s}.items():
+    values = {**numbers(summary.dump()), **stage.summary.derive(figures), "duration_s": duration_s}
+    for key, value in values.items():
         metrics.log_metric(key, float(value))
 
 
@@ -310,18 +311,18 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
     Compares the config fields of every stage with a committed record (upstream results cannot have changed yet:
     they change only through these fields). Raises StageInputsChanged naming the earliest such stage."""
     store = store or open_store(cfg.storage, cfg.run_id)
-    for spec in registry.current():
-        if not spec.reuse:
+    for stage in registry.current():
+        if not stage.reuse:
             continue
-        inputs = config_inputs(spec, cfg)
-        records = [status.read_record(store, spec.name)] if not spec.per_shard else [
-            status.read_record(store, spec.name, k) for k in _shards(store, spec.name)]
+        inputs = config_inputs(stage, cfg)
+        records = [status.read_record(store, stage.name)] if not stage.per_shard else [
+            status.read_record(store, stage.name, k) for k in _shards(store, stage.name)]
         for record in records:
             if record is None or record.fingerprint is None:
                 continue
-            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(spec, cfg, k)}
+            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(stage, cfg, k)}
             if refused:
-                raise refusal(record.task, spec, refused)
+                raise refusal(record.task, stage, refused)
 
 
 def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None) -> list[str]:
@@ -334,9 +335,9 @@ def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None
         raise ConfigError(f"--from {stage_name}: {exc}") from None
     records = store.list(layout.STATUS + "/") + store.list(layout.METRICS + "/")
     for name in names:
-        spec = registry.current().get(name)
+        stage = registry.current().get(name)
         own = {k for k in records if _task_key_of(k, name)}
-        for out in spec.outputs:
+        for out in stage.outputs:
             own.update(store.list(out) if out.endswith("/") else
                        [k for k in (out, out + COMMIT_SUFFIX) if store.exists(k)])
         for key in sorted(own, key=lambda k: not k.endswith(COMMIT_SUFFIX)):  # records first: readers stop seeing

@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines import runtime
+from flashdraft.run.overview import stage_statuses
 from flashdraft.run.runner import run_task
-from flashdraft.run.status import StageRecord, now, stage_statuses, status_key
+from flashdraft.run.status import StageRecord, now, status_key
 from flashdraft.storage.store import open_store
 
 pytestmark = pytest.mark.integration

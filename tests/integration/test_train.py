@@ -187,7 +187,7 @@ def test_preempt_after_relaunches_and_ends_as_an_uninterrupted_run(tiny_cfg):
     """training.preempt_after (the rehearsal's preemption): the train task's first launch stops after step 2
     without a final checkpoint, the second resumes from the step-2 checkpoint and ends with the weights and history
     of a run that was never interrupted."""
-    from flashdraft.components.train.cli import launch_training
+    from flashdraft.components.train.launch import launch_training
 
     seqs = rule_sequences(48, seed=4)
     full = train_cfg(tiny_cfg, run_id="one-launch", **{"training.epochs": 2, "training.checkpoint_every": 1})

@@ -8,6 +8,7 @@ import pytest
 
 from flashdraft.config import ConfigError, EvalConfig, load_config, preset_names
 from flashdraft.run import registry, status
+from flashdraft.run.overview import stage_statuses
 from flashdraft.run.runner import StageInputsChanged, check_run, clear_from, config_inputs, run_task
 from flashdraft.storage import layout
 from flashdraft.storage.store import open_store
@@ -30,7 +31,7 @@ class Body:
 
 
 class TrainBody(Body):
-    """Training commits its own metrics (rank 0 of its ranks: StageSpec.commits_result)."""
+    """Training commits its own metrics (rank 0 of its ranks: Stage.commits_result)."""
 
     def __init__(self, cfg, **result):
         super().__init__(**result)
@@ -52,7 +53,7 @@ def test_a_matching_fingerprint_is_reused_and_says_so(cfg):
     assert again.skipped and again.kept == 30 and body.calls == 1
     record = status.read_record(store, "prep")
     assert record.reused and record.state == "done" and record.attempt == 2
-    prep = next(s for s in status.stage_statuses(status.read_records(store)) if s.stage == "prep")
+    prep = next(s for s in stage_statuses(status.read_records(store)) if s.stage == "prep")
     assert status.describe(prep) == "reused: fingerprint matches"
     # a field declared as unable to change the prompts is not part of the fingerprint
     assert run_task(cfg.with_overrides({"data.expected_samples": 5000}), "prep", body=body).skipped
@@ -218,6 +219,6 @@ def test_a_reused_task_keeps_the_duration_of_the_run_that_made_it(cfg, monkeypat
     assert run_task(cfg, "generate", 0, body=gen).skipped  # reused at 2010
     run_task(cfg, "generate", 1, body=gen, force=True)  # runs again: 2030 -> 2045
     assert not clock, "every clock reading was taken"
-    by_stage = {s.stage: s for s in status.stage_statuses(status.read_records(store))}
+    by_stage = {s.stage: s for s in stage_statuses(status.read_records(store))}
     assert by_stage["prep"].duration_s == 60.5 and status.describe(by_stage["prep"]) == status.REUSED
     assert by_stage["generate"].duration_s == 15.0, "timed by the shard that ran now"

@@ -14,8 +14,9 @@ from flashdraft.cli.main import build_app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline, stage_images
 from flashdraft.run import registry
+from flashdraft.run.contract import Stage
 from flashdraft.run.registry import StageRegistry
-from flashdraft.run.stage import StageSpec, StageSummary, numbers
+from flashdraft.run.stage import StageSummary, numbers
 
 TOY_TIMEOUT_S = 1234
 
@@ -27,13 +28,35 @@ class ToySummary(StageSummary):
         return numbers({"checked": self.checked})
 
 
-def run_toy(cfg) -> ToySummary:
-    """The toy stage's logic: count the run's eval prompts setting."""
-    return ToySummary(checked=cfg.eval.num_prompts)
+class Toy(Stage):
+    name = "toy"
+    summary = ToySummary
+    pool = "cpu"
+    timeout_s = TOY_TIMEOUT_S
+    doc = "A toy stage declared by a test."
+    upstream = ("train",)
+    reads = ("eval",)
+
+    def run(self, cfg, shard=None) -> ToySummary:
+        """The toy stage's logic: count the run's eval prompts setting."""
+        return ToySummary(checked=cfg.eval.num_prompts)
 
 
-TOY = StageSpec("toy", ToySummary, "cpu", TOY_TIMEOUT_S, run=f"{__name__}:run_toy",
-                doc="A toy stage declared by a test.", upstream=("train",), reads=("eval",))
+class Bad(Stage):
+    name = "bad"
+    pool = "cpu"
+    timeout_s = 60
+
+
+class BadUpstream(Bad):
+    upstream = ("nope",)
+
+
+class BadExitHandler(Bad):
+    exit_handler = True
+
+
+TOY = Toy()
 
 
 @pytest.fixture()
@@ -76,18 +99,30 @@ def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
 
 def test_a_registry_refuses_an_undeclared_upstream_stage_a_duplicate_and_a_second_exit_handler():
     with pytest.raises(ValueError, match="upstream stage 'nope' is not declared before it"):
-        registry.builtin().with_stage(StageSpec("bad", StageSummary, "cpu", 60, upstream=("nope",)))
+        registry.builtin().with_stage(BadUpstream())
     with pytest.raises(ValueError, match="stage 'plan' is declared twice"):
-        StageRegistry((*registry.builtin().specs, registry.builtin().get("plan")))
+        StageRegistry((*registry.builtin().stages, registry.builtin().get("plan")))
     with pytest.raises(ValueError, match=r"stages \['report', 'bad'\] are all declared exit_handler"):
-        registry.builtin().with_stage(StageSpec("bad", StageSummary, "cpu", 60, exit_handler=True), after="report")
+        registry.builtin().with_stage(BadExitHandler(), after="report")
     assert "bad" not in registry.current().names()
 
 
 def test_the_builtin_registry_is_built_from_each_stage_package():
-    """Every built-in stage is declared in its own package's stage.py, and its summary type lives beside it."""
-    for spec in registry.builtin():
-        package = spec.name.replace("-", "_")
-        assert spec.summary.__module__ == f"flashdraft.components.{package}.summary", spec.name
-        if spec.run is not None:
-            assert spec.run.startswith(f"flashdraft.components.{package}."), spec.run
+    """Every built-in stage is one object declared in its own package's stage.py, its summary type beside it, and
+    the registry the core receives (the `flashdraft.stages` entry point) is components/stages.py's."""
+    from flashdraft.components.stages import BUILTIN
+
+    assert registry.builtin() is BUILTIN
+    for stage in registry.builtin():
+        package = stage.name.replace("-", "_")
+        assert type(stage).__module__ == f"flashdraft.components.{package}.stage", stage.name
+        assert stage.summary.__module__ == f"flashdraft.components.{package}.summary", stage.name
+
+
+def test_each_stage_declares_the_outputs_the_store_names_it_for():
+    """The store's advice for corrupt bytes (storage/layout.py STAGE_OUTPUTS) and `--from` (each stage's
+    `outputs`) read one table: every stage's outputs are its entry there, and every entry is a stage's."""
+    from flashdraft.storage.layout import STAGE_OUTPUTS
+
+    declared = {stage.name: stage.outputs for stage in registry.builtin() if stage.outputs}
+    assert declared == STAGE_OUTPUTS
