@@ -15,6 +15,7 @@ asks for another shape. Everything else
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from kfp import compiler, dsl
@@ -74,6 +75,85 @@ def stage_args(stage: str, shard: Any = -1) -> dict[str, Any]:
     return {} if stage in OWN_BODIES else {"stage": stage, "shard": shard}
 
 
+@dataclass
+class _Wiring:
+    """The tasks of one pipeline function, wired while KFP traces it: what they share (the config, the components,
+    the pipeline's parameters) and the DAG's shape (`build_pipeline`'s docstring)."""
+
+    cfg: RunConfig
+    components: dict[str, Any]
+    cfg_args: dict[str, Any]  # config_yaml and overrides: every task's first arguments
+    params: dict[str, PoolParams]  # per pool: the node selector, tolerations and GPU count parameters
+    s3_secret_name: Any
+    trainjob: dict[str, Any]  # the multi-node launcher's placement arguments
+    local: bool
+    parallelism: int
+
+    def placed(self, stage: str, task: Any, pool: str | None = None) -> Any:
+        pool = pool or stage_registry.current().pool_name(self.cfg.pools, stage)
+        return place(task, stage, getattr(self.cfg.pools, pool), self.params[pool], self.s3_secret_name,
+                     retries=not self.local).set_display_name(stage)
+
+    def task(self, stage: str, **args: Any) -> Any:
+        """A placed task of `stage`'s component (`stage_args` added for the generic body)."""
+        shard = args.pop("shard", -1)
+        return self.placed(stage, self.components[stage](**self.cfg_args, **stage_args(stage, shard), **args))
+
+    def wire(self) -> None:
+        """The exit handler around the plan gate, prep, the training tasks and every later stage."""
+        cfg = self.cfg
+        (exit_stage,) = [stage for stage in stage_registry.current() if stage.exit_handler]
+        with dsl.ExitHandler(self.task(exit_stage.name), name="run"):
+            gate = self.task("plan", compiled_mode=cfg.mode.kind, compiled_num_nodes=cfg.training.num_nodes,
+                             compiled_evaluate_only=cfg.evaluate_only)
+            prep = self.task("prep").after(gate)
+            tasks = {"plan": gate, "prep": prep}
+            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
+                tasks.update(self.training_tasks(prep))
+            self.later_tasks(tasks)
+
+    def training_tasks(self, prep: Any) -> dict[str, Any]:
+        """generate and extract per shard, then train (offline fan-in, streaming, or the TrainJob launcher): the
+        tasks of every run that trains."""
+        streaming = self.cfg.mode.kind == "streaming"
+        with dsl.ParallelFor(prep.output, parallelism=self.parallelism, name="generate-shards") as shard:
+            gen = self.task("generate", shard=shard)
+        extracted: Any = []
+        tasks = {"generate": gen}
+        if not (streaming and self.local):
+            with dsl.ParallelFor(prep.output, parallelism=self.parallelism, name="extract-shards") as s:
+                ext = self.task("extract", shard=s).after(gen)
+            tasks["extract"] = ext
+            if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
+                self.task("stream-end").after(ext).ignore_upstream_failure()
+            else:
+                extracted = dsl.Collected(ext.outputs["Output"])
+        if self.cfg.training.num_nodes > 1:
+            train = self.placed("train-launcher", self.components["train-launcher"](
+                **self.cfg_args, extracted=extracted, **self.trainjob), pool="cpu")
+        else:
+            train = self.task("train", extracted=extracted, run_producers=streaming and self.local)
+        train.after(gen)  # streaming: the trainer runs beside the extract loop, once responses exist
+        tasks["train"] = train
+        return tasks
+
+    def later_tasks(self, tasks: dict[str, Any]) -> None:
+        """Every declared stage not wired by hand (evaluate, export, an extension's), in registry order, after its
+        upstream tasks (or prep): it reads its inputs from the store."""
+        reg = stage_registry.current()
+        for stage in reg:
+            if stage.name in WIRED or stage.exit_handler or stage.skipped_for(self.cfg):
+                continue
+            if stage.per_shard:
+                raise ValueError(f"stage {stage.name!r}: the pipeline fans out only generate and extract per "
+                                 "shard; declare it per_shard=False (it may still loop over shards itself)")
+            task = self.task(stage.name)
+            upstream = [n for n in stage.upstream_for(self.cfg) if not reg.get(n).skipped_for(self.cfg)]
+            for name in upstream or ("prep",):
+                task.after(tasks[name])
+            tasks[stage.name] = task
+
+
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
                    local: bool = False, parallelism: int = 0, images: dict[str, str] | None = None) -> Any:
     """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode, num_nodes and
@@ -116,64 +196,11 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
             "trainer": PoolParams(trainer_node_selector, trainer_tolerations,
                                   pools.trainer.accelerator_count if local else trainer_gpus),
         }
-        cfg_args = {"config_yaml": config_yaml, "overrides": overrides}
-
-        def placed(stage: str, task: Any, pool: str | None = None) -> Any:
-            pool = pool or stage_registry.current().pool_name(pools, stage)
-            return place(task, stage, getattr(pools, pool), params[pool], s3_secret_name,
-                         retries=not local).set_display_name(stage)
-
-        def training_tasks(prep: Any) -> dict[str, Any]:
-            """generate and extract per shard, then train (offline fan-in, streaming, or the TrainJob launcher):
-            the tasks of every run that trains."""
-            streaming, multinode = cfg.mode.kind == "streaming", cfg.training.num_nodes > 1
-            with dsl.ParallelFor(prep.output, parallelism=parallelism, name="generate-shards") as shard:
-                gen = placed("generate", c["generate"](**cfg_args, **stage_args("generate", shard)))
-            extracted: Any = []
-            tasks = {"generate": gen}
-            if not (streaming and local):
-                with dsl.ParallelFor(prep.output, parallelism=parallelism, name="extract-shards") as s:
-                    ext = placed("extract", c["extract"](**cfg_args, **stage_args("extract", s))).after(gen)
-                tasks["extract"] = ext
-                if streaming:  # EOS or FAILED for the trainer, whatever became of the extract tasks
-                    placed("stream-end", c["stream-end"](**cfg_args, **stage_args("stream-end"))).after(
-                        ext).ignore_upstream_failure()
-                else:
-                    extracted = dsl.Collected(ext.outputs["Output"])
-            if multinode:
-                train = placed("train-launcher", c["train-launcher"](
-                    **cfg_args, extracted=extracted, image=images["trainer"], namespace=trainjob_namespace,
-                    node_selector=trainer_node_selector, tolerations=trainer_tolerations,
-                    gpus_per_node=trainer_gpus, s3_secret_name=s3_secret_name, runtime_ref=trainjob_runtime),
-                    pool="cpu")
-            else:
-                train = placed("train", c["train"](**cfg_args, extracted=extracted,
-                                                   run_producers=streaming and local))
-            train.after(gen)  # streaming: the trainer runs beside the extract loop, once responses exist
-            tasks["train"] = train
-            return tasks
-
-        (exit_spec,) = [spec for spec in stage_registry.current() if spec.exit_handler]
-        with dsl.ExitHandler(placed(exit_spec.name, c[exit_spec.name](**cfg_args)), name="run"):
-            gate = placed("plan", c["plan"](**cfg_args, compiled_mode=cfg.mode.kind,
-                                            compiled_num_nodes=cfg.training.num_nodes,
-                                            compiled_evaluate_only=cfg.evaluate_only))
-            prep = placed("prep", c["prep"](**cfg_args)).after(gate)
-            tasks = {"plan": gate, "prep": prep}
-            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
-                tasks.update(training_tasks(prep))
-            for spec in stage_registry.current():
-                if spec.name in WIRED or spec.exit_handler or spec.skipped_for(cfg):
-                    continue
-                if spec.per_shard:
-                    raise ValueError(f"stage {spec.name!r}: the pipeline fans out only generate and extract per "
-                                     "shard; declare it per_shard=False (it may still loop over shards itself)")
-                task = placed(spec.name, c[spec.name](**cfg_args, **stage_args(spec.name)))
-                reg = stage_registry.current()
-                upstream = [n for n in spec.upstream_for(cfg) if not reg.get(n).skipped_for(cfg)]
-                for name in upstream or ("prep",):
-                    task.after(tasks[name])
-                tasks[spec.name] = task
+        trainjob = {"image": images["trainer"], "namespace": trainjob_namespace, "node_selector":
+                    trainer_node_selector, "tolerations": trainer_tolerations, "gpus_per_node": trainer_gpus,
+                    "s3_secret_name": s3_secret_name, "runtime_ref": trainjob_runtime}
+        _Wiring(cfg, c, {"config_yaml": config_yaml, "overrides": overrides}, params, s3_secret_name, trainjob,
+                local, parallelism).wire()
 
     return flashdraft_pipeline
 

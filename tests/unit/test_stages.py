@@ -126,3 +126,29 @@ def test_each_stage_declares_the_outputs_the_store_names_it_for():
 
     declared = {stage.name: stage.outputs for stage in registry.builtin() if stage.outputs}
     assert declared == STAGE_OUTPUTS
+
+
+class RecordingMetrics:
+    """A KFP Metrics artifact's one method, recording each call (the real one keeps only the last value)."""
+
+    def __init__(self) -> None:
+        self.logged: list[str] = []
+
+    def log_metric(self, key: str, value: float) -> None:
+        self.logged.append(key)
+
+
+def test_the_generic_kfp_body_runs_the_stage_object_and_logs_each_metric_once(toy, tmp_path):
+    """The generic component body (pipelines/runtime.py `stage_task`) runs the toy stage's own `run` through the
+    runner; the task's KFP metrics (the summary's numbers, the figures, the duration) are logged once each."""
+    from flashdraft.config import dump_config
+    from flashdraft.pipelines import runtime
+
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
+    metrics = RecordingMetrics()
+    out = json.loads(runtime.stage_task(dump_config(cfg), {}, "toy", -1, metrics))
+    assert out["checked"] == 4
+    assert sorted(metrics.logged) == ["checked", "duration_s"]
+    reused = RecordingMetrics()
+    assert json.loads(runtime.stage_task(dump_config(cfg), {}, "toy", -1, reused))["skipped"] is True
+    assert sorted(reused.logged) == ["checked", "duration_s"]
