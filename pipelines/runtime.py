@@ -61,13 +61,6 @@ def to_json(summary: StageSummary) -> str:
     return json.dumps(summary.handoff(), sort_keys=True, default=str)
 
 
-def stage_task(config_yaml: str, overrides: dict[str, Any] | None, stage: str, shard: int, metrics: Any) -> str:
-    """The generic component's body: the stage object's `run` for one task (`shard` < 0: not per-shard) through
-    the runner, which logs the task's KFP metrics."""
-    cfg = stage_config(config_yaml, overrides)
-    return to_json(run_task(cfg, stage, None if shard < 0 else shard, metrics=metrics))
-
-
 def plan_gate(config_yaml: str, overrides: dict[str, Any] | None, compiled_mode: str, compiled_num_nodes: int,
               compiled_evaluate_only: bool, metrics: Any) -> str:
     """The plan task, refusing first a config that needs another DAG or a change no committed stage can carry on
@@ -87,14 +80,6 @@ def prep_shards(config_yaml: str, overrides: dict[str, Any] | None) -> list[int]
     """The prep task; its shard ids drive the per-shard fan-outs."""
     summary = run_task(stage_config(config_yaml, overrides), "prep")
     return list(range(int(summary.num_shards)))
-
-
-def train_task(config_yaml: str, overrides: dict[str, Any] | None, run_producers: bool, metrics: Any) -> str:
-    """The train task in this pod: the train stage's launcher (its `run`), or with `run_producers` (local
-    streaming) the launcher beside the extraction producers."""
-    cfg = stage_config(config_yaml, overrides)
-    body = (lambda: train_with_producers(cfg)) if run_producers else None
-    return to_json(run_task(cfg, "train", body=body, metrics=metrics))
 
 
 def trainjob_task(config_yaml: str, overrides: dict[str, Any] | None, metrics: Any, **placement: Any) -> str:

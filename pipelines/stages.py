@@ -2,9 +2,9 @@
 outputs differ.
 
 KFP embeds each function's source in the compiled spec and runs it in the stage image, so every import sits inside
-the body and each body is one call into `pipelines/runtime.py`, which runs the task through the runner
-(`flashdraft.run.runner.run_task`: reuse, continuation, the status record, the task's KFP metrics) and the stage
-object's own `run`. `stage_task` serves every stage without a body of its own (generate, extract, stream-end,
+the body and each body is a few lines: the task through the runner (`flashdraft.run.runner.run_task`: reuse,
+continuation, the status record, the task's KFP metrics), which calls the stage object's own `run`, with helpers
+from `pipelines/runtime.py`. `stage_task` serves every stage without a body of its own (generate, extract, stream-end,
 evaluate, export, an extension's); `pipelines/pipeline.py` names each of its components after its stage. The
 others differ in what they take or give: the plan gate (the compiled DAG's shape), prep (the shard list the
 fan-outs read), train (the offline fan-in, the local producers), train_multinode (the TrainJob's placement) and
@@ -22,8 +22,10 @@ def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Me
     """Any stage's task (one shard of a per-shard stage; -1: not per-shard): the stage object's `run`, through the
     runner (it reads its inputs from the store; the DAG orders it after its upstream tasks)."""
     from flashdraft.pipelines import runtime
+    from flashdraft.run.runner import run_task
 
-    return runtime.stage_task(config_yaml, overrides, stage, int(shard), metrics)
+    cfg = runtime.stage_config(config_yaml, overrides)
+    return runtime.to_json(run_task(cfg, stage, None if int(shard) < 0 else int(shard), metrics=metrics))
 
 
 def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_num_nodes: int,
@@ -48,15 +50,18 @@ def prep(config_yaml: str, overrides: dict) -> list[int]:
 
 def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers: bool,
           metrics: Output[Metrics]) -> str:
-    """Train the drafter in this pod (the train stage's launcher: torchrun when nproc_per_node > 1).
+    """Train the drafter in this pod: the train stage's `run`, its launcher (torchrun when nproc_per_node > 1).
 
     `extracted` is the offline fan-in (empty in streaming mode). `run_producers` is the local streaming path: the
     extraction producers run in a background process inside this task, because kfp.local runs sibling tasks one
     after another and a consumer that waits for a producer scheduled after it would never finish.
     """
     from flashdraft.pipelines import runtime
+    from flashdraft.run.runner import run_task
 
-    return runtime.train_task(config_yaml, overrides, bool(run_producers), metrics)
+    cfg = runtime.stage_config(config_yaml, overrides)
+    body = (lambda: runtime.train_with_producers(cfg)) if run_producers else None
+    return runtime.to_json(run_task(cfg, "train", body=body, metrics=metrics))
 
 
 def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], image: str, namespace: str,

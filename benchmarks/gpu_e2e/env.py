@@ -64,7 +64,23 @@ def stage_flashdraft(work: Path) -> Path | None:
     shutil.copytree(REPO / "flashdraft", pkg, ignore=ignore)
     shutil.copytree(REPO / "components", pkg / "components", ignore=ignore)
     shutil.copytree(REPO / "pipelines", pkg / "pipelines", ignore=ignore)
+    write_dist_info(site)
     return site
+
+
+def write_dist_info(site: Path) -> Path:
+    """The copy's `.dist-info` as a wheel lays it out: its name and version, and the entry points (pyproject.toml
+    `[project.entry-points]`) through which flashdraft's core receives its stages and the pipeline commands."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    info = site / f"flashdraft-{project['version']}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flashdraft\nVersion: {project['version']}\n")
+    groups = [f"[{group}]\n" + "".join(f"{name} = {ref}\n" for name, ref in entries.items())
+              for group, entries in project.get("entry-points", {}).items()]
+    (info / "entry_points.txt").write_text("\n".join(groups))
+    return info
 
 
 def seed_tokenizer() -> None:

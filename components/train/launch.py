@@ -1,9 +1,10 @@
 """The train task's launcher: training in this process (one rank), or its ranks under torchrun, each running this
 module's `main` (`python -m flashdraft.components.train.launch --config PATH`), which calls the trainer.
 
-The train stage's `run` (components/train/stage.py) calls `launch_training`, whoever holds the task: the pipeline's
-train component, `flashdraft train`, a TrainJob's launcher runs the same rank entry on every node. So a train task
-on a pod crosses four hops: the KFP component, the runner's body, this launcher, the trainer.
+The train stage's `run` (components/train/stage.py) is `launch_training`, whoever holds the task: the pipeline's
+train component and `flashdraft train` through the runner; a TrainJob runs the rank entry on every node. So a train
+task on a pod crosses four hops: its KFP component (pipelines/stages.py `train`), the runner (`run_task`), the
+train stage's run (this launcher; under torchrun, each rank's `main`), the trainer (`run_train`).
 """
 
 from __future__ import annotations

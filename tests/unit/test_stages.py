@@ -139,16 +139,17 @@ class RecordingMetrics:
 
 
 def test_the_generic_kfp_body_runs_the_stage_object_and_logs_each_metric_once(toy, tmp_path):
-    """The generic component body (pipelines/runtime.py `stage_task`) runs the toy stage's own `run` through the
-    runner; the task's KFP metrics (the summary's numbers, the figures, the duration) are logged once each."""
+    """The generic component body (pipelines/stages.py `stage_task`, called as kfp.local calls it) runs the toy
+    stage's own `run` through the runner; the task's KFP metrics (the summary's numbers, the figures, the duration)
+    are logged once each."""
     from flashdraft.config import dump_config
-    from flashdraft.pipelines import runtime
+    from flashdraft.pipelines.stages import stage_task
 
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
     metrics = RecordingMetrics()
-    out = json.loads(runtime.stage_task(dump_config(cfg), {}, "toy", -1, metrics))
+    out = json.loads(stage_task(dump_config(cfg), {}, "toy", metrics, -1))
     assert out["checked"] == 4
     assert sorted(metrics.logged) == ["checked", "duration_s"]
     reused = RecordingMetrics()
-    assert json.loads(runtime.stage_task(dump_config(cfg), {}, "toy", -1, reused))["skipped"] is True
+    assert json.loads(stage_task(dump_config(cfg), {}, "toy", reused, -1))["skipped"] is True
     assert sorted(reused.logged) == ["checked", "duration_s"]
