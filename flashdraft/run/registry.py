@@ -35,6 +35,9 @@ class StageRegistry:
     def __post_init__(self) -> None:
         seen: set[str] = set()
         for stage in self.stages:
+            missing = [field for field in ("name", "pool", "timeout_s") if not hasattr(stage, field)]
+            if missing:
+                raise ValueError(f"stage class {type(stage).__name__} declares no {', '.join(missing)}")
             if stage.name in seen:
                 raise ValueError(f"stage {stage.name!r} is declared twice")
             for name in stage.upstream + (stage.streaming_upstream or ()):
@@ -48,7 +51,7 @@ class StageRegistry:
     def with_stage(self, stage: Stage, *, after: str | None = None) -> StageRegistry:
         """A new registry with `stage` added (or replacing the stage of its name) after `after`, by default after
         the last stage before the exit handler (the report)."""
-        stages = [s for s in self.stages if s.name != stage.name]
+        stages = [s for s in self.stages if s.name != getattr(stage, "name", None)]  # no name: refused below
         anchor = after if after is not None else next((s.name for s in reversed(stages) if not s.exit_handler), None)
         at = next((i + 1 for i, s in enumerate(stages) if s.name == anchor), len(stages))
         return StageRegistry((*stages[:at], stage, *stages[at:]))

@@ -97,13 +97,15 @@ def test_a_toy_stage_appears_in_the_cli_the_pipeline_and_status(toy, tmp_path):
     assert k8s[task["componentRef"]["name"].replace("comp-", "exec-")]["activeDeadlineSeconds"] == str(TOY_TIMEOUT_S)
 
 
-def test_a_registry_refuses_an_undeclared_upstream_stage_a_duplicate_and_a_second_exit_handler():
+def test_a_registry_refuses_an_undeclared_upstream_stage_a_duplicate_a_second_exit_handler_and_no_name():
     with pytest.raises(ValueError, match="upstream stage 'nope' is not declared before it"):
         registry.builtin().with_stage(BadUpstream())
     with pytest.raises(ValueError, match="stage 'plan' is declared twice"):
         StageRegistry((*registry.builtin().stages, registry.builtin().get("plan")))
     with pytest.raises(ValueError, match=r"stages \['report', 'bad'\] are all declared exit_handler"):
         registry.builtin().with_stage(BadExitHandler(), after="report")
+    with pytest.raises(ValueError, match="stage class Stage declares no name, pool, timeout_s"):
+        registry.builtin().with_stage(Stage())
     assert "bad" not in registry.current().names()
 
 
