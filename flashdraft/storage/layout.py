@@ -12,6 +12,7 @@ EXPORT = "export"            # export/zlab/, export/zlab.manifest.json, export/s
 REPORTS = "reports"          # reports/report.html, reports/summary.md
 METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
 STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/run/status.py)
+TENSORBOARD = "tensorboard"  # tensorboard/<task>/events.out.tfevents.*: `tensorboard --logdir <run>/tensorboard`
 
 
 def shard_name(index: int) -> str:
@@ -143,3 +144,14 @@ REPORT_HTML = f"{REPORTS}/report.html"
 REPORT_MARKDOWN = f"{REPORTS}/summary.md"
 REPORT_SCALARS = f"{REPORTS}/metrics.json"
 REPORT_CONFIG = f"{REPORTS}/config.json"
+
+
+def tensorboard_prefix(task: str) -> str:
+    """One task's TensorBoard event files (a TensorBoard "run" per task: train, evaluate, generate-shard-00000)."""
+    return f"{TENSORBOARD}/{task}"
+
+
+def tracking_progress_key(task: str) -> str:
+    """The highest step each of a task's series has logged, so a resumed task never logs a step twice
+    (flashdraft/tracking/tracker.py). TensorBoard reads only event files, so it sits beside them."""
+    return f"{tensorboard_prefix(task)}/progress.json"
