@@ -58,8 +58,14 @@ def flat_numbers(values: Mapping[str, Any], prefix: str = "") -> dict[str, float
         elif isinstance(value, Mapping):
             out.update(flat_numbers(value, f"{tag}/"))
         elif isinstance(value, list | tuple):
-            out.update(flat_numbers({str(i + 1): v for i, v in enumerate(value)}, f"{tag}/"))
+            out.update(flat_numbers({_item_name(i, v): v for i, v in enumerate(value)}, f"{tag}/"))
     return out
+
+
+def _item_name(index: int, item: Any) -> str:
+    """A list item's tag: its own `name` (an eval suite: `suites/heldout/tau`), else its position from 1."""
+    name = item.get("name") if isinstance(item, Mapping) else None
+    return str(name) if isinstance(name, str) and name else str(index + 1)
 
 
 def flat_params(cfg: RunConfig) -> dict[str, str]:
@@ -116,7 +122,9 @@ class Tracker:
         self._each("flush")
         if self.store is not None and self.last_steps and self.sinks:
             try:
-                self.store.put_json(layout.tracking_progress_key(self.task), {"last_steps": self.last_steps})
+                stored = read_progress(self.store, self.task)  # another tracker of the task (a torchrun rank 0)
+                merged = {k: max(v, stored.get(k, -1)) for k, v in self.last_steps.items()}
+                self.store.put_json(layout.tracking_progress_key(self.task), {"last_steps": {**stored, **merged}})
             except Exception as exc:  # the store's own failure surfaces where the stage writes its results
                 log.warning("tracking: could not record the logged steps of %s: %s", self.task, exc)
 
@@ -150,6 +158,12 @@ class Tracker:
         self.close()
 
 
+def read_progress(store: ObjectStore, task: str) -> dict[str, int]:
+    """The highest step each series of `task` has logged, in any attempt ({} before its first)."""
+    key = layout.tracking_progress_key(task)
+    return {k: int(v) for k, v in store.get_json(key)["last_steps"].items()} if store.exists(key) else {}
+
+
 def _sink(name: str, cfg: RunConfig, task: str, stage: str, store: ObjectStore) -> Sink:
     from flashdraft.tracking import sinks
 
@@ -166,13 +180,23 @@ def open_tracker(cfg: RunConfig, task: str, stage: str, store: ObjectStore) -> T
     tracker = Tracker(task, [], store, flush_every_s=cfg.tracking.flush_every_s)
     if not cfg.tracking.report_to:
         return tracker
-    try:
-        tracker.last_steps = dict(store.get_json(layout.tracking_progress_key(task))["last_steps"])
-    except Exception:  # none yet: the task's first attempt
-        pass
+    tracker.last_steps = read_progress(store, task)
     for name in cfg.tracking.report_to:
         try:
             tracker.sinks.append(_sink(name, cfg, task, stage, store))
         except Exception as exc:
             tracker.warn_failed(name, exc)
     return tracker
+
+
+def log_result(cfg: RunConfig, store: ObjectStore, stage: str, task: str, step: int, result: Mapping[str, Any],
+               files: Mapping[str, bytes] | None = None) -> None:
+    """A finished task's figures (its summary, bulky lists left out) under `<stage>/`, and the files the trackers
+    keep (the report, the model card). `step`: the shard of a fanned-out stage, else the task's attempt, so a
+    re-evaluation adds a point instead of being dropped as a repeat."""
+    if not cfg.tracking.report_to:
+        return
+    with open_tracker(cfg, task, stage, store) as tracker:
+        tracker.log(stage, result, step)
+        for name, data in (files or {}).items():
+            tracker.artifact(name, data)

@@ -35,6 +35,13 @@ def test_flat_numbers_joins_nested_and_indexes_lists_from_one():
                                               "train/acc_by_pos/2": 0.25, "train/drafter/tau": 2.0}
 
 
+def test_flat_numbers_names_list_items_by_their_name():
+    """Evaluate's suites are tagged by suite, not by position: `suites/humaneval/tau`."""
+    values = {"suites": [{"name": "heldout", "tau": 2.1}, {"name": "humaneval", "tau": 1.4, "speedup": 1.1}]}
+    assert flat_numbers(values) == {"suites/heldout/tau": 2.1, "suites/humaneval/tau": 1.4,
+                                    "suites/humaneval/speedup": 1.1}
+
+
 def test_flat_params_are_dotted_strings(cfg):
     params = flat_params(cfg)
     assert params["training.lr"] == str(cfg.training.lr)
