@@ -10,7 +10,7 @@ PRESET    ?= smollm2-local
 VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
-.PHONY: install test test-fast test-vllm checkov-venv test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
+.PHONY: install test test-fast test-vllm checkov-venv mlflow-venv test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
         helm-install lint vllm-venv bench-venv clean gpu-check gpu-wheels gpu-e2e gpu-e2e-dry
 
 $(BIN)/flashdraft: pyproject.toml
@@ -35,7 +35,7 @@ install: $(BIN)/flashdraft
 # burn each other's cores: 1.39x on a subset, same CPU time (docs/testing.md). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-test: install tools checkov-venv bench-venv
+test: install tools checkov-venv bench-venv mlflow-venv
 	OMP_WAIT_POLICY=PASSIVE $(PYTEST) -q -n $(TEST_WORKERS) --dist loadgroup -m "not vllm and not containers" \
 	  --durations=40 tests
 
@@ -49,6 +49,17 @@ $(CHECKOV_VENV)/.ready:
 	touch $@
 
 checkov-venv: $(CHECKOV_VENV)/.ready
+
+# The MLflow tracking server the tracking tests start (tests/support/mlflow_server.py), in its own venv: the full
+# mlflow package pins older pyarrow and cryptography than .venv holds (flashdraft itself uses mlflow-skinny).
+MLFLOW_VENV ?= .venv-mlflow
+
+$(MLFLOW_VENV)/.ready:
+	test -x $(MLFLOW_VENV)/bin/python || $(PY) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q mlflow==3.17.2
+	touch $@
+
+mlflow-venv: $(MLFLOW_VENV)/.ready
 
 # The containers tier (tests/containers): its own dockerd (private data root, stopped at the end), a stand-in base
 # and a wheel index over HTTPS (cached in ~/.cache/flashdraft/containers), then docker/base built as is and the tiny

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.mlflow_server import mlflow_server_command
 from support.s3 import aws_env, free_port, rclone_command, wait_for_port
 from support.shared_runs import SHARED_RUNS
 
@@ -34,6 +35,24 @@ def s3_server(tmp_path_factory):
         proc.kill()
         pytest.fail("rclone serve s3 did not start within 30 s")
     yield endpoint
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on 127.0.0.1 (sqlite backend, local artifacts); yields its URI."""
+    data = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = (data / "server.log").open("wb")
+    proc = subprocess.Popen(mlflow_server_command(data, port), stdout=log, stderr=subprocess.STDOUT)
+    if not wait_for_port(port, proc, timeout_s=120):
+        proc.kill()
+        pytest.fail(f"mlflow server did not start: {(data / 'server.log').read_text()[-2000:]}")
+    yield f"http://127.0.0.1:{port}"
     proc.terminate()
     try:
         proc.wait(timeout=10)
@@ -80,7 +99,7 @@ def _threads():
 # Test tiers are folders: every test under tests/integration, tests/vllm or tests/k8s carries that tier's marker
 # (so `-m "not integration"` can never pick up a test that needs a service), and tests/unit uses no real service.
 TIER_FOLDERS = ("integration", "vllm", "k8s", "containers")
-SERVICE_FIXTURES = {"s3_server"}  # every real-S3 fixture (s3_env, s3_storage, any_store's s3 case) depends on it
+SERVICE_FIXTURES = {"s3_server", "mlflow_server"}  # the real servers; every real-S3 fixture depends on s3_server
 
 
 def xdist_group(item: pytest.Item) -> str:

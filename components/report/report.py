@@ -233,17 +233,22 @@ def render_markdown(report: Report) -> str:
 # -- entry points -------------------------------------------------------------------------------------------------
 
 
+def stored_config(store: ObjectStore) -> dict[str, Any] | None:
+    """The config an earlier report run stored with the run (None before any report ran)."""
+    try:
+        return store.get_json_verified(layout.REPORT_CONFIG)
+    except NotCommittedError:
+        return None
+
+
 def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
                  out_dir: str | Path | None = None, run_over: bool = False) -> ReportSummary:
     """Render from the store's committed metrics and stage records, commit reports/{report.html,summary.md,
     metrics.json}; with `out_dir`, also write them there (KFP artifact paths). `config` defaults to the one stored
     by an earlier report run. run_over: see `gather`."""
-    if config is None and store.is_committed(layout.REPORT_CONFIG):
-        try:
-            config = store.get_json_verified(layout.REPORT_CONFIG)
-        except NotCommittedError:
-            config = None
-    elif config is not None:
+    if config is None:
+        config = stored_config(store)
+    else:
         store.commit_json(layout.REPORT_CONFIG, config)
     report = Report.of(gather(store, config, run_over))
     page, summary, scalars = render_html(report), render_markdown(report), scalar_metrics(report)

@@ -18,6 +18,7 @@ from flashdraft.config.features import FeaturesConfig, StorageConfig
 from flashdraft.config.overrides import apply_overrides, drop_stale_target_facts
 from flashdraft.config.pipeline import ModeConfig, PlanConfig, PoolsConfig
 from flashdraft.config.target import DataConfig, GenerationConfig, TargetConfig
+from flashdraft.config.tracking import TrackingConfig
 
 
 class RunConfig(Section):
@@ -38,6 +39,7 @@ class RunConfig(Section):
     mode: ModeConfig = Field(default_factory=ModeConfig, description=ModeConfig.__doc__)
     pools: PoolsConfig = Field(default_factory=PoolsConfig, description=PoolsConfig.__doc__)
     plan: PlanConfig = Field(default_factory=PlanConfig, description=PlanConfig.__doc__)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description=TrackingConfig.__doc__)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

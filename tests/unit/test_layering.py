@@ -20,7 +20,7 @@ TREES = {"flashdraft": "flashdraft", "components": "flashdraft.components", "pip
 # Bottom first. `flashdraft` is the root package's __init__ (the version); the stages follow pipeline order, so a
 # stage may read an upstream stage's contract (its summary type) and never the reverse; `flashdraft.components` is
 # components/stages.py, the registry of stage objects that the CLI and the pipeline import.
-CORE = ["flashdraft", "config", "perf", "target", "storage", "features", "drafter", "run", "cli"]
+CORE = ["flashdraft", "config", "perf", "target", "storage", "features", "drafter", "tracking", "run", "cli"]
 STAGES = ["plan", "prep", "generate", "extract", "stream_end", "train", "evaluate", "export", "report"]
 ORDER = ([f"flashdraft.{p}" if p != "flashdraft" else p for p in CORE]
          + [f"flashdraft.components.{s}" for s in STAGES] + ["flashdraft.components", "flashdraft.pipelines"])
