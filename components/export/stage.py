@@ -13,6 +13,7 @@ from flashdraft.storage.layout import STAGE_OUTPUTS
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
     from flashdraft.run.reporting import RunView, StageReport
+    from flashdraft.storage.store import ObjectStore
 
 
 class Export(Stage):
@@ -37,6 +38,15 @@ class Export(Stage):
         from flashdraft.components.export.cli import export
 
         return export
+
+    def tracked_files(self, store: ObjectStore) -> dict[str, bytes]:
+        """Each exported format's model card, for the experiment trackers."""
+        from flashdraft.components.export.card import CARD_FILE
+        from flashdraft.storage import layout
+
+        cards = [(k, k.removeprefix(f"{layout.EXPORT}/")) for k in store.list(f"{layout.EXPORT}/")
+                 if k.endswith(f"/{CARD_FILE}")]
+        return {f"model-card/{name}": store.get(key) for key, name in cards}
 
     def report(self, summary: ExportSummary | None, run: RunView) -> StageReport:
         from flashdraft.components.export.report_section import report

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.run.contract import Stage
-from flashdraft.storage.layout import STAGE_OUTPUTS
+from flashdraft.storage.layout import REPORT_HTML, REPORT_MARKDOWN, STAGE_OUTPUTS
+
+if TYPE_CHECKING:
+    from flashdraft.storage.store import ObjectStore
 
 
 class Report(Stage):
@@ -19,6 +23,11 @@ class Report(Stage):
     exit_handler = True
     doc = "Render the run report."
     outputs = STAGE_OUTPUTS["report"]
+
+    def tracked_files(self, store: ObjectStore) -> dict[str, bytes]:
+        """The rendered report, for the experiment trackers."""
+        return {f"report/{key.rsplit('/', 1)[-1]}": store.get(key) for key in (REPORT_HTML, REPORT_MARKDOWN)
+                if store.exists(key)}
 
     def command(self) -> Callable[..., None]:
         from flashdraft.components.report.cli import report

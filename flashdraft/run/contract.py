@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from flashdraft.config import RunConfig
     from flashdraft.run.reporting import RunView, StageReport
+    from flashdraft.storage.store import ObjectStore
 
 
 class Stage:
@@ -71,6 +72,11 @@ class Stage:
     def report(self, summary: StageSummary | None, run: RunView) -> StageReport | None:
         """What the stage adds to the run report, given its committed summary (None when it left none)."""
         return None
+
+    def tracked_files(self, store: ObjectStore) -> dict[str, bytes]:
+        """Files of a finished task the experiment trackers keep as artifacts (name there -> bytes): the report,
+        the model card. None by default."""
+        return {}
 
     def shard_of(self, shard: int | None) -> int:
         """A per-shard stage's shard in `run` (the runner always passes one; a shard-less call is a bug)."""

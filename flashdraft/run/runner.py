@@ -37,6 +37,7 @@ from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.run.status import REUSED
 from flashdraft.storage import layout
 from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
+from flashdraft.tracking import log_result
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,11 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                                          + (f" (on {device})" if device else "")})
         _emit_and_commit(store, done)
     _log_metrics(metrics, stage, summary, figures, done.duration_s or 0.0)
+    # the trackers (tracking.report_to): a fanned-out stage's shard as the step, else the attempt, so a re-evaluation
+    # adds a point; the train series themselves are logged step by step by the trainer
+    log_result(cfg, store, stage.name, shard, shard if shard is not None else attempt,
+               {**summary.handoff(), **stage.summary.derive(figures), "duration_s": done.duration_s or 0.0},
+               stage.tracked_files(store))
     return summary
 
 

@@ -198,7 +198,10 @@ def log_result(cfg: RunConfig, store: ObjectStore, stage: str, shard: int | None
     re-evaluation adds a point instead of being dropped as a repeat."""
     if not cfg.tracking.report_to:
         return
-    with open_tracker(cfg, stage, store, shard) as tracker:
-        tracker.log(stage, result, step)
-        for name, data in (files or {}).items():
-            tracker.artifact(name, data)
+    try:
+        with open_tracker(cfg, stage, store, shard) as tracker:
+            tracker.log(stage, result, step)
+            for name, data in (files or {}).items():
+                tracker.artifact(name, data)
+    except Exception as exc:  # the store itself failing here: the stage's result is committed already
+        log.warning("tracking: could not log %s's figures: %s", stage, exc)
