@@ -51,3 +51,29 @@ def report(
         raise typer.Exit(2)
     typer.echo(json.dumps(result.dump(), indent=2))
 
+
+
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="Run URIs, as `flashdraft status --run` takes them "
+                                                   "(file://./runs/tiny, s3://bucket/prefix/run_id).")],
+    endpoint_url: EndpointOpt = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write an HTML page with the loss and held-out "
+                                              "tau curves of every run on shared axes.")] = None,
+) -> None:
+    """Runs side by side: target, drafter and parent, samples, steps, final loss, held-out and per-suite tau,
+    speedup, lossless verdict and plan cost, then the config keys that differ (docs/tracking.md)."""
+    from flashdraft.components.report.compare import compare as compare_runs
+    from flashdraft.components.report.compare import render_html, render_text
+    from flashdraft.run.status import is_run, no_run_message
+
+    if len(runs) < 2:
+        raise fail("compare needs two runs or more", 2)
+    stores = [run_store(run, endpoint_url) for run in runs]
+    for store in stores:
+        if not is_run(store):
+            raise fail(no_run_message(store, command="compare"), 1)
+    comparison = compare_runs(stores)
+    typer.echo(render_text(comparison), nl=False)
+    if html is not None:
+        html.write_text(render_html(comparison))
+        typer.echo(f"wrote {html}")

@@ -11,6 +11,8 @@ from flashdraft.run.contract import Stage
 from flashdraft.storage.layout import REPORT_HTML, REPORT_MARKDOWN, STAGE_OUTPUTS
 
 if TYPE_CHECKING:
+    import typer
+
     from flashdraft.storage.store import ObjectStore
 
 
@@ -33,3 +35,9 @@ class Report(Stage):
         from flashdraft.components.report.cli import report
 
         return report
+
+    def add_commands(self, app: typer.Typer) -> None:
+        """`flashdraft compare`: runs side by side (components/report/compare.py)."""
+        from flashdraft.components.report.cli import compare
+
+        app.command("compare")(compare)

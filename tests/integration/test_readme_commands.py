@@ -171,4 +171,12 @@ def test_local_runs_and_their_inspection_work_as_written_with_a_short_console(us
         if verb == "status":
             assert all(f"│ {stage}" in out for stage in ("plan", "prep", "generate", "extract", "train", "evaluate",
                                                           "export")) and "failed" not in out
-    assert {"status", "report", "export", "features"} <= inspected, inspected
+        if verb == "compare":  # the two runs side by side, and the one recipe key that differs between them
+            assert re.search(r"runs/tiny +tiny-qwen3 +dflash .* passed", out), out
+            assert re.search(r"mode\.kind +offline +streaming", out), out
+            page = (user_repo / "compare-tiny.html").read_text()
+            assert "held-out tau" in page and "data:image/png;base64," in page
+    assert {"status", "compare", "report", "export", "features"} <= inspected, inspected
+    # tracking.report_to's default: TensorBoard event files in the run's store, written with no server running
+    for task in ("train", "evaluate"):
+        assert list((user_repo / "runs" / "tiny" / "tensorboard" / task).glob("events.out.tfevents.*")), task
