@@ -36,6 +36,9 @@ class PrepSummary(StageSummary):
     shard_keys: list[str] | None = Field(None, description="store keys of the train shards")
     eval_key: str | None = Field(None, description="store key of the held-out prompts")
     quarantine_key: str | None = Field(None, description="store key of the quarantine file")
+    responses: str | None = Field(None, description="data.responses: target (generate writes the replies) or "
+                                  "dataset (prep wrote the rows' own replies as the responses)")
+    reply_tokens: int | None = Field(None, description="data.responses=dataset: reply tokens written as responses")
     markdown: str = Field("", description="the summary as a Markdown table")
 
     def figures(self) -> dict[str, float]:
