@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from flashdraft.components.prep.summary import PrepSummary
+from flashdraft.components.prep.summary import RESPONSES_SOURCE, PrepSummary
 from flashdraft.config import RunConfig
 from flashdraft.run.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.storage import layout
@@ -29,10 +29,6 @@ from .replies import check_reply_lengths, write_dataset_responses
 from .sources import SourceError, iter_source
 
 log = logging.getLogger(__name__)
-
-# Where a run's training replies come from (data.responses), as the prep table, the report and the model card say.
-RESPONSES_SOURCE = {"target": "written by the target (generate)",
-                    "dataset": "the dataset's own replies (no generate task; not the target's distribution)"}
 
 
 def _token_stats(counts: list[int]) -> dict[str, float]:

@@ -12,6 +12,7 @@ from flashdraft.storage.layout import STAGE_OUTPUTS
 
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
+    from flashdraft.run.reporting import RunView, StageReport
 
 
 class Prep(Stage):
@@ -41,3 +42,8 @@ class Prep(Stage):
         from flashdraft.components.prep.cli import prep
 
         return prep
+
+    def report(self, summary: PrepSummary | None, run: RunView) -> StageReport:
+        from flashdraft.components.prep.report_section import report
+
+        return report(summary, run)
