@@ -340,7 +340,7 @@ def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None
         raise ConfigError(f"--from {stage_name}: {exc}") from None
     skipped = first.skip_reason(cfg)
     if skipped is not None:  # its outputs may be another stage's (dataset replies are prep's): recompute from there
-        raise ConfigError(f"--from {stage_name}: {skipped}; recompute from an earlier stage (--from prep)")
+        raise ConfigError(f"--from {stage_name}: {skipped}; recompute from a stage this run has (--from prep)")
     names = registry.current().downstream(first.name)
     records = store.list(layout.STATUS + "/") + store.list(layout.METRICS + "/")
     for name in names:
