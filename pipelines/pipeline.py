@@ -3,11 +3,12 @@
     exit handler ── report (runs on success and on failure)
       plan gate ─> prep ─> ParallelFor(shards): generate ─> ParallelFor(shards): extract ─> train ─> evaluate ─> export
 
-offline: train waits for every extract shard (fan-in). streaming: train starts with the extract loop and consumes
-shards through the object store's bounded window. Evaluate only (a pretrained drafter, training.max_steps 0): plan
-gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. The DAG shape (mode, single pod vs
-TrainJob, evaluate only) is fixed when the pipeline is built from a config; the plan gate refuses a run whose config
-asks for another shape. Everything else
+data.responses=dataset: prep writes the dataset's replies as the responses and there is no generate task (extract
+follows prep). offline: train waits for every extract shard (fan-in). streaming: train starts with the extract loop
+and consumes shards through the object store's bounded window. Evaluate only (a pretrained drafter,
+training.max_steps 0): plan gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. The DAG
+shape (mode, single pod vs TrainJob, evaluate only, data.responses) is fixed when the pipeline is built from a
+config; the plan gate refuses a run whose config asks for another shape. Everything else
 (the whole config YAML, dotted overrides, node pools, GPU counts, the S3 Secret's name) is a run parameter.
 """
 
@@ -105,7 +106,7 @@ class _Wiring:
         (exit_stage,) = [stage for stage in stage_registry.current() if stage.exit_handler]
         with dsl.ExitHandler(self.task(exit_stage.name), name="run"):
             gate = self.task("plan", compiled_mode=cfg.mode.kind, compiled_num_nodes=cfg.training.num_nodes,
-                             compiled_evaluate_only=cfg.evaluate_only)
+                             compiled_evaluate_only=cfg.evaluate_only, compiled_responses=cfg.data.responses)
             prep = self.task("prep").after(gate)
             tasks = {"plan": gate, "prep": prep}
             if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
@@ -113,13 +114,15 @@ class _Wiring:
             self.later_tasks(tasks)
 
     def training_tasks(self, prep: Any) -> dict[str, Any]:
-        """generate and extract per shard, then train (offline fan-in, streaming, or the TrainJob launcher): the
-        tasks of every run that trains."""
+        """generate (unless data.responses=dataset) and extract per shard, then train (offline fan-in, streaming,
+        or the TrainJob launcher): the tasks of every run that trains."""
         streaming = self.cfg.mode.kind == "streaming"
-        with dsl.ParallelFor(prep.output, parallelism=self.parallelism, name="generate-shards") as shard:
-            gen = self.task("generate", shard=shard)
         extracted: Any = []
-        tasks = {"generate": gen}
+        tasks: dict[str, Any] = {}
+        gen = prep  # data.responses=dataset: prep wrote the responses, no generate task (Generate.skip_reason)
+        if not stage_registry.current().get("generate").skipped_for(self.cfg):
+            with dsl.ParallelFor(prep.output, parallelism=self.parallelism, name="generate-shards") as shard:
+                gen = tasks["generate"] = self.task("generate", shard=shard)
         if not (streaming and self.local):
             with dsl.ParallelFor(prep.output, parallelism=self.parallelism, name="extract-shards") as s:
                 ext = self.task("extract", shard=s).after(gen)
@@ -148,8 +151,7 @@ class _Wiring:
                 raise ValueError(f"stage {stage.name!r}: the pipeline fans out only generate and extract per "
                                  "shard; declare it per_shard=False (it may still loop over shards itself)")
             task = self.task(stage.name)
-            upstream = [n for n in stage.upstream_for(self.cfg) if not reg.get(n).skipped_for(self.cfg)]
-            for name in upstream or ("prep",):
+            for name in reg.upstream_in(stage, self.cfg) or ("prep",):
                 task.after(tasks[name])
             tasks[stage.name] = task
 

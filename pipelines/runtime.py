@@ -36,7 +36,7 @@ def stage_config(config_yaml: str, overrides: dict[str, Any] | None) -> RunConfi
 
 
 def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes: int,
-                         compiled_evaluate_only: bool = False) -> None:
+                         compiled_evaluate_only: bool = False, compiled_responses: str = "target") -> None:
     """The DAG was built for one mode, one training launcher, and with or without its training tasks; refuse a
     config that needs another."""
     if cfg.mode.kind != compiled_mode:
@@ -54,6 +54,11 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
             f"training.max_steps={cfg.training.max_steps} with drafter.init={cfg.drafter.init}: this run {now}, but "
             f"the pipeline was compiled {'without' if compiled_evaluate_only else 'with'} its generate, extract and "
             "train tasks; recompile with the same drafter.init and training.max_steps")
+    if cfg.data.responses != compiled_responses:
+        raise ConfigError(
+            f"data.responses={cfg.data.responses} but this pipeline was compiled for data.responses="
+            f"{compiled_responses} ({'without' if compiled_responses == 'dataset' else 'with'} a generate task); "
+            f"recompile with `flashdraft compile --set data.responses={cfg.data.responses}`")
 
 
 def to_json(summary: StageSummary) -> str:
@@ -62,14 +67,14 @@ def to_json(summary: StageSummary) -> str:
 
 
 def plan_gate(config_yaml: str, overrides: dict[str, Any] | None, compiled_mode: str, compiled_num_nodes: int,
-              compiled_evaluate_only: bool, metrics: Any) -> str:
+              compiled_evaluate_only: bool, metrics: Any, compiled_responses: str = "target") -> str:
     """The plan task, refusing first a config that needs another DAG or a change no committed stage can carry on
     from (`check_run`), so a refused run stops here, before any GPU stage."""
     cfg = stage_config(config_yaml, overrides)
     plan = registry.current().get("plan")
 
     def body() -> StageSummary | dict[str, Any]:
-        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only)
+        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only, compiled_responses)
         check_run(cfg)
         return plan.run(cfg)
 

@@ -27,6 +27,13 @@ class Generate(Stage):
     ignores = (*TARGET_HINTS, "generation.data_parallel", "generation.enable_prefix_caching")
     outputs = STAGE_OUTPUTS["generate"]
 
+    def skip_reason(self, cfg: RunConfig) -> str | None:
+        """data.responses=dataset: prep writes the dataset's own replies as the responses; nothing to generate."""
+        if cfg.data.responses == "dataset":
+            return ("data.responses=dataset: prep writes the dataset's own replies as the responses and the run has "
+                    "no such task; set data.responses=target to have the target write them")
+        return super().skip_reason(cfg)
+
     def run(self, cfg: RunConfig, shard: int | None = None) -> GenerateSummary:
         from flashdraft.components.generate.generate import run_generate
 

@@ -32,6 +32,10 @@ from flashdraft.run import registry
 COLOCATED = "colocated"
 PRECISIONS = ("bf16", "fp8")
 MODES = ("offline", "streaming")
+RESPONSES = ("target", "dataset")
+RESPONSES_TRADE = ("data.responses=dataset trains on the dataset's own replies: no generation GPU-hours, but the "
+                   "drafter learns a distribution the target does not produce, so its tau on the target's outputs "
+                   "may be lower (docs/training.md, \"Training on the dataset's replies\")")
 UNPRICED = ("an inference pool without pools.inference.gpu_type, or colocated streaming, which cannot run: the "
             "trainer holds every GPU while it trains")
 HOURS_PER_MONTH = 730  # the clouds' billing month (365 x 24 / 12)
@@ -95,6 +99,18 @@ class PrecisionOption(_Frozen):
     rate_sources: dict[str, str]
 
 
+class ResponsesOption(_Frozen):
+    """The configured topology with the training replies from one source (data.responses): the target's (generated)
+    or the dataset's own (no generation)."""
+
+    responses: str               # target | dataset
+    tokens_to_generate: int
+    inference_gpu_hours: float   # generate + extract, billed
+    total_cost_usd: float
+    days: float
+    configured: bool
+
+
 class Comparison(_Frozen):
     rows: list[Row]
     configured: str              # the configured topology's key (not among the rows when it cannot be priced)
@@ -106,6 +122,7 @@ class Comparison(_Frozen):
     train_tokens: int
     prices: dict[str, Any]
     precision: list[PrecisionOption] = []
+    responses: list[ResponsesOption] = []
     caveat: str = FP8_CAVEAT
 
     def row(self, key: str | None) -> Row | None:
@@ -269,21 +286,15 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
             for name, gpu_type, n, pool in options for precision in PRECISIONS]
     train_price = gpu_price(cfg, train_pool, train_type)
     trainer = _Trainer(train_pool, train_type, trainers, train_price, train_entry)
-    rows = []
-    for inf in infs:
-        r = inf.rates.tokens_per_s
-        hours = StageHours(gen_tokens / r["generate"] / 3600, tokens / r["extract"] / 3600,
-                           train_tokens / r["train"] / 3600)
-        # Colocated is offline only: the trainer holds every GPU while it trains, so nothing could extract beside
-        # it into a bounded window.
-        for mode in MODES if inf.name != COLOCATED else ("offline",):
-            sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainers)
-            rows += [_row(cfg, inf, trainer, mode, codec, plan["codecs"][codec], sched)
-                     for codec in codec_choices(cfg, plan["codecs"])]
-    rows.sort(key=lambda r: (r.total_cost_usd, r.key))
+    rows = _rows(cfg, plan, infs, trainer, gen_tokens)
     inf_pool = registry.current().pool_name(cfg.pools, "generate")
     name = COLOCATED if inf_pool == train_pool else getattr(cfg.pools, inf_pool).gpu_type
     configured = f"{name}/{cfg.plan.target_precision}/{cfg.mode.kind}/{cfg.features.codec}"
+    responses = []
+    for kind in RESPONSES:
+        kind_tokens = tokens_to_generate(cfg, tokens, kind)
+        kind_rows = rows if kind == cfg.data.responses else _rows(cfg, plan, infs, trainer, kind_tokens)
+        responses.append(_responses_option(cfg, kind, configured, kind_rows, kind_tokens))
     deadline = cfg.plan.deadline_days
     best = next((r for r in rows if r.fits and (deadline is None or r.days <= deadline)), None)
     rows = [_mark(r, configured, best.key if best else None) for r in rows]
@@ -296,7 +307,44 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
                 "trainer_usd_per_gpu_hour": train_price,
                 "storage_usd_per_tb_month": cfg.plan.prices.storage_usd_per_tb_month,
                 "transfer_usd_per_gb": cfg.plan.prices.transfer_usd_per_gb},
-        precision=[_precision_option(i) for i in infs if i.name == name])
+        precision=[_precision_option(i) for i in infs if i.name == name],
+        responses=[r for r in responses if r is not None])
+
+
+def tokens_to_generate(cfg: RunConfig, tokens: float, responses: str | None = None) -> int:
+    """The tokens generate writes: the replies' share of every sample (plan.response_fraction), none when the
+    dataset's own replies are the responses (data.responses=dataset, or `responses`)."""
+    return 0 if (responses or cfg.data.responses) == "dataset" else int(tokens * cfg.plan.response_fraction)
+
+
+def _rows(cfg: RunConfig, plan: dict[str, Any], infs: list[_Inference], trainer: _Trainer,
+          gen_tokens: float) -> list[Row]:
+    """Every topology priced with `gen_tokens` to generate, cheapest first."""
+    tokens = plan["total_tokens"]
+    train_tokens = tokens * cfg.training.epochs
+    rows = []
+    for inf in infs:
+        r = inf.rates.tokens_per_s
+        hours = StageHours(gen_tokens / r["generate"] / 3600, tokens / r["extract"] / 3600,
+                           train_tokens / r["train"] / 3600)
+        # Colocated is offline only: the trainer holds every GPU while it trains, so nothing could extract beside
+        # it into a bounded window.
+        for mode in MODES if inf.name != COLOCATED else ("offline",):
+            sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainer.gpus)
+            rows += [_row(cfg, inf, trainer, mode, codec, plan["codecs"][codec], sched)
+                     for codec in codec_choices(cfg, plan["codecs"])]
+    return sorted(rows, key=lambda r: (r.total_cost_usd, r.key))
+
+
+def _responses_option(cfg: RunConfig, responses: str, configured: str, rows: list[Row],
+                      gen_tokens: int) -> ResponsesOption | None:
+    """The configured topology's row among `rows` (priced for one data.responses), None when it is not priced."""
+    row = next((r for r in rows if r.key == configured), None)
+    if row is None:
+        return None
+    return ResponsesOption(responses=responses, tokens_to_generate=gen_tokens,
+                           inference_gpu_hours=row.pools[0].gpu_hours, total_cost_usd=row.total_cost_usd,
+                           days=row.days, configured=responses == cfg.data.responses)
 
 
 def _mark(row: Row, configured: str, best: str | None) -> Row:
@@ -382,6 +430,19 @@ def summary_line(cmp: Comparison | None) -> str | None:
     return head + tail + fast + " (flashdraft plan --compare)"
 
 
+def responses_markdown(cmp: Comparison) -> list[str]:
+    """The configured topology with the replies from the target and from the dataset (data.responses), and what
+    the second trades away."""
+    if not cmp.responses:
+        return []
+    lines = ["", "Training replies (data.responses), configured topology:", "",
+             "| | responses | tokens to generate | inference GPU-hours | days | total |",
+             "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {'cfg' if o.configured else ''} | {o.responses} | {o.tokens_to_generate:,} | "
+              f"{o.inference_gpu_hours:,.0f} h | {o.days:,.1f} | ${o.total_cost_usd:,.0f} |" for o in cmp.responses]
+    return lines + ["", f"- {RESPONSES_TRADE}"]
+
+
 def _fits_cell(row: Row) -> str:
     bad = [p.pool for p in row.pools if not p.fits]
     return "yes" if not bad else "**no**: " + ", ".join(dict.fromkeys(bad))
@@ -420,6 +481,7 @@ def compare_markdown(cmp: Comparison | None) -> str:
               "pools billed while the slower runs; colocated: everything in sequence on the trainer's GPUs; "
               "storage billed at rest (offline) or at the window (streaming) for the whole run; writes: what "
               "extraction sends to the store while it runs"]
+    lines += responses_markdown(cmp)
     if cmp.precision:
         lines += ["", "Target precision on the inference pool (" + cmp.precision[0].gpu + "):"]
         for o in cmp.precision:

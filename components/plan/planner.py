@@ -18,7 +18,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flashdraft.components.plan.compare import Comparison, compare_topologies, cost_gate, summary_line
+from flashdraft.components.plan.compare import (
+    RESPONSES_TRADE,
+    Comparison,
+    compare_topologies,
+    cost_gate,
+    summary_line,
+    tokens_to_generate,
+)
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
@@ -146,7 +153,7 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
                       num_experts=target.geometry.num_experts, experts_per_token=target.geometry.experts_per_token,
                       extract_flops_per_token=2 * target_section["active_params"] * (max(ids) + 1) / layers)
     params = cost.params
-    gen_tokens = int(tokens * cfg.plan.response_fraction)
+    gen_tokens = tokens_to_generate(cfg, tokens)  # none with data.responses=dataset
     inf_gpu, train_gpu = _pool_gpu(cfg, "generate"), _pool_gpu(cfg, "train")
     shape, _ = train_shape(cfg)
     step_flops = trainer_flops(shape, window_keys(cfg))
@@ -190,7 +197,7 @@ def make_plan(cfg: RunConfig) -> dict[str, Any]:
         "codecs": codecs, "codec": cfg.features.codec,
         "total_bytes_at_rest": at_rest, "peak_bytes_streaming": int(window),
         "objects": 2 * shard_count + 1, "shards": shard_count,
-        "tokens_to_generate": gen_tokens, "tokens_to_extract": tokens,
+        "tokens_to_generate": gen_tokens, "tokens_to_extract": tokens, "responses": cfg.data.responses,
         "gpu_hours": gpu_hours, "streaming_bandwidth_bytes_per_s": _r(stream_bw),
         "inference_per_trainer_gpu": ratio, "trainer_gpus": trainers,
         "mode": cfg.mode.kind, "recommended_mode": recommended,
@@ -257,6 +264,7 @@ def plan_markdown(plan: dict[str, Any]) -> str:
               f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
               f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
     lines += memory_markdown(plan)
+    lines += [f"- {RESPONSES_TRADE}"] if plan.get("responses") == "dataset" else []
     line = summary_line(comparison_of(plan))
     if line:
         lines += ["", f"- {line}"]

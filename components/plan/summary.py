@@ -43,6 +43,7 @@ class PlanSummary(StageSummary):
     objects: int | None = Field(None, description="objects the offline run stores")
     shards: int | None = Field(None, description="feature shards")
     tokens_to_generate: float | None = Field(None, description="response tokens the target generates")
+    responses: str | None = Field(None, description="data.responses: target (generated) or dataset (no generation)")
     tokens_to_extract: float | None = Field(None, description="tokens extraction runs through the target")
     gpu_hours: dict[str, dict[str, Any]] | None = Field(None, description="per GPU stage: gpu, tokens, rate, GPU-hours")
     streaming_bandwidth_bytes_per_s: float | None = Field(None, description="streaming: store bandwidth needed")

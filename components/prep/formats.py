@@ -1,9 +1,11 @@
 """Normalise one raw prompt row (messages / ShareGPT / Alpaca / plain prompt) to chat messages.
 
-The normal form is `[system?] user, assistant, user, assistant, ...` ending with an assistant turn. Assistant
-content is cleared: the target regenerates every assistant turn itself, in order, so `regenerate_turns` lists
-their indices. A row that cannot be normalised raises `BadRow` with a reason from `BAD_REASONS`, which prep
-counts and quarantines instead of crashing or dropping it silently.
+The normal form is `[system?] user, assistant, user, assistant, ...` ending with an assistant turn, and
+`regenerate_turns` lists the assistant turns' indices. With `data.responses=target` assistant content is cleared:
+the target regenerates every assistant turn itself, in order. With `data.responses=dataset` (`keep_replies`) the
+row's own assistant turns are kept as the replies to train on, so each must be there and non-empty. A row that
+cannot be normalised raises `BadRow` with a reason from `BAD_REASONS`, which prep counts and quarantines instead
+of crashing or dropping it silently.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ BAD_REASONS = (
     "empty_content",        # a system/user turn with empty or whitespace-only content
     "non_string_content",   # content that is not a string
     "wrong_role_order",     # not [system] user, assistant, user, ... (system only first, no two users in a row)
-    "too_long",             # more prompt tokens than data.max_prompt_tokens after the chat template
+    "too_long",             # more prompt tokens than data.max_prompt_tokens after the chat template (dataset
+                            # replies: a reply longer than data.max_response_tokens)
+    "no_reply",             # data.responses=dataset: an assistant turn missing or empty (nothing to train on)
 )
 
 ROLE_ALIASES = {
@@ -88,6 +92,8 @@ def _raw_messages(row: dict[str, Any], fmt: str) -> list[dict[str, str]]:
         extra = _text(row.get("input") or "", "input")
         content = f"{instruction}\n\n{extra}" if extra.strip() else instruction
         msgs = [{"role": "user", "content": content}]
+        if row.get("output") is not None:  # the reference reply: cleared unless data.responses=dataset
+            msgs.append({"role": "assistant", "content": _text(row["output"], "output")})
         if row.get("system") is not None:
             msgs.insert(0, {"role": "system", "content": _text(row["system"], "system")})
         return msgs
@@ -99,8 +105,9 @@ def _raw_messages(row: dict[str, Any], fmt: str) -> list[dict[str, str]]:
     raise ValueError(f"unknown format {fmt!r}; choose one of auto, {', '.join(FORMATS)}")
 
 
-def normalize_row(row: Any, fmt: str = "auto") -> tuple[list[dict[str, str]], list[int]]:
-    """(messages, regenerate_turns) for one raw row, or raise `BadRow`."""
+def normalize_row(row: Any, fmt: str = "auto", keep_replies: bool = False) -> tuple[list[dict[str, str]], list[int]]:
+    """(messages, regenerate_turns) for one raw row, or raise `BadRow`. keep_replies: the assistant turns keep
+    the row's own text (data.responses=dataset); a row without one is `no_reply`."""
     if not isinstance(row, dict):
         raise BadRow("invalid_json", f"row is a JSON {type(row).__name__}, not an object")
     msgs = _raw_messages(row, detect_format(row) if fmt == "auto" else fmt)
@@ -117,18 +124,38 @@ def normalize_row(row: Any, fmt: str = "auto") -> tuple[list[dict[str, str]], li
             raise BadRow("wrong_role_order", f"turn {start + i} is {m['role']} where {expected} belongs ({order})")
     if not body:
         raise BadRow("wrong_role_order", "no user turn")
+    if keep_replies:
+        _check_replies(msgs)
     out = msgs[:start]
     regenerate = []
     for m in body:
         if m["role"] == "assistant":
             regenerate.append(len(out))
-            out.append({"role": "assistant", "content": ""})
+            out.append(m if keep_replies else {"role": "assistant", "content": ""})
         else:
             out.append(m)
     for i, m in enumerate(out):
         if m["role"] != "assistant" and not m["content"].strip():
             raise BadRow("empty_content", f"turn {i} ({m['role']}) is empty")
     return out, regenerate
+
+
+def _check_replies(msgs: list[dict[str, str]]) -> None:
+    """The dataset's replies are the training targets: every assistant turn has text, and the row ends with one
+    (a trailing user turn would be a prompt without its reply)."""
+    for i, m in enumerate(msgs):
+        if m["role"] == "assistant" and not m["content"].strip():
+            raise BadRow("no_reply", f"assistant turn {i} is empty (data.responses=dataset trains on the "
+                                     "dataset's own replies)")
+    if msgs[-1]["role"] != "assistant":
+        raise BadRow("no_reply", f"the row ends with a {msgs[-1]['role']} turn and no assistant reply "
+                                 "(data.responses=dataset trains on the dataset's own replies)")
+
+
+def cleared_replies(messages: list[dict[str, str]], regenerate_turns: list[int]) -> list[dict[str, str]]:
+    """The conversation with its assistant turns emptied: a row with the dataset's replies as a prompt (the eval
+    split, which evaluate decodes with the target)."""
+    return [{"role": "assistant", "content": ""} if i in regenerate_turns else m for i, m in enumerate(messages)]
 
 
 _WS = re.compile(r"\s+")

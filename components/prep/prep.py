@@ -17,14 +17,15 @@ import time
 from collections import Counter
 from typing import Any
 
-from flashdraft.components.prep.summary import PrepSummary
+from flashdraft.components.prep.summary import RESPONSES_SOURCE, PrepSummary
 from flashdraft.config import RunConfig
 from flashdraft.run.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.storage import layout
 from flashdraft.storage.store import io_counters, open_store
 from flashdraft.target.chat import prompt_token_count
 
-from .formats import BAD_REASONS, BadRow, content_key, normalize_row
+from .formats import BAD_REASONS, BadRow, cleared_replies, content_key, normalize_row
+from .replies import check_reply_lengths, write_dataset_responses
 from .sources import SourceError, iter_source
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
     quarantine: list[dict] = []
     seen: set[str] = set()
     per_source: dict[str, Any] = {}
+    dataset = cfg.data.responses == "dataset"
     for spec in cfg.data.sources:
         counts = Counter()
         for number, raw in iter_source(spec, cfg.storage):
@@ -55,7 +57,7 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
             try:
                 if isinstance(raw, BadRow):
                     raise raw
-                messages, regen = normalize_row(raw, spec.format)
+                messages, regen = normalize_row(raw, spec.format, keep_replies=dataset)
                 sample_id = content_key(messages)
                 if sample_id in seen:
                     counts["duplicate"] += 1
@@ -64,6 +66,8 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
                 if n_tokens > cfg.data.max_prompt_tokens:
                     raise BadRow("too_long", f"{n_tokens} prompt tokens > data.max_prompt_tokens="
                                              f"{cfg.data.max_prompt_tokens}")
+                if dataset:
+                    check_reply_lengths(tok, messages, regen, cfg.data.max_response_tokens)
             except BadRow as bad:
                 counts[bad.reason] += 1
                 quarantine.append({"source": spec.uri, "row": number, "reason": bad.reason, "detail": bad.detail})
@@ -95,6 +99,7 @@ def _markdown(summary: dict[str, Any]) -> str:
               f"| prompt tokens min / p50 / mean / p95 / max | {tokens.get('min')} / {tokens.get('p50')} / "
               f"{tokens.get('mean')} / {tokens.get('p95')} / {tokens.get('max')} |",
               f"| multi-turn prompts | {summary['multi_turn']} |",
+              f"| responses | {RESPONSES_SOURCE[summary['responses']]} |",
               f"| tokenizer / chat template sha | {summary['tokenizer_sha']} / {summary['chat_template_sha']} |",
               "", "| source | read | kept |", "|---|---:|---:|"]
     lines += [f"| {uri} | {c.get('read', 0)} | {c.get('kept', 0)} |" for uri, c in summary["sources"].items()]
@@ -120,12 +125,15 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
                           f"({len(used)} used, data.eval_count={cfg.data.eval_count})")
 
     bounds = [round(i * len(train_rows) / n_shards) for i in range(n_shards + 1)]
-    shard_counts = []
-    for i in range(n_shards):
-        rows = train_rows[bounds[i]:bounds[i + 1]]
+    shards = [train_rows[bounds[i]:bounds[i + 1]] for i in range(n_shards)]
+    for i, rows in enumerate(shards):
         store.commit(layout.prompt_shard_key(i), table_to_parquet_bytes(rows_to_table(rows, PROMPT_SCHEMA)),
                      {"rows": len(rows)})
-        shard_counts.append(len(rows))
+    replies = None
+    if cfg.data.responses == "dataset":
+        replies = write_dataset_responses(store, tok, shards, cfg.data.chat_template_kwargs)
+        eval_rows = [{**r, "messages": json.dumps(cleared_replies(json.loads(r["messages"]), r["regenerate_turns"]),
+                                                  ensure_ascii=False)} for r in eval_rows]  # prompts for evaluate
     store.commit(layout.EVAL_PROMPTS, table_to_parquet_bytes(rows_to_table(eval_rows, PROMPT_SCHEMA)),
                  {"rows": len(eval_rows)})
     store.commit(layout.PROMPTS_QUARANTINE, "".join(json.dumps(q) + "\n" for q in quarantine).encode(),
@@ -134,14 +142,15 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
     bad = {reason: sum(c.get(reason, 0) for c in per_source.values()) for reason in BAD_REASONS}
     summary: dict[str, Any] = {
         "num_shards": n_shards, "num_train": len(train_rows), "num_eval": len(eval_rows),
-        "shard_rows": shard_counts, "rows_read": sum(c.get("read", 0) for c in per_source.values()),
+        "shard_rows": [len(rows) for rows in shards], "rows_read": sum(c.get("read", 0) for c in per_source.values()),
         "kept": len(kept), "duplicates": sum(c.get("duplicate", 0) for c in per_source.values()),
         "quarantined": len(quarantine), "bad_rows": bad,
         "multi_turn": sum(len(r["regenerate_turns"]) > 1 for r in used),
         "prompt_tokens": _token_stats([r["prompt_tokens"] for r in used]),
         "sources": per_source, **tok_fp, "seed": cfg.data.seed, "seconds": round(time.time() - t0, 2),
         "shard_keys": [layout.prompt_shard_key(i) for i in range(n_shards)], "eval_key": layout.EVAL_PROMPTS,
-        "quarantine_key": layout.PROMPTS_QUARANTINE,
+        "quarantine_key": layout.PROMPTS_QUARANTINE, "responses": cfg.data.responses,
+        "reply_tokens": sum(r.reply_tokens for r in replies) if replies is not None else None,
     }
     summary["markdown"] = _markdown(summary)
     store.commit_json(layout.PROMPTS_MANIFEST, {"summary": summary,

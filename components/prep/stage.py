@@ -12,6 +12,7 @@ from flashdraft.storage.layout import STAGE_OUTPUTS
 
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
+    from flashdraft.run.reporting import RunView, StageReport
 
 
 class Prep(Stage):
@@ -19,11 +20,18 @@ class Prep(Stage):
     summary = PrepSummary
     pool = "cpu"
     timeout_s = 4 * HOUR
-    doc = "Read, clean, dedupe, length-filter, shuffle and shard the prompts (quarantining bad rows)."
+    doc = ("Read, clean, dedupe, length-filter, shuffle and shard the prompts (quarantining bad rows); with "
+           "data.responses=dataset also write the rows' own replies as the run's responses.")
     reads = ("data", "target.model", "target.source", "target.revision", "target.architecture",
              "target.trust_remote_code")
     ignores = ("data.expected_tokens_per_sample", "data.expected_samples", "data.max_response_tokens")
     outputs = STAGE_OUTPUTS["prep"]
+
+    def ignores_for(self, cfg: RunConfig) -> tuple[str, ...]:
+        """data.responses=dataset: the reply length limit decides which rows prep keeps."""
+        if cfg.data.responses == "dataset":
+            return tuple(i for i in self.ignores if i != "data.max_response_tokens")
+        return self.ignores
 
     def run(self, cfg: RunConfig, shard: int | None = None) -> PrepSummary:
         from flashdraft.components.prep.prep import run_prep
@@ -34,3 +42,8 @@ class Prep(Stage):
         from flashdraft.components.prep.cli import prep
 
         return prep
+
+    def report(self, summary: PrepSummary | None, run: RunView) -> StageReport:
+        from flashdraft.components.prep.report_section import report
+
+        return report(summary, run)

@@ -8,6 +8,12 @@ from pydantic import Field
 
 from flashdraft.run.stage import StageSummary, numbers
 
+# Where a run's training replies come from (data.responses), as prep's table, the report and the model card say.
+RESPONSES_SOURCE = {
+    "target": "written by the target itself (generate)",
+    "dataset": "the dataset's own replies (data.responses=dataset, no generate task): the drafter learns replies the "
+               "target did not write, so its tau on the target's own outputs may be lower than a target-trained one's"}
+
 
 class PrepSummary(StageSummary):
     """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json)."""
@@ -36,6 +42,9 @@ class PrepSummary(StageSummary):
     shard_keys: list[str] | None = Field(None, description="store keys of the train shards")
     eval_key: str | None = Field(None, description="store key of the held-out prompts")
     quarantine_key: str | None = Field(None, description="store key of the quarantine file")
+    responses: str | None = Field(None, description="data.responses: target (generate writes the replies) or "
+                                  "dataset (prep wrote the rows' own replies as the responses)")
+    reply_tokens: int | None = Field(None, description="data.responses=dataset: reply tokens written as responses")
     markdown: str = Field("", description="the summary as a Markdown table")
 
     def figures(self) -> dict[str, float]:

@@ -67,7 +67,8 @@ class SourceSpec(Section):
 
 
 class DataConfig(Section):
-    """The prompts: where they come from, how many, how long, how they are split (prep reads this section)."""
+    """The prompts: where they come from, how many, how long, how they are split, and whose replies the drafter
+    trains on (prep reads this section)."""
 
     sources: list[SourceSpec] = Field(
         default_factory=lambda: [SourceSpec(uri="builtin:demo")],
@@ -78,9 +79,15 @@ class DataConfig(Section):
     max_prompt_tokens: int = Field(
         default=2048, ge=8, description="prep drops (quarantines as too_long) prompts longer than this after the "
         "chat template; evaluate keeps the last this-many tokens of longer eval prompts")
+    responses: Literal["target", "dataset"] = Field(
+        default="target", description="where the training replies come from: target = the target regenerates "
+        "every assistant turn (the generate stage); dataset = prep keeps the rows' own assistant turns as the "
+        "responses and the run has no generate task (no generation GPU-hours, but the drafter learns replies the "
+        "target did not write; docs/training.md). A row without a reply is then quarantined (no_reply)")
     max_response_tokens: int = Field(
         default=1024, ge=1, description="longest reply generate asks of the target (max new tokens); with "
-        "max_prompt_tokens it bounds the sequence length extraction sees")
+        "max_prompt_tokens it bounds the sequence length extraction sees. data.responses=dataset: prep "
+        "quarantines a row with a longer reply (too_long)")
     eval_count: int = Field(default=8, ge=0, description="prompts held out of training for evaluation (taken "
                             "first from the shuffled list)")
     num_shards: int = Field(default=1, ge=1, description="train prompts are split into this many shards: the "

@@ -84,9 +84,22 @@ class Stage:
             raise ValueError(f"stage {self.name!r} runs one shard at a time: pass the shard")
         return shard
 
+    def skip_reason(self, cfg: RunConfig) -> str | None:
+        """Why this run has no task of this stage, as the rest of a sentence (None: it has one). `trains` in an
+        evaluate-only run; a stage adds its own rule (generate: data.responses=dataset)."""
+        if self.trains and cfg.evaluate_only:
+            return ("this run evaluates a pretrained drafter as is (drafter.init=pretrained, training.max_steps=0) "
+                    "and has no such task; set training.max_steps >= 1 to train on")
+        return None
+
     def skipped_for(self, cfg: RunConfig) -> bool:
-        """This run has no task of this stage (`trains` in an evaluate-only run)."""
-        return self.trains and cfg.evaluate_only
+        """This run has no task of this stage (`skip_reason`): the DAG, run-local and the runner leave it out."""
+        return self.skip_reason(cfg) is not None
+
+    def ignores_for(self, cfg: RunConfig) -> tuple[str, ...]:
+        """`ignores` for this run: a field can matter to a stage in one setting only (prep: the reply length
+        limit with data.responses=dataset)."""
+        return self.ignores
 
     def upstream_for(self, cfg: RunConfig) -> tuple[str, ...]:
         if cfg.mode.kind == "streaming" and self.streaming_upstream is not None:

@@ -21,6 +21,7 @@ from flashdraft.run.contract import Stage
 from flashdraft.run.stage import Pool, StageSummary
 
 if TYPE_CHECKING:
+    from flashdraft.config import RunConfig
     from flashdraft.config.pipeline import PoolConfig, PoolsConfig
 
 ENTRY_POINTS = "flashdraft.stages"  # the group pyproject.toml's `builtin` registry is declared in
@@ -75,6 +76,20 @@ class StageRegistry:
             if set(stage.upstream + (stage.streaming_upstream or ())) & out:
                 out.add(stage.name)
         return [s.name for s in self.stages if s.name in out]
+
+    def upstream_in(self, stage: Stage, cfg: RunConfig) -> tuple[str, ...]:
+        """The stages whose results `stage` reads in this run: its upstream stages that have a task in this run
+        (`Stage.skipped_for`); when none has, the results come from further up, so theirs, recursively (extract
+        reads the responses prep wrote when data.responses=dataset; evaluate reads prep's in an evaluate-only run).
+        """
+        ups = [self.get(name) for name in stage.upstream_for(cfg)]
+        present = tuple(up.name for up in ups if not up.skipped_for(cfg))
+        if present or not ups:
+            return present
+        out: list[str] = []
+        for up in ups:
+            out.extend(n for n in self.upstream_in(up, cfg) if n not in out)
+        return tuple(out)
 
     def pool_name(self, pools: PoolsConfig, stage: str) -> Pool:
         """The pool `stage` runs on: the run's `pools.stage_pool` entry, else the stage's declared pool. Here, not

@@ -73,7 +73,7 @@ def config_inputs(stage: Stage, cfg: RunConfig) -> dict[str, Any]:
                 raise ValueError(f"stage {stage.name!r} reads {path!r}, which is not a config field")
             node = getattr(node, part)
         out.update(_leaves(node, path))
-    out = {k: v for k, v in sorted(out.items()) if not _ignored(k, stage.ignores)}
+    out = {k: v for k, v in sorted(out.items()) if not _ignored(k, stage.ignores_for(cfg))}
     if "drafter.init_from" in out and cfg.drafter.init == "pretrained":
         from flashdraft.drafter.pretrained import weights_digest
 
@@ -122,7 +122,7 @@ def upstream_fingerprints(store: ObjectStore, stage: Stage, cfg: RunConfig,
     """Per upstream stage, the fingerprint of the committed result this task reads: the same shard's for a
     per-shard stage reading a per-shard one, all shards' together for a fan-in; None when not committed."""
     out: dict[str, str | None] = {}
-    for name in stage.upstream_for(cfg):
+    for name in registry.current().upstream_in(stage, cfg):
         up = registry.current().get(name)
         if up.per_shard and shard is not None:
             record = status.read_record(store, name, shard)
@@ -157,13 +157,17 @@ def task_fingerprint(cfg: RunConfig, stage_name: str, shard: int | None = None,
 
 
 def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
-                   upstream: dict[str, str | None] | None = None) -> dict[str, tuple[Any, Any]]:
+                   upstream: dict[str, str | None] | None = None,
+                   ignorable: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
     """What differs from a committed record: config fields as (committed, now), upstream stages as
     ("upstream <stage>", (committed fingerprint, now)). A field the record does not hold (added to flashdraft
     since) counts as unchanged while it keeps its default; an upstream result without a recorded fingerprint on
-    either side (a stage run outside the runner) is not compared."""
+    either side (a stage run outside the runner) is not compared. `ignorable`: the stage's `ignores`; such a field
+    that the record does not hold was ignored in the setting it was made in (Stage.ignores_for), not compared."""
     out: dict[str, tuple[Any, Any]] = {}
     for key, now in inputs.items():
+        if key not in record.inputs and _ignored(key, ignorable):
+            continue
         before = record.inputs[key] if key in record.inputs else _field_default(key)
         if before != now:
             out[key] = (before, now)
@@ -232,16 +236,16 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
     The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
     stage = registry.current().get(stage_name)
-    if stage.skipped_for(cfg):
-        raise ConfigError(f"{stage.name}: this run evaluates a pretrained drafter as is (drafter.init=pretrained, "
-                          "training.max_steps=0) and has no such task; set training.max_steps >= 1 to train on")
+    skipped = stage.skip_reason(cfg)
+    if skipped is not None:
+        raise ConfigError(f"{stage.name}: {skipped}")
     store = open_store(cfg.storage, cfg.run_id)
     task = status.task_name(stage.name, shard)
     previous = status.read_record(store, stage.name, shard)
     fp = Fingerprint(config_inputs(stage, cfg), upstream_fingerprints(store, stage, cfg, shard))
     attempt = previous.attempt + 1 if previous else 1
     if stage.reuse and not force and previous is not None and previous.fingerprint is not None:
-        changes = changed_fields(previous, fp.inputs, fp.upstream)
+        changes = changed_fields(previous, fp.inputs, fp.upstream, stage.ignores)
         if not changes and previous.state == "done":
             result = _committed_result(store, stage, shard)
             if result is not None:
@@ -326,7 +330,8 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
         for record in records:
             if record is None or record.fingerprint is None:
                 continue
-            refused = {k: v for k, v in changed_fields(record, inputs).items() if not _continues(stage, cfg, k)}
+            changes = changed_fields(record, inputs, ignorable=stage.ignores)
+            refused = {k: v for k, v in changes.items() if not _continues(stage, cfg, k)}
             if refused:
                 raise refusal(record.task, stage, refused)
 
@@ -336,9 +341,13 @@ def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None
     (outputs, metrics, status records), so they are recomputed; returns the stages cleared."""
     store = store or open_store(cfg.storage, cfg.run_id)
     try:
-        names = registry.current().downstream(registry.current().get(stage_name).name)
+        first = registry.current().get(stage_name)
     except ValueError as exc:
         raise ConfigError(f"--from {stage_name}: {exc}") from None
+    skipped = first.skip_reason(cfg)
+    if skipped is not None:  # its outputs may be another stage's (dataset replies are prep's): recompute from there
+        raise ConfigError(f"--from {stage_name}: {skipped}; recompute from a stage this run has (--from prep)")
+    names = registry.current().downstream(first.name)
     records = store.list(layout.STATUS + "/") + store.list(layout.METRICS + "/")
     for name in names:
         stage = registry.current().get(name)

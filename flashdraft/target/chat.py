@@ -69,3 +69,24 @@ def _append_text(tok, text: str, ids: list[int], mask: list[int], stop_pending: 
     if stop_pending is not None and piece and piece[0] == stop_pending:
         # The template closes the reply with its end-of-turn token: the token the target itself generated.
         mask[len(mask) - len(piece)] = 1
+
+
+def end_of_turn_id(tok, template_kwargs: dict[str, Any] | None = None) -> int | None:
+    """The token the chat template writes right after an assistant reply (`<|im_end|>`, `<|eot_id|>`): the stop
+    token the target generates to end a turn. None when the template writes plain text there."""
+    text = render(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL.format(0)}],
+                  False, template_kwargs)
+    after = encode(tok, text.partition(_SENTINEL.format(0))[2])
+    return after[0] if after and after[0] in set(tok.all_special_ids) else None
+
+
+def written_sample(tok, messages: list[dict[str, str]], turns: list[int], end_of_turn: int | None,
+                   template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of a conversation whose assistant turns `turns` hold written replies (the dataset's
+    own, data.responses=dataset), laid out exactly as generate lays out the target's: each reply's tokens and the
+    end-of-turn token after it (`end_of_turn_id`) are masked 1, and the sequence ends with the last reply's."""
+    replies = {t: Reply(ids=encode(tok, messages[t]["content"]) + ([end_of_turn] if end_of_turn is not None else []),
+                        stopped=end_of_turn is not None) for t in turns}
+    final = replies.pop(turns[-1])
+    ids, mask = build_turn(tok, messages, turns[-1], replies, template_kwargs)
+    return ids + final.ids, mask + [1] * len(final.ids)

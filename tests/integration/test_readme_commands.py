@@ -69,6 +69,13 @@ NOT_HERE = {
     "FLASHDRAFT_COMMIT=<sha> python3 benchmarks/gpu_e2e": "a CUDA GPU (its CPU dry run is "
                                                           "tests/integration/test_gpu_e2e_dry.py)",
     "python -m sglang.launch_server": "SGLang on a GPU with the real target",
+    "flashdraft run-local --preset smollm2-local --set run_id=replies-": "two real-model runs on the user's own "
+                                                                          "conversations file (the tiny dataset-"
+                                                                          "replies run is tests/integration/"
+                                                                          "test_dataset_responses_run.py)",
+    "flashdraft run-local --preset smollm2-local --set run_id=tau-": "issue 49's SmolLM2 measurement: three "
+                                                                      "real-model runs on a dataset with reference "
+                                                                      "replies (run by hand; not measured yet)",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -161,3 +162,32 @@ def test_streaming_stream_end_runs_after_the_extract_loop_even_on_failure(tmp_pa
     assert end["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     (loop,) = end["dependentTasks"]
     assert "extract" in docs[0]["components"][tasks[loop]["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def test_dataset_responses_compile_without_generate_extract_follows_prep(tmp_path, monkeypatch):
+    """data.responses=dataset: prep writes the responses, so no generate task; the gate is told the shape."""
+    _, _, docs = _compile(tmp_path, monkeypatch, ["data.responses=dataset"])
+    tasks = _all_tasks(docs[0])
+    assert "generate" not in tasks and {"prep", "extract", "train", "evaluate", "export"} <= set(tasks)
+    assert "exec-generate" not in docs[0]["deploymentSpec"]["executors"]
+    loops = [name for name in tasks if name.startswith("for-loop")]
+    assert len(loops) == 1 and tasks[loops[0]]["dependentTasks"] == ["prep"], "one per-shard loop: extract"
+    gate = tasks["plan-gate"]["inputs"]["parameters"]["compiled_responses"]
+    assert gate["runtimeValue"]["constant"] == "dataset"
+    _, _, streaming = _compile(tmp_path, monkeypatch, ["data.responses=dataset", "mode.kind=streaming"], "s.yaml")
+    stream_tasks = _all_tasks(streaming[0])
+    assert "generate" not in stream_tasks and stream_tasks["train"]["dependentTasks"] == ["prep"]
+
+
+def test_the_plan_gate_refuses_a_data_responses_the_dag_was_not_compiled_for():
+    from flashdraft.config import ConfigError
+    from flashdraft.pipelines.runtime import check_compiled_shape
+
+    cfg = load_config(preset="tiny")
+    dataset = cfg.with_overrides({"data.responses": "dataset"})
+    check_compiled_shape(dataset, "offline", 1, compiled_responses="dataset")
+    with pytest.raises(ConfigError, match=r"data.responses=dataset but this pipeline was compiled for "
+                                          r"data.responses=target \(with a generate task\)"):
+        check_compiled_shape(dataset, "offline", 1)
+    with pytest.raises(ConfigError, match=r"recompile with `flashdraft compile --set data.responses=target`"):
+        check_compiled_shape(cfg, "offline", 1, compiled_responses="dataset")

@@ -222,3 +222,42 @@ def test_a_reused_task_keeps_the_duration_of_the_run_that_made_it(cfg, monkeypat
     by_stage = {s.stage: s for s in stage_statuses(status.read_records(store))}
     assert by_stage["prep"].duration_s == 60.5 and status.describe(by_stage["prep"]) == status.REUSED
     assert by_stage["generate"].duration_s == 15.0, "timed by the shard that ran now"
+
+
+def test_a_dataset_responses_run_has_no_generate_task_and_extract_reads_prep(cfg):
+    dataset = cfg.with_overrides({"data.responses": "dataset"})
+    with pytest.raises(ConfigError, match=r"^generate: data.responses=dataset: prep writes the dataset's own"):
+        run_task(dataset, "generate", 0, body=Body())
+    with pytest.raises(ConfigError, match=r"^--from generate: data.responses=dataset.*--from prep"):
+        clear_from(dataset, "generate")
+    reg = registry.current()
+    assert reg.upstream_in(reg.get("extract"), dataset) == ("prep",)
+    assert reg.upstream_in(reg.get("extract"), cfg) == ("generate",)
+    streaming = dataset.with_overrides({"mode.kind": "streaming", "training.max_steps": 10})
+    assert reg.upstream_in(reg.get("train"), streaming) == ("prep",)
+    # extract's fingerprint follows prep's result, so a recomputed prep is refused downstream
+    run_task(dataset, "prep", body=Body(num_shards=1))
+    run_task(dataset, "extract", 0, body=Body(samples=3))
+    store = open_store(dataset.storage, dataset.run_id)
+    assert status.read_record(store, "extract", 0).upstream == {"prep": status.read_record(store, "prep").fingerprint}
+
+
+def test_a_switch_of_data_responses_on_an_existing_run_is_refused_in_one_line(cfg):
+    run_task(cfg, "prep", body=Body(num_shards=1))
+    run_task(cfg, "generate", 0, body=Body(samples=3))
+    dataset = cfg.with_overrides({"data.responses": "dataset"})
+    for check in (lambda: check_run(dataset), lambda: run_task(dataset, "prep", body=Body(num_shards=1))):
+        with pytest.raises(StageInputsChanged) as refused:
+            check()
+        message = str(refused.value)
+        assert "\n" not in message
+        assert message.startswith('prep: changed since its committed result: data.responses "target" -> "dataset"')
+        assert "`--from prep` (prep, generate, extract" in message
+    # the reply length limit decides which rows a dataset prep keeps; a target prep ignores it
+    assert "data.max_response_tokens" in config_inputs(registry.current().get("prep"), dataset)
+    assert "data.max_response_tokens" not in config_inputs(registry.current().get("prep"), cfg)
+    # recomputed with --from prep: the target-mode generate results are cleared with it, never mixed in
+    assert clear_from(dataset, "prep")[:2] == ["prep", "generate"]
+    store = open_store(cfg.storage, cfg.run_id)
+    assert status.read_record(store, "generate", 0) is None
+    check_run(dataset)
