@@ -174,7 +174,7 @@ def throughput(cfg: RunConfig, target: Target, section: TargetSection, tokens: i
     rates = found.tokens_per_s
     stage_tokens = {"generate": int(tokens * cfg.plan.response_fraction), "extract": tokens,
                     "train": tokens * cfg.training.epochs}
-    gpu_of = {"generate": inf_gpu, "extract": inf_gpu, "train": train_gpu}
+    gpu_of = {"generate": inf_gpu, "extract": inf_gpu, "train": train_gpu}  # extract priced on generate's GPU
     gpu_hours = {stage: StageEstimate(
         gpu=gpu_of[stage].name if gpu_of[stage] else None, tokens=n, tokens_per_s_per_gpu=_r(rates[stage]),
         gpu_hours=round(n / rates[stage] / 3600, 1) if rates[stage] else None, rate_source=found.sources[stage])
@@ -217,22 +217,23 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
                                                                      work.calibration),
         train_flops_per_step={k: float(f"{v:.4g}") for k, v in work.step_flops.items()},
         calibration=work.calibration.origin() if work.calibration else None)
-    plan.gate = plan_gate(cfg, plan, work)
-    return plan
-
-
-def plan_gate(cfg: RunConfig, plan: PlanSummary, work: Throughput) -> str | None:
-    """Sets the plan's topology comparison and returns why the run may not start (storage budget, free space,
-    memory, cost or days, joined by " | "); None when it may. An evaluate-only run stores no features and trains
-    nothing: only the inference pool's memory can refuse it."""
-    if cfg.evaluate_only:
-        plan.evaluate_only = True
-        plan.comparison = None
-        gates = [memory_gate(cfg, {p: m for p, m in plan.memory.items() if m["stage"] != "train"}, work.gpus)]
+    if cfg.evaluate_only:  # no features are stored and nothing trains: no topology to price
+        plan.evaluate_only, plan.comparison = True, None
     else:
         plan.comparison = compare_topologies(cfg, plan.memory, plan.codecs, work.gpu_hours, work.cost,
                                              work.train_flops_per_token, work.calibration)
-        gates = [gate_message(cfg, plan), free_space_message(cfg, plan), memory_gate(cfg, plan.memory, work.gpus),
+    plan.gate = plan_gate(cfg, plan, work.gpus)
+    return plan
+
+
+def plan_gate(cfg: RunConfig, plan: PlanSummary, gpus: dict[str, GpuSpec | None]) -> str | None:
+    """Why the run may not start (storage budget, free space, memory, cost or days, joined by " | "); None when it
+    may. An evaluate-only run stores no features and trains nothing: only the inference pool's memory can refuse
+    it."""
+    if cfg.evaluate_only:
+        gates = [memory_gate(cfg, {p: m for p, m in plan.memory.items() if m["stage"] != "train"}, gpus)]
+    else:
+        gates = [gate_message(cfg, plan), free_space_message(cfg, plan), memory_gate(cfg, plan.memory, gpus),
                  cost_gate(plan.comparison, cfg)]
     return " | ".join(g for g in gates if g) or None
 
