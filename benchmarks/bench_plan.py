@@ -42,7 +42,7 @@ def main() -> None:
     print(f"flashdraft {' '.join(COMMAND)}: median {statistics.median(walls):.2f} s, slowest {max(walls):.2f} s "
           f"over {args.rounds} fresh processes (target < {TARGET_S:.0f} s: "
           f"{'met' if max(walls) < TARGET_S else 'MISSED'})")
-    print(f"make_plan in process: {in_process:.3f} s for {len(plan['comparison']['rows'])} rows")
+    print(f"make_plan in process: {in_process:.3f} s for {len(plan.comparison.rows)} rows")
 
 
 if __name__ == "__main__":

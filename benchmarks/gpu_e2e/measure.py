@@ -16,7 +16,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flashdraft.components.plan.summary import PlanSummary
 
 SAMPLE_S = 0.25
 GIB = 2**30
@@ -159,7 +162,7 @@ def gpu_type_of(name: str) -> str | None:
     return None
 
 
-def plan_for(cfg, gpu_type: str | None) -> dict[str, Any]:
+def plan_for(cfg, gpu_type: str | None) -> PlanSummary:
     """The plan of this run's config with both pools on the measuring GPU (one GPU each), for its predicted peaks."""
     from flashdraft.components.plan.planner import make_plan
 
@@ -169,8 +172,8 @@ def plan_for(cfg, gpu_type: str | None) -> dict[str, Any]:
     return make_plan(cfg)
 
 
-def _predicted(plan: dict[str, Any], pool: str) -> int | None:
-    mem = (plan.get("memory") or {}).get(pool) or {}
+def _predicted(plan: PlanSummary, pool: str) -> int | None:
+    mem = (plan.memory or {}).get(pool) or {}
     return mem.get("peak_bytes_per_gpu")
 
 

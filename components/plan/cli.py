@@ -44,13 +44,13 @@ def plan(
     except (ConfigError, CalibrationError) as exc:  # a setting to fix: exit 1, as every config error
         raise fail(exc, 1) from None
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(report.dump(), indent=2))
     elif compare:  # wide: a row is one line
-        gate_line = f"\n**Gate: {report['gate']}**\n" if report["gate"] else ""
+        gate_line = f"\n**Gate: {report.gate}**\n" if report.gate else ""
         Console(width=180).print(Markdown(compare_markdown(comparison_of(report)) + gate_line))
     else:
         Console(width=120).print(Markdown(plan_markdown(report)))
-    if gate and report["gate"]:
-        typer.secho(report["gate"], fg=typer.colors.RED, err=True)
+    if gate and report.gate:
+        typer.secho(report.gate, fg=typer.colors.RED, err=True)
         raise typer.Exit(3)
 

@@ -25,6 +25,7 @@ from flashdraft.components.plan.gpus import GPUS, GpuSpec, gpu_spec
 from flashdraft.components.plan.memory import WEIGHT_BYTES, fmt_gib, inference_memory
 from flashdraft.components.plan.rates import FP8_NOTE, STAGES, Rates, TargetCost, stage_rates
 from flashdraft.components.plan.resources import VLLM_GPU_MEMORY_UTILIZATION, inference_shape
+from flashdraft.components.plan.sections import CodecPlan, StageEstimate
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.perf.calibration import Calibration
 from flashdraft.run import registry
@@ -158,9 +159,9 @@ def rate_letter(source: str) -> str:
     return "C" if "carried" in source else "A"
 
 
-def codec_choices(cfg: RunConfig, codecs: dict[str, dict[str, Any]]) -> list[str]:
+def codec_choices(cfg: RunConfig, codecs: dict[str, CodecPlan]) -> list[str]:
     """The selected codec, the smallest lossless one and q4 (each once)."""
-    lossless = min((c for c, v in codecs.items() if v["lossless"]), key=lambda c: codecs[c]["total_bytes"])
+    lossless = min((c for c, v in codecs.items() if v.lossless), key=lambda c: codecs[c].total_bytes)
     return list(dict.fromkeys([cfg.features.codec, lossless, "q4"]))
 
 
@@ -235,11 +236,11 @@ class _Trainer:
     memory: dict[str, Any]    # the plan's memory entry of the trainer pool
 
 
-def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: str, c: dict[str, Any],
+def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: str, c: CodecPlan,
          sched: Schedule) -> Row:
     """One topology priced: pools, storage for the run's duration, transfer, bandwidth, days."""
     prices = cfg.plan.prices
-    at_rest = c["total_bytes"]
+    at_rest = c.total_bytes
     stored = at_rest if mode == "offline" else min(cfg.mode.window_bytes, at_rest)
     storage_cost = stored / 1e12 * prices.storage_usd_per_tb_month * sched.hours / HOURS_PER_MONTH
     transfer = 0 if inf.name == COLOCATED else at_rest
@@ -257,16 +258,18 @@ def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: s
                          rate_sources={s: inf.rates.sources[s] for s in ("generate", "extract")})
     total = sched.inference_billed * inf.price + sched.train_billed * trainer.price + storage_cost + transfer_cost
     return Row(key=f"{inf.name}/{inf.precision}/{mode}/{codec}", inference=inf.name, precision=inf.precision,
-               mode=mode, codec=codec, lossless=bool(c["lossless"]), pools=[inference, train],
+               mode=mode, codec=codec, lossless=c.lossless, pools=[inference, train],
                storage_bytes=int(stored), storage_cost_usd=round(storage_cost, 2), transfer_bytes=int(transfer),
                transfer_cost_usd=round(transfer_cost, 2), bandwidth_bytes_per_s=int(at_rest / sched.extract_seconds),
                days=round(sched.hours / 24, 2), total_cost_usd=round(total, 2), fits=inference.fits and train.fits,
                rates="/".join(rate_letter(inf.rates.sources[s]) for s in STAGES))
 
 
-def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost, train_flops: float,
+def compare_topologies(cfg: RunConfig, memory: dict[str, dict[str, Any]], codecs: dict[str, CodecPlan],
+                       work: dict[str, StageEstimate], target: TargetCost, train_flops: float,
                        cal: Calibration | None) -> Comparison | None:
-    """Every topology priced (module docstring); None when the trainer pool has no GPU type (a CPU run)."""
+    """Every topology priced (module docstring) from the plan's memory per pool, codec table and tokens per stage
+    (`work`); None when the trainer pool has no GPU type (a CPU run)."""
     train_pool = registry.current().pool_name(cfg.pools, "train")
     train_type = getattr(cfg.pools, train_pool).gpu_type
     if not train_type:
@@ -277,24 +280,24 @@ def compare_topologies(cfg: RunConfig, plan: dict[str, Any], target: TargetCost,
                           f"{', '.join(sorted(GPUS))}")
     train_gpu = gpu_spec(train_type, cfg.plan.gpu_overrides)
     trainers = cfg.training.world_size
-    train_entry = plan["memory"][train_pool]
-    tokens, gen_tokens = plan["total_tokens"], plan["tokens_to_generate"]
-    train_tokens = tokens * cfg.training.epochs
+    train_entry = memory[train_pool]
+    gen_tokens, tokens, train_tokens = (work[s].tokens for s in STAGES)
     options = [(COLOCATED, train_type, trainers, train_pool)] + [(g, g, cfg.plan.inference_gpus, "inference")
                                                                   for g in sorted(GPUS)]
     infs = [_inference(cfg, name, gpu_type, n, pool, precision, target, train_gpu, train_flops, cal)
             for name, gpu_type, n, pool in options for precision in PRECISIONS]
     train_price = gpu_price(cfg, train_pool, train_type)
     trainer = _Trainer(train_pool, train_type, trainers, train_price, train_entry)
-    rows = _rows(cfg, plan, infs, trainer, gen_tokens)
+    rows = _rows(cfg, codecs, infs, trainer, gen_tokens, tokens, train_tokens)
     inf_pool = registry.current().pool_name(cfg.pools, "generate")
     name = COLOCATED if inf_pool == train_pool else getattr(cfg.pools, inf_pool).gpu_type
     configured = f"{name}/{cfg.plan.target_precision}/{cfg.mode.kind}/{cfg.features.codec}"
     responses = []
     for kind in RESPONSES:
-        kind_tokens = tokens_to_generate(cfg, tokens, kind)
-        kind_rows = rows if kind == cfg.data.responses else _rows(cfg, plan, infs, trainer, kind_tokens)
-        responses.append(_responses_option(cfg, kind, configured, kind_rows, kind_tokens))
+        kind_tokens = tokens_to_generate(cfg, tokens, kind) if kind != cfg.data.responses else gen_tokens
+        kind_rows = rows if kind == cfg.data.responses else _rows(
+            cfg, codecs, infs, trainer, kind_tokens, tokens, train_tokens)
+        responses.append(_responses_option(cfg, kind, configured, kind_rows, int(kind_tokens)))
     deadline = cfg.plan.deadline_days
     best = next((r for r in rows if r.fits and (deadline is None or r.days <= deadline)), None)
     rows = [_mark(r, configured, best.key if best else None) for r in rows]
@@ -317,11 +320,9 @@ def tokens_to_generate(cfg: RunConfig, tokens: float, responses: str | None = No
     return 0 if (responses or cfg.data.responses) == "dataset" else int(tokens * cfg.plan.response_fraction)
 
 
-def _rows(cfg: RunConfig, plan: dict[str, Any], infs: list[_Inference], trainer: _Trainer,
-          gen_tokens: float) -> list[Row]:
-    """Every topology priced with `gen_tokens` to generate, cheapest first."""
-    tokens = plan["total_tokens"]
-    train_tokens = tokens * cfg.training.epochs
+def _rows(cfg: RunConfig, codecs: dict[str, CodecPlan], infs: list[_Inference], trainer: _Trainer,
+          gen_tokens: float, tokens: float, train_tokens: float) -> list[Row]:
+    """Every topology priced with these tokens to generate, extract and train on, cheapest first."""
     rows = []
     for inf in infs:
         r = inf.rates.tokens_per_s
@@ -331,8 +332,8 @@ def _rows(cfg: RunConfig, plan: dict[str, Any], infs: list[_Inference], trainer:
         # it into a bounded window.
         for mode in MODES if inf.name != COLOCATED else ("offline",):
             sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainer.gpus)
-            rows += [_row(cfg, inf, trainer, mode, codec, plan["codecs"][codec], sched)
-                     for codec in codec_choices(cfg, plan["codecs"])]
+            rows += [_row(cfg, inf, trainer, mode, codec, codecs[codec], sched)
+                     for codec in codec_choices(cfg, codecs)]
     return sorted(rows, key=lambda r: (r.total_cost_usd, r.key))
 
 

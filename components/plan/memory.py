@@ -140,18 +140,15 @@ def selector_saved_bytes(s: TrainShape) -> tuple[int, int]:
     return saved, 9 * R * k + max(during, post) - post
 
 
-def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
-    """Peak bytes on one rank of the trainer for `s` (anchors_per_row must be set) on `device`."""
-    if s.anchors_per_row is None:
-        raise ValueError("trainer_memory needs shape.anchors_per_row")
+def resident_parts(s: TrainShape, device: Device = "cuda") -> tuple[dict[str, int], int, int]:
+    """What one rank holds through every moment of its step: fp32 weights and AdamW moments (sharded under FSDP2),
+    the frozen embedding and head, CUDA's bf16 weight copies, (CPU) the samples the row was packed from, the
+    activations outside the draft layers, and the communication buffers. Returns (the parts, the activations
+    outside the layers, the communication bytes): the later moments free or add to those two."""
     g = counts(s)
     cuda = device == "cuda"
-    a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
     hb = 2 if s.head_dtype == "bfloat16" else 4                  # frozen head/embedding dtype
-    H, L, M, K, C = s.hidden_size, s.num_layers, g.positions, g.keys, s.tokens_per_step
-    q, inter = s.num_heads * s.head_dim, s.intermediate_size
-    P, shard = g.params, _shard(s)
-    dflash2 = s.kind == "dflash2"
+    H, M, K, C, P, shard = s.hidden_size, g.positions, g.keys, s.tokens_per_step, g.params, _shard(s)
     V_rows = s.target_vocab_size or s.vocab_size
     parts: dict[str, int] = {}
     parts["weights (fp32)"] = 4 * P // shard
@@ -159,8 +156,6 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
     parts["frozen embedding + LM head"] = V_rows * H * hb * 2 + (s.vocab_size * H * hb if s.vocab_size < V_rows else 0)
     if cuda and s.autocast == "bfloat16":  # not the selector's: it runs after the autocast region
         parts["autocast bf16 weight copies"] = 2 * (P - g.params_selector)
-    full_layer, layer, mlp_saved = layer_saved_bytes(s, device)
-    recompute = s.activation_checkpointing
     feat = s.num_features * H
     once = (2 * C * feat                 # the packed row's bf16 features
             + (2 if cuda else 4) * C * feat  # fc's saved input (bf16 autocast cast / fp32 copy)
@@ -177,18 +172,42 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
         comm = 4 * P  # gradient buckets
     if comm:
         parts["communication buffers"] = comm
-    common = dict(parts)
+    return parts, once, comm
 
-    # 1. The last layer's dense mask on CPU (dense_mask): with a window, the [positions, positions] slot distance
-    #    and its abs() in int64 beside the boolean context [positions, context] and block [positions, positions]
-    #    masks, or the [positions, context] int64 distance; then the cat and SDPA's float copy.
-    if cuda:
-        build = 0
-    elif s.sliding_window:
-        build = max(10 * M * C + M * M, M * C + 17 * M * M, 5 * M * K)
-    else:
-        build = max(2 * M * C + 2 * M * M, 5 * M * K)
-    at_mask = {**common, "activations: earlier draft layers": (L - 1) * layer, "dense mask build (CPU)": build}
+
+def dense_mask_build_bytes(s: TrainShape, device: Device = "cuda") -> int:
+    """The last layer's dense mask built on CPU (dense_mask; CUDA's FlexAttention builds none): with a window, the
+    [positions, positions] slot distance and its abs() in int64 beside the boolean context [positions, context]
+    and block [positions, positions] masks, or the [positions, context] int64 distance; then the cat and SDPA's
+    float copy."""
+    if device == "cuda":
+        return 0
+    g = counts(s)
+    M, K, C = g.positions, g.keys, s.tokens_per_step
+    if s.sliding_window:
+        return max(10 * M * C + M * M, M * C + 17 * M * M, 5 * M * K)
+    return max(2 * M * C + 2 * M * M, 5 * M * K)
+
+
+def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
+    """Peak bytes on one rank of the trainer for `s` (anchors_per_row must be set) on `device`: the largest of
+    the step's moments, each the resident parts plus what that moment holds."""
+    if s.anchors_per_row is None:
+        raise ValueError("trainer_memory needs shape.anchors_per_row")
+    g = counts(s)
+    cuda = device == "cuda"
+    a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
+    H, L, M = s.hidden_size, s.num_layers, g.positions
+    q, inter = s.num_heads * s.head_dim, s.intermediate_size
+    P, shard = g.params, _shard(s)
+    dflash2 = s.kind == "dflash2"
+    common, once, comm = resident_parts(s, device)
+    full_layer, layer, mlp_saved = layer_saved_bytes(s, device)
+    recompute = s.activation_checkpointing
+
+    # 1. The last layer's forward, its dense mask being built (CPU).
+    at_mask = {**common, "activations: earlier draft layers": (L - 1) * layer,
+               "dense mask build (CPU)": dense_mask_build_bytes(s, device)}
     # 2. The loss: every layer's activations held, the slot hidden states and their gradient, one vocabulary chunk
     #    (CPU: fp32 logits, in place; CUDA: the compiled chunk function's bf16 logits and bf16 gradient).
     chunk_rows = min(max(16, LOSS_CHUNK_ELEMENTS // s.vocab_size), g.loss_rows)

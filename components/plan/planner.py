@@ -16,7 +16,7 @@ levers: docs/planning.md), and any run whose planned cost or days exceed plan.ma
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
 
 from flashdraft.components.plan.compare import (
     RESPONSES_TRADE,
@@ -29,10 +29,12 @@ from flashdraft.components.plan.compare import (
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
+from flashdraft.components.plan.sections import CodecPlan, StageEstimate, TargetSection
+from flashdraft.components.plan.space import free_space, space_gate
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.config.codecs import CODECS, CodecParams, CodecSpecError
-from flashdraft.perf.calibration import load_calibration
+from flashdraft.perf.calibration import Calibration, load_calibration
 from flashdraft.perf.flops import trainer_flops
 from flashdraft.run import registry
 from flashdraft.storage import layout
@@ -67,22 +69,22 @@ def feature_bytes_per_token(cfg: RunConfig, codec: str, hidden: int) -> float:
         raise ConfigError(f"features: {exc}") from None
 
 
-def codec_cost(cfg: RunConfig, codec: str, hidden: int, tokens: float) -> dict[str, Any]:
+def codec_cost(cfg: RunConfig, codec: str, hidden: int, tokens: float) -> CodecPlan:
     """One row of the plan's codec table. A codec that cannot hold rows of `hidden` values (q4 blocks that do not
     divide it) reads n/a with the reason instead of failing the plan: only the selected codec may refuse the run."""
     params = codec_for(cfg, codec)
     try:
         params.check_geometry(hidden)
     except CodecSpecError as exc:
-        return {"bytes_per_token": None, "total_bytes": None, "total_tb": None, "total_tib": None,
-                "lossless": params.lossless, "unavailable": str(exc)}
+        return CodecPlan(bytes_per_token=None, total_bytes=None, total_tb=None, total_tib=None,
+                         lossless=params.lossless, unavailable=str(exc))
     bpt = feature_bytes_per_token(cfg, codec, hidden)
     total = tokens * (bpt + ID_BYTES_PER_TOKEN)
-    return {"bytes_per_token": round(bpt, 1), "total_bytes": int(total), "total_tb": round(total / 1e12, 2),
-            "total_tib": round(total / 2**40, 2), "lossless": params.lossless, "unavailable": None}
+    return CodecPlan(bytes_per_token=round(bpt, 1), total_bytes=int(total), total_tb=round(total / 1e12, 2),
+                     total_tib=round(total / 2**40, 2), lossless=params.lossless, unavailable=None)
 
 
-def planning_target(cfg: RunConfig) -> tuple[RunConfig, Target, dict[str, Any]]:
+def planning_target(cfg: RunConfig) -> tuple[RunConfig, Target, TargetSection]:
     """The target resolved once (its own config where its files are here, else the config's hints), the config
     with every target figure the planner reads filled in from it, and the plan's `target` section: each figure
     and where it came from. Explicit plan.target_* values win (a contradicting one was refused by the resolver)."""
@@ -104,12 +106,12 @@ def planning_target(cfg: RunConfig) -> tuple[RunConfig, Target, dict[str, Any]]:
         "plan.target_params": params, "plan.target_kv_bytes_per_token": kv,
         "plan.target_state_bytes_per_sequence": state,
         "plan.target_intermediate_size": p.target_intermediate_size or geo.intermediate_size})
-    section = {"model": cfg.target.model, "num_layers": geo.num_layers, "hidden_size": geo.hidden_size,
-               "vocab_size": vocab, "params": params, "active_params": geo.active_params or params,
-               "layer_types": _layer_kinds(geo), "sliding_window": geo.sliding_window,
-               "attention_sinks": geo.attention_sinks, "experts": geo.num_experts,
-               "experts_per_token": geo.experts_per_token, "from_model_files": target.from_files,
-               "sources": sources, "hinted": [k for k, v in sources.items() if v != "model config"]}
+    section = TargetSection(
+        model=cfg.target.model, num_layers=geo.num_layers, hidden_size=geo.hidden_size, vocab_size=vocab,
+        params=params, active_params=geo.active_params or params, layer_types=_layer_kinds(geo),
+        sliding_window=geo.sliding_window, attention_sinks=geo.attention_sinks, experts=geo.num_experts,
+        experts_per_token=geo.experts_per_token, from_model_files=target.from_files, sources=sources,
+        hinted=[k for k, v in sources.items() if v != "model config"])
     return filled, target, section
 
 
@@ -124,206 +126,240 @@ def _pool_gpu(cfg: RunConfig, stage: str) -> GpuSpec | None:
     return gpu_spec(pool.gpu_type, cfg.plan.gpu_overrides) if pool.gpu_type else None
 
 
-def make_plan(cfg: RunConfig) -> dict[str, Any]:
-    """The whole estimate as a JSON-able dict (the `--json` output and metrics/plan.json)."""
-    cfg, target, target_section = planning_target(cfg)
-    layers, hidden = target.geometry.num_layers, target.geometry.hidden_size
+def planned_samples(cfg: RunConfig) -> tuple[int, int]:
+    """(samples, tokens per sample) the run generates and extracts. data.max_samples counts the held-out eval
+    prompts too, which are never generated or extracted; and no sample is longer than the prompt and response
+    limits."""
     d = cfg.data
     if d.expected_samples is None and d.max_samples is None:
         raise ConfigError("plan needs data.expected_samples (or data.max_samples)")
-    # max_samples counts the held-out eval prompts too, which are never generated or extracted; and no sample is
-    # longer than the prompt and response limits
     samples = d.expected_samples or max(1, d.max_samples - d.eval_count)
-    tps = min(d.expected_tokens_per_sample, d.max_prompt_tokens + d.max_response_tokens)
-    tokens = samples * tps
-    ids = cfg.layer_ids(layers)
+    return samples, min(d.expected_tokens_per_sample, d.max_prompt_tokens + d.max_response_tokens)
 
+
+def codec_table(cfg: RunConfig, hidden: int, tokens: int) -> dict[str, CodecPlan]:
+    """Every codec's cost; refuses a selected codec that cannot hold the target's rows, naming those that can."""
     codecs = {codec: codec_cost(cfg, codec, hidden, tokens) for codec in CODECS}
     selected = codecs[cfg.features.codec]
-    if selected["unavailable"]:
-        usable = ", ".join(c for c, v in codecs.items() if not v["unavailable"])
-        raise ConfigError(f"features.codec={cfg.features.codec}: {selected['unavailable']} (codecs that hold it: "
+    if selected.unavailable:
+        usable = ", ".join(c for c, v in codecs.items() if not v.unavailable)
+        raise ConfigError(f"features.codec={cfg.features.codec}: {selected.unavailable} (codecs that hold it: "
                           f"{usable or 'none'})")
-    at_rest = selected["total_bytes"]
-    window = min(cfg.mode.window_bytes, at_rest)
-    shard_count = math.ceil(at_rest / cfg.features.shard_bytes)
+    return codecs
 
-    # -- throughput ---------------------------------------------------------------------------------------
-    cost = TargetCost(params=target_section["params"], active=target_section["active_params"],
-                      num_experts=target.geometry.num_experts, experts_per_token=target.geometry.experts_per_token,
-                      extract_flops_per_token=2 * target_section["active_params"] * (max(ids) + 1) / layers)
-    params = cost.params
-    gen_tokens = tokens_to_generate(cfg, tokens)  # none with data.responses=dataset
-    inf_gpu, train_gpu = _pool_gpu(cfg, "generate"), _pool_gpu(cfg, "train")
+
+@dataclass(frozen=True)
+class Throughput:
+    """The planned work per GPU stage and what it implies for streaming (make_plan's throughput half)."""
+
+    cost: TargetCost
+    gpus: dict[str, GpuSpec | None]  # generate, extract, train
+    step_flops: dict[str, float]  # one rank's training step FLOPs by part
+    train_flops_per_token: float
+    calibration: Calibration | None
+    gpu_hours: dict[str, StageEstimate]
+    streaming_bandwidth: float | None  # store bytes/s the trainers consume in streaming mode
+    inference_per_trainer_gpu: float | None
+
+
+def throughput(cfg: RunConfig, target: Target, section: TargetSection, tokens: int, stored_bytes_per_token: float
+               ) -> Throughput:
+    """Rates and GPU-hours per stage on each pool's GPU, the bandwidth streaming needs and the extract:train GPU
+    ratio that keeps the window fed (rates.py: measured, calibrated or modelled)."""
+    geo = target.geometry
+    ids = cfg.layer_ids(geo.num_layers)
+    cost = TargetCost(params=section.params, active=section.active_params, num_experts=geo.num_experts,
+                      experts_per_token=geo.experts_per_token,
+                      extract_flops_per_token=2 * section.active_params * (max(ids) + 1) / geo.num_layers)
+    gpus = {stage: _pool_gpu(cfg, stage) for stage in ("generate", "extract", "train")}
+    inf_gpu, train_gpu = gpus["generate"], gpus["train"]
     shape, _ = train_shape(cfg)
     step_flops = trainer_flops(shape, window_keys(cfg))
     train_flops_per_token = sum(step_flops.values()) / shape.tokens_per_step
     cal = load_calibration(cfg.plan.calibration) if cfg.plan.calibration else None
-    gpus = {"generate": inf_gpu, "extract": _pool_gpu(cfg, "extract"), "train": train_gpu}
     found = stage_rates(cfg, cost, inf_gpu, train_gpu, train_flops_per_token, cal, cfg.plan.target_precision)
-    rates, sources = found.tokens_per_s, found.sources
-
-    def hours(stage_tokens: float, rate: float | None) -> float | None:
-        return round(stage_tokens / rate / 3600, 1) if rate else None
-
-    train_tokens = tokens * cfg.training.epochs
-    gpu_hours = {
-        "generate": {"gpu": inf_gpu.name if inf_gpu else None, "tokens": gen_tokens,
-                     "tokens_per_s_per_gpu": _r(rates["generate"]), "gpu_hours": hours(gen_tokens, rates["generate"]),
-                     "rate_source": sources["generate"]},
-        "extract": {"gpu": inf_gpu.name if inf_gpu else None, "tokens": tokens,
-                    "tokens_per_s_per_gpu": _r(rates["extract"]), "gpu_hours": hours(tokens, rates["extract"]),
-                    "rate_source": sources["extract"]},
-        "train": {"gpu": train_gpu.name if train_gpu else None, "tokens": train_tokens,
-                  "tokens_per_s_per_gpu": _r(rates["train"]), "gpu_hours": hours(train_tokens, rates["train"]),
-                  "rate_source": sources["train"]},
-    }
-    trainers = cfg.training.world_size
+    rates = found.tokens_per_s
+    stage_tokens = {"generate": tokens_to_generate(cfg, tokens), "extract": tokens,  # none: data.responses=dataset
+                    "train": tokens * cfg.training.epochs}
+    gpu_of = {"generate": inf_gpu, "extract": inf_gpu, "train": train_gpu}  # extract priced on generate's GPU
+    gpu_hours = {stage: StageEstimate(
+        gpu=gpu_of[stage].name if gpu_of[stage] else None, tokens=n, tokens_per_s_per_gpu=_r(rates[stage]),
+        gpu_hours=round(n / rates[stage] / 3600, 1) if rates[stage] else None, rate_source=found.sources[stage])
+        for stage, n in stage_tokens.items()}
     stream_bw = ratio = None
     if rates["train"]:
-        consumed_tokens_s = rates["train"] * trainers
-        stream_bw = consumed_tokens_s * (selected["bytes_per_token"] + ID_BYTES_PER_TOKEN) / cfg.mode.reuse
+        stream_bw = rates["train"] * cfg.training.world_size * stored_bytes_per_token / cfg.mode.reuse
         if rates["extract"]:
             # Streaming: producers must extract what trainers consume (each shard is trained on `reuse` times).
             ratio = round(rates["train"] / (cfg.mode.reuse * rates["extract"]), 2)
+    return Throughput(cost, gpus, step_flops, train_flops_per_token, cal, gpu_hours, stream_bw, ratio)
+
+
+def make_plan(cfg: RunConfig) -> PlanSummary:
+    """The whole estimate, typed (the `--json` output and metrics/plan.json), its gate included."""
+    cfg, target, section = planning_target(cfg)
+    layers, hidden = target.geometry.num_layers, target.geometry.hidden_size
+    samples, tps = planned_samples(cfg)
+    tokens = samples * tps
+    codecs = codec_table(cfg, hidden, tokens)
+    selected = codecs[cfg.features.codec]
+    at_rest = selected.total_bytes
+    window = min(cfg.mode.window_bytes, at_rest)
+    shard_count = math.ceil(at_rest / cfg.features.shard_bytes)
+    work = throughput(cfg, target, section, tokens, selected.bytes_per_token + ID_BYTES_PER_TOKEN)
     budget = cfg.storage.budget_bytes
     fits = budget is None or at_rest <= budget
-    recommended = "offline" if fits else ("streaming" if window <= (budget or 0) else "none fits")
-    plan = {
-        "target": cfg.target.model, "layer_ids": ids, "num_layers": layers, "hidden_size": hidden,
-        "target_geometry": target_section,
-        "samples": samples, "tokens_per_sample": tps, "total_tokens": tokens,
-        "bytes_per_token": int(cfg.features.num_features * hidden * 2),  # the naive bf16 reference layout
-        "codecs": codecs, "codec": cfg.features.codec,
-        "total_bytes_at_rest": at_rest, "peak_bytes_streaming": int(window),
-        "objects": 2 * shard_count + 1, "shards": shard_count,
-        "tokens_to_generate": gen_tokens, "tokens_to_extract": tokens, "responses": cfg.data.responses,
-        "gpu_hours": gpu_hours, "streaming_bandwidth_bytes_per_s": _r(stream_bw),
-        "inference_per_trainer_gpu": ratio, "trainer_gpus": trainers,
-        "mode": cfg.mode.kind, "recommended_mode": recommended,
-        "budget_bytes": budget, "fits_budget": fits,
-        "memory": memory_section(cfg, params, gpus, cal),
-        "train_flops_per_step": {k: float(f"{v:.4g}") for k, v in step_flops.items()},
-        "calibration": cal.origin() if cal else None,
-    }
-    if cfg.evaluate_only:  # no features are stored and nothing trains: only the inference pool's memory can refuse
-        plan["evaluate_only"] = True
-        plan["comparison"] = None
-        gates = [memory_gate(cfg, {p: m for p, m in plan["memory"].items() if m["stage"] != "train"}, gpus)]
+    plan = PlanSummary(
+        target=cfg.target.model, layer_ids=cfg.layer_ids(layers), num_layers=layers, hidden_size=hidden,
+        target_geometry=section, samples=samples, tokens_per_sample=tps, total_tokens=tokens,
+        bytes_per_token=int(cfg.features.num_features * hidden * 2),  # the naive bf16 reference layout
+        codecs=codecs, codec=cfg.features.codec, total_bytes_at_rest=at_rest, peak_bytes_streaming=int(window),
+        objects=2 * shard_count + 1, shards=shard_count, tokens_to_generate=work.gpu_hours["generate"].tokens,
+        responses=cfg.data.responses,
+        tokens_to_extract=tokens, gpu_hours=work.gpu_hours,
+        streaming_bandwidth_bytes_per_s=_r(work.streaming_bandwidth),
+        inference_per_trainer_gpu=work.inference_per_trainer_gpu, trainer_gpus=cfg.training.world_size,
+        mode=cfg.mode.kind,
+        recommended_mode="offline" if fits else ("streaming" if window <= (budget or 0) else "none fits"),
+        budget_bytes=budget, fits_budget=fits, memory=memory_section(cfg, work.cost.params, work.gpus,
+                                                                     work.calibration),
+        train_flops_per_step={k: float(f"{v:.4g}") for k, v in work.step_flops.items()},
+        calibration=work.calibration.origin() if work.calibration else None)
+    if cfg.evaluate_only:  # no features are stored and nothing trains: no topology to price
+        plan.evaluate_only, plan.comparison = True, None
     else:
-        comparison = compare_topologies(cfg, plan, cost, train_flops_per_token, cal)
-        plan["comparison"] = comparison.to_json() if comparison else None
-        gates = [gate_message(cfg, plan), memory_gate(cfg, plan["memory"], gpus), cost_gate(comparison, cfg)]
-    plan["gate"] = " | ".join(g for g in gates if g) or None
+        plan.comparison = compare_topologies(cfg, plan.memory, plan.codecs, work.gpu_hours, work.cost,
+                                             work.train_flops_per_token, work.calibration)
+    plan.gate = plan_gate(cfg, plan, work.gpus)
     return plan
+
+
+def plan_gate(cfg: RunConfig, plan: PlanSummary, gpus: dict[str, GpuSpec | None]) -> str | None:
+    """Why the run may not start (storage budget, free space, memory, cost or days, joined by " | "); None when it
+    may. An evaluate-only run stores no features and trains nothing: only the inference pool's memory can refuse
+    it."""
+    if cfg.evaluate_only:
+        gates = [memory_gate(cfg, {p: m for p, m in plan.memory.items() if m["stage"] != "train"}, gpus)]
+    else:
+        gates = [gate_message(cfg, plan), free_space_message(cfg, plan), memory_gate(cfg, plan.memory, gpus),
+                 cost_gate(plan.comparison, cfg)]
+    return " | ".join(g for g in gates if g) or None
+
+
+def free_space_message(cfg: RunConfig, plan: PlanSummary) -> str | None:
+    """A `file://` store on a filesystem too small for what the run will hold at once (space.py): offline, the
+    selected codec's bytes at rest; streaming, the window."""
+    if plan.mode == "offline":
+        return space_gate(plan.total_bytes_at_rest, free_space(cfg), f"at rest with codec {plan.codec}")
+    return space_gate(plan.peak_bytes_streaming, free_space(cfg), "for the streaming window (mode.window_bytes)")
 
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def gate_message(cfg: RunConfig, plan: dict[str, Any]) -> str | None:
+def gate_message(cfg: RunConfig, plan: PlanSummary) -> str | None:
     """Why an offline run may not start, with the alternatives that would fit; None when it may."""
-    budget = plan["budget_bytes"]
-    if plan["mode"] != "offline" or plan["fits_budget"]:
+    budget = plan.budget_bytes
+    if plan.mode != "offline" or plan.fits_budget:
         return None
     alternatives = []
-    fitting = [c for c, v in plan["codecs"].items() if not v["unavailable"] and v["total_bytes"] <= budget]
+    fitting = [c for c, v in plan.codecs.items() if not v.unavailable and v.total_bytes <= budget]
     if fitting:
         alternatives.append("a smaller codec: " + ", ".join(
-            f"{c} ({_fmt_bytes(plan['codecs'][c]['total_bytes'])})" for c in fitting))
+            f"{c} ({_fmt_bytes(plan.codecs[c].total_bytes)})" for c in fitting))
     alternatives.append(f"streaming mode (peak {_fmt_bytes(min(cfg.mode.window_bytes, budget))} with "
                         f"mode.window_bytes <= budget)")
-    per_sample = plan["total_bytes_at_rest"] / plan["samples"]
-    alternatives.append(f"fewer samples: at most {int(budget // per_sample):,} fit with {plan['codec']}")
-    return (f"offline run needs {_fmt_bytes(plan['total_bytes_at_rest'])} at rest with codec {plan['codec']}, "
+    per_sample = plan.total_bytes_at_rest / plan.samples
+    alternatives.append(f"fewer samples: at most {int(budget // per_sample):,} fit with {plan.codec}")
+    return (f"offline run needs {_fmt_bytes(plan.total_bytes_at_rest)} at rest with codec {plan.codec}, "
             f"over storage.budget_bytes = {_fmt_bytes(budget)}. Alternatives: " + "; ".join(alternatives))
 
 
-def plan_markdown(plan: dict[str, Any]) -> str:
+def plan_markdown(plan: PlanSummary) -> str:
     """The plan as a Markdown table (a KFP Markdown artifact and the report's planner section)."""
-    lines = [f"### Plan: {plan['target']} ({plan['samples']:,} samples x {plan['tokens_per_sample']} tokens)", "",
-             f"Feature layers {plan['layer_ids']}, naive bf16 layout {plan['bytes_per_token']:,} B/token.", "",
+    lines = [f"### Plan: {plan.target} ({plan.samples:,} samples x {plan.tokens_per_sample} tokens)", "",
+             f"Feature layers {plan.layer_ids}, naive bf16 layout {plan.bytes_per_token:,} B/token.", "",
              *target_lines(plan), "",
              "| codec | lossless | bytes/token | x bf16 | at rest |", "|---|---|---:|---:|---:|"]
-    for codec, v in plan["codecs"].items():
-        mark = " (selected)" if codec == plan["codec"] else ""
-        if v["unavailable"]:
-            lines.append(f"| {codec}{mark} | {'yes' if v['lossless'] else 'no'} | n/a ({v['unavailable']}) | - | - |")
+    for codec, v in plan.codecs.items():
+        mark = " (selected)" if codec == plan.codec else ""
+        if v.unavailable:
+            lines.append(f"| {codec}{mark} | {'yes' if v.lossless else 'no'} | n/a ({v.unavailable}) | - | - |")
             continue
-        lines.append(f"| {codec}{mark} | {'yes' if v['lossless'] else 'no'} | {v['bytes_per_token']:,.0f} | "
-                     f"{v['bytes_per_token'] / plan['bytes_per_token']:.3f} | {_fmt_bytes(v['total_bytes'])} |")
+        lines.append(f"| {codec}{mark} | {'yes' if v.lossless else 'no'} | {v.bytes_per_token:,.0f} | "
+                     f"{v.bytes_per_token / plan.bytes_per_token:.3f} | {_fmt_bytes(v.total_bytes)} |")
     lines += ["", "| stage | GPU | tokens | tokens/s/GPU | GPU-hours |", "|---|---|---:|---:|---:|"]
-    for stage, v in plan["gpu_hours"].items():
-        lines.append(f"| {stage} | {v['gpu'] or '-'} | {v['tokens']:,} | {v['tokens_per_s_per_gpu'] or '-'} | "
-                     f"{v['gpu_hours'] if v['gpu_hours'] is not None else '-'} |")
-    bw, ratio = plan["streaming_bandwidth_bytes_per_s"], plan["inference_per_trainer_gpu"]
+    for stage, v in plan.gpu_hours.items():
+        lines.append(f"| {stage} | {v.gpu or '-'} | {v.tokens:,} | {v.tokens_per_s_per_gpu or '-'} | "
+                     f"{v.gpu_hours if v.gpu_hours is not None else '-'} |")
+    bw, ratio = plan.streaming_bandwidth_bytes_per_s, plan.inference_per_trainer_gpu
     unknown = "- (no GPU rate: a pool without pools.*.gpu_type)"  # CPU presets: never "None" in the table
-    lines += ["", f"- mode: **{plan['mode']}** (recommended: {plan['recommended_mode']}); objects: {plan['objects']:,}",
-              f"- streaming peak: {_fmt_bytes(plan['peak_bytes_streaming'])}; bandwidth needed: "
+    lines += ["", f"- mode: **{plan.mode}** (recommended: {plan.recommended_mode}); objects: {plan.objects:,}",
+              f"- streaming peak: {_fmt_bytes(plan.peak_bytes_streaming)}; bandwidth needed: "
               f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
               f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
     lines += memory_markdown(plan)
-    lines += [f"- {RESPONSES_TRADE}"] if plan.get("responses") == "dataset" else []
-    line = summary_line(comparison_of(plan))
+    lines += [f"- {RESPONSES_TRADE}"] if plan.responses == "dataset" else []
+    line = summary_line(plan.comparison)
     if line:
         lines += ["", f"- {line}"]
-    if plan["gate"]:
-        lines += ["", f"**Gate: {plan['gate']}**"]
+    if plan.gate:
+        lines += ["", f"**Gate: {plan.gate}**"]
     return "\n".join(lines) + "\n"
 
 
-def comparison_of(plan: dict[str, Any]) -> Comparison | None:
-    """The plan's topology comparison, typed (None for a CPU run)."""
-    return Comparison.model_validate(plan["comparison"]) if plan.get("comparison") else None
+def comparison_of(plan: PlanSummary) -> Comparison | None:
+    """The plan's topology comparison (None for a CPU run)."""
+    return plan.comparison
 
 
-def target_lines(plan: dict[str, Any]) -> list[str]:
+def target_lines(plan: PlanSummary) -> list[str]:
     """What the plan took the target to be, and which figures did not come from the model's own config."""
-    t = plan.get("target_geometry")
-    if not t:
+    t = plan.target_geometry
+    if t is None:
         return []
-    line = (f"Target: {t['num_layers']} layers x {t['hidden_size']}, vocabulary {t['vocab_size']:,}, "
-            f"{t['params'] / 1e9:,.2f}B parameters")
-    if t["active_params"] < t["params"]:
-        routed = f", {t['experts_per_token']} of {t['experts']} experts a token" if t["experts"] else ""
-        line += (f" ({t['active_params'] / 1e9:,.2f}B active: MoE{routed}; every expert resident on the inference "
+    line = (f"Target: {t.num_layers} layers x {t.hidden_size}, vocabulary {t.vocab_size:,}, "
+            f"{t.params / 1e9:,.2f}B parameters")
+    if t.active_params < t.params:
+        routed = f", {t.experts_per_token} of {t.experts} experts a token" if t.experts else ""
+        line += (f" ({t.active_params / 1e9:,.2f}B active: MoE{routed}; every expert resident on the inference "
                  "GPUs, the active parameters for FLOPs)")
-    if t.get("layer_types"):
-        line += "; layers " + ", ".join(f"{v} {k}" for k, v in t["layer_types"].items())
-    if t.get("sliding_window"):
-        line += f", window {t['sliding_window']}"
-    if t.get("attention_sinks"):
+    if t.layer_types:
+        line += "; layers " + ", ".join(f"{v} {k}" for k, v in t.layer_types.items())
+    if t.sliding_window:
+        line += f", window {t.sliding_window}"
+    if t.attention_sinks:
         line += ", attention sinks"
     out = [line + "."]
-    if t["hinted"]:
+    if t.hinted:
         out += ["", "Not from the model's config (its files are not on this machine): " + "; ".join(
-            f"{k} from {t['sources'][k]}" for k in t["hinted"]) + "."]
+            f"{k} from {t.sources[k]}" for k in t.hinted) + "."]
     return out
 
 
-def memory_markdown(plan: dict[str, Any]) -> list[str]:
+def memory_markdown(plan: PlanSummary) -> list[str]:
     """Per pool: predicted peak, the GPU's usable memory, fits; the training FLOPs; where each figure comes from."""
     lines = ["", "| pool | stages | GPU | predicted peak / GPU | usable / GPU | fits | peak set by |",
              "|---|---|---|---:|---:|---|---|"]
-    for pool, m in plan["memory"].items():
+    for pool, m in plan.memory.items():
         usable = _gib(m["usable_bytes_per_gpu"]) if m["usable_bytes_per_gpu"] else "-"
         fits = "-" if m["fits"] is None else ("yes" if m["fits"] else "**no**")
         lines.append(f"| {pool} | {m['stage']} | {m['gpu'] or '-'} | {_gib(m['peak_bytes_per_gpu'])} | {usable} | "
                      f"{fits} | {m['phase']} |")
-    for pool, m in plan["memory"].items():
+    for pool, m in plan.memory.items():
         top = sorted(m["parts"].items(), key=lambda kv: -kv[1])[:4]
         lines.append(f"- {pool}: " + ", ".join(f"{k} {_gib(v)}" for k, v in top) + f" ({m['peak_source']})")
-    train = plan["memory"].get(next((p for p, m in plan["memory"].items() if m["stage"] == "train"), ""), {})
+    train = plan.memory.get(next((p for p, m in plan.memory.items() if m["stage"] == "train"), ""), {})
     if train.get("assumed"):
         lines.append(f"- assumed drafter geometry (not in the config): {', '.join(train['assumed'])}")
-    flops = plan["train_flops_per_step"]
+    flops = plan.train_flops_per_step
     total = sum(flops.values()) or 1
     lines.append("- training FLOPs a step (per rank): " + ", ".join(
         f"{k} {v / 1e12:,.1f} TFLOP ({v / total:.0%})" for k, v in flops.items()))
-    lines.append("- rates: " + "; ".join(f"{stage}: {v['rate_source']}" for stage, v in plan["gpu_hours"].items()))
-    if plan["calibration"]:
-        lines.append(f"- calibration: {plan['calibration']}")
+    lines.append("- rates: " + "; ".join(f"{stage}: {v.rate_source}" for stage, v in plan.gpu_hours.items()))
+    if plan.calibration:
+        lines.append(f"- calibration: {plan.calibration}")
     return lines
 
 
@@ -332,11 +368,12 @@ def _gib(n: float) -> str:
 
 
 def run_plan(cfg: RunConfig) -> PlanSummary:
-    """Pipeline gate: compute the plan, store it as metrics/plan.json, refuse an over-budget offline run."""
+    """Pipeline gate: compute the plan, store it as metrics/plan.json, refuse a run that may not start (before
+    any other task)."""
     from flashdraft.storage.store import open_store
 
     plan = make_plan(cfg)
-    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("plan"), plan)
-    if plan["gate"]:
-        raise PlanGateError(plan["gate"])
-    return PlanSummary.model_validate(plan)
+    open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("plan"), plan.dump())
+    if plan.gate:
+        raise PlanGateError(plan.gate)
+    return plan

@@ -30,14 +30,14 @@ def projection(plan: PlanSummary) -> str | None:
     the whole planned dataset; None for a CPU run (no GPU-hours to project)."""
     pools: dict[str, list[float | str]] = {}
     for name, est in (plan.gpu_hours or {}).items():
-        hours = est.get("gpu_hours")
+        hours = est.gpu_hours
         if hours is None:
             continue
         try:
             pool = registry.current().get(name).pool
         except ValueError:
             pool = name
-        entry = pools.setdefault(pool, [0.0, est.get("gpu") or "GPU"])
+        entry = pools.setdefault(pool, [0.0, est.gpu or "GPU"])
         entry[0] = float(entry[0]) + float(hours)
     if not pools:
         return None

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flashdraft.components.plan.compare import Comparison
+from flashdraft.components.plan.sections import CodecPlan, StageEstimate, TargetSection
 from flashdraft.run.stage import StageSummary, numbers
 
 
-class CodecPlan(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    lossless: bool = Field(description="the codec reproduces bf16 features exactly")
-    bytes_per_token: float | None = Field(description="stored bytes per token, all feature layers; None: unavailable")
-    total_bytes: float | None = Field(description="bytes at rest for the whole run with this codec; None: unavailable")
-    unavailable: str | None = Field(None, description="why the codec cannot hold the target's rows (n/a in the table)")
-
-
 class PlanSummary(StageSummary):
-    """components/plan/planner.py: storage and GPU-hour plan, and the offline budget gate."""
+    """components/plan/planner.py's plan, built typed by `make_plan`: storage and GPU-hour plan, per-GPU memory,
+    the topology comparison and the gate (budget, free space, memory, cost, days)."""
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "planned_bytes_per_token",
@@ -30,22 +23,21 @@ class PlanSummary(StageSummary):
     layer_ids: list[int] | None = Field(None, description="target layers whose hidden states are extracted")
     num_layers: int | None = Field(None, description="target decoder layers")
     hidden_size: int | None = Field(None, description="target hidden size")
+    target_geometry: TargetSection | None = Field(None, description="what the plan took the target to be")
     samples: int | None = Field(None, description="planned training samples")
-    tokens_per_sample: float | None = Field(None, description="planned tokens per sample (prompt + response)")
-    total_tokens: float | None = Field(None, description="samples x tokens_per_sample")
+    tokens_per_sample: int | None = Field(None, description="planned tokens per sample (prompt + response)")
+    total_tokens: int | None = Field(None, description="samples x tokens_per_sample")
     bytes_per_token: int | None = Field(None, description="the naive bf16 layout's bytes per token (reference)")
     codecs: dict[str, CodecPlan] | None = Field(None, description="every codec's cost")
     codec: str | None = Field(None, description="the selected codec (features.codec)")
-    evaluate_only: bool | None = Field(None, description="a pretrained drafter evaluated as is: no features stored, "
-                                       "no training, so only the inference pool's memory can refuse the run")
-    total_bytes_at_rest: float | None = Field(None, description="offline: bytes stored at once with the selected codec")
+    total_bytes_at_rest: int | None = Field(None, description="offline: bytes stored at once with the selected codec")
     peak_bytes_streaming: int | None = Field(None, description="streaming: the window's peak bytes")
     objects: int | None = Field(None, description="objects the offline run stores")
     shards: int | None = Field(None, description="feature shards")
-    tokens_to_generate: float | None = Field(None, description="response tokens the target generates")
+    tokens_to_generate: int | None = Field(None, description="response tokens the target generates")
     responses: str | None = Field(None, description="data.responses: target (generated) or dataset (no generation)")
-    tokens_to_extract: float | None = Field(None, description="tokens extraction runs through the target")
-    gpu_hours: dict[str, dict[str, Any]] | None = Field(None, description="per GPU stage: gpu, tokens, rate, GPU-hours")
+    tokens_to_extract: int | None = Field(None, description="tokens extraction runs through the target")
+    gpu_hours: dict[str, StageEstimate] | None = Field(None, description="per GPU stage: gpu, tokens, rate, GPU-hours")
     streaming_bandwidth_bytes_per_s: float | None = Field(None, description="streaming: store bandwidth needed")
     inference_per_trainer_gpu: float | None = Field(None, description="streaming: extract GPUs per trainer GPU")
     trainer_gpus: int | None = Field(None, description="training world size")
@@ -57,9 +49,22 @@ class PlanSummary(StageSummary):
         None, description="per pool: peak_bytes_per_gpu, usable_bytes_per_gpu, fits, phase, parts, peak_source")
     train_flops_per_step: dict[str, float] | None = Field(None, description="one rank's step FLOPs by part")
     calibration: str | None = Field(None, description="where the calibration's measured figures come from")
+    evaluate_only: bool | None = Field(None, description="a pretrained drafter evaluated as is: no features stored, "
+                                       "no training, so only the inference pool's memory can refuse the run")
     comparison: Comparison | None = Field(
         None, description="every topology's cost, days and memory fit, sorted by total cost (plan --compare)")
-    gate: str | None = Field(None, description="why the run may not start (storage or memory); None when it may")
+    gate: str | None = Field(None, description="why the run may not start (storage, free space, memory, cost or "
+                             "days); None when it may")
+
+    def dump(self) -> dict[str, Any]:
+        """The top-level keys the planner set, each section whole: a nested model's defaults (a topology row's
+        `configured: false`, the comparison's caveat) are part of its value, as metrics/plan.json always held them
+        (StageSummary.dump's exclude_unset would drop them)."""
+        return self.model_dump(mode="json", include=set(self.model_fields_set))
+
+    def handoff(self) -> dict[str, Any]:
+        """`dump()`: the plan has no bulky field to leave out."""
+        return self.dump()
 
     @property
     def selected(self) -> CodecPlan | None:

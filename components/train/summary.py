@@ -15,6 +15,8 @@ class FinalTrainStats(BaseModel):
 
     loss: float = Field(description="mean loss over the last 10% of steps")
     acc_by_pos: list[float] = Field(description="mean accuracy per block position over the last 10% of steps")
+    ce_by_pos: list[float] = Field(default_factory=list, description="mean cross-entropy per block position over "
+                                   "the last 10% of steps")
 
 
 class StreamStats(BaseModel):
@@ -35,7 +37,7 @@ class StreamStats(BaseModel):
 
 
 class TrainSummary(StageSummary):
-    """components/train/trainer.py: the trainer's summary (metrics/train.json)."""
+    """components/train/trainer.py: the trainer's summary (metrics/train.json), built by `Trainer.summary`."""
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "steps",
@@ -45,13 +47,25 @@ class TrainSummary(StageSummary):
     HANDOFF_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"history", "heldout", "heldout_samples"})  # bulky
 
     steps: int | None = Field(None, description="optimizer steps done")
+    world_size: int | None = Field(None, description="ranks that trained")
+    strategy: str | None = Field(None, description="training.strategy (ddp or fsdp2)")
+    drafter_kind: str | None = Field(None, description="drafter.kind (dflash or dflash2)")
+    checkpoint: str | None = Field(None, description="the final checkpoint's store prefix")
     tokens: int = Field(0, description="tokens trained on")
+    train_seconds: float | None = Field(None, description="summed optimizer-step wall time")
     tokens_per_s: float | None = Field(None, description="training tokens per second")
+    trainable_params: int | None = Field(None, description="parameters the optimizer updates")
+    block_size: int | None = Field(None, description="drafter.block_size")
+    gamma: float | None = Field(None, description="the loss decay used (drafter.gamma or the paper's default)")
+    loss_normalization: str | None = Field(None, description="drafter.loss_normalization")
+    mask_token_id: int | None = Field(None, description="the drafter's mask token")
+    trainable_mask: bool | None = Field(None, description="the mask token's embedding is trained")
     final: FinalTrainStats | None = Field(None, description="last-10%-of-steps loss and accuracy")
     history: list[dict[str, Any]] = Field(default_factory=list, description="one entry per optimizer step")
     heldout: list[dict[str, Any]] = Field(
         default_factory=list, description="the held-out curve: {step, acc_by_pos, tau, blocks} every "
                                           "training.heldout_every steps (components/train/heldout.py)")
+    heldout_samples: list[str] = Field(default_factory=list, description="sample ids held out of training")
     streaming: StreamStats | None = Field(None, description="local streaming run: the window's figures")
     resumed_from: int | None = Field(None, description="the checkpoint step this launch resumed from (a preempted "
                                      "or retried task, or training.preempt_after); None = trained from step 0")
@@ -61,6 +75,11 @@ class TrainSummary(StageSummary):
                                                     "tensors (convolutions, selector) initialised, not loaded")
     peak_memory_bytes: int | None = Field(None, description="rank 0's peak memory in this launch: CUDA peak "
                                           "allocated, or on a CPU the peak RSS (mapped head pages included)")
+    store_io: dict[str, int] | None = Field(None, description="rank 0's store operations and retries in this launch")
+    stopped_at: int | None = Field(None, description="training.preempt_after: the step this launch stopped at "
+                                   "(simulated preemption, no final checkpoint); the summary then holds only this "
+                                   "and total_steps")
+    total_steps: int | None = Field(None, description="with stopped_at: the schedule's length")
 
     def figures(self) -> dict[str, float]:
         final = self.final

@@ -27,14 +27,16 @@ from tqdm import tqdm
 from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_distributed, wrap_model
 from flashdraft.components.train.heldout import HeldOutProbe
 from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
+from flashdraft.components.train.state import TrainState
 from flashdraft.components.train.stats import StepStats
-from flashdraft.components.train.summary import TrainSummary
+from flashdraft.components.train.summary import FinalTrainStats, TrainSummary
 from flashdraft.config import DrafterConfig, RunConfig
 from flashdraft.drafter.batch import PackedBatch, pack
 from flashdraft.drafter.dflash2 import selector_loss, selector_scale
 from flashdraft.drafter.loss import LossOutput, dflash_loss
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.features.shard import Sample
+from flashdraft.drafter.identity import ParentIdentity
 from flashdraft.storage import layout
 from flashdraft.storage.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from flashdraft.storage.store import io_counters, open_store
@@ -148,18 +150,19 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
         self.schedule = build_schedule(cfg, self.env)
-        self.state = {"step": 0, "history": [], "train_seconds": 0.0, "tokens": 0}
+        self.state = TrainState()
         # a resumed run gets its vocabulary back with the weights, a pretrained drafter keeps its own
         if self.raw.d2t is not None and not self.latest and cfg.drafter.init != "pretrained":
             build_draft_vocab(self.raw, self.schedule.vocabulary_samples())
         if self.latest:
             prefix = self.latest["prefix"]
-            self.state = load_checkpoint(self.store, prefix, self.model, self.optimizer)
+            self.state.load_state_dict(load_checkpoint(self.store, prefix, self.model, self.optimizer),
+                                       self.store.url(f"{prefix}/trainer_state.json"))
             if self.raw.d2t is not None:
                 self.raw.refresh_head()
-            log.info("resumed from %s (step %d)", prefix, self.state["step"])
+            log.info("resumed from %s (step %d)", prefix, self.state.step)
             self.schedule.resume(self.store, prefix)
-        self.steps_done = int(self.state["step"])
+        self.steps_done = self.state.step
         self.resumed_from = self.steps_done if self.latest else None
         if self.steps_done > self.schedule.total_steps:
             raise TrainError(f"the committed checkpoint is at step {self.steps_done}, past the "
@@ -169,7 +172,6 @@ class Trainer:
             log.info("training on from step %d to %d (training.max_steps / epochs raised)", self.steps_done,
                      self.schedule.total_steps)
         self.drafter_config = self.raw.config_dict()
-        self.state.setdefault("heldout", [])
         self.probe = HeldOutProbe.load(self.schedule.reader, self.schedule.heldout, cfg) \
             if self.schedule.heldout else None
         if cfg.training.heldout_samples and cfg.mode.kind == "streaming":
@@ -178,7 +180,7 @@ class Trainer:
     def heldout_point(self) -> None:
         """Evaluate the held-out probe now (every rank: collective under FSDP2) and record it."""
         entry = self.probe.evaluate(self.model, self.raw, self.steps_done)
-        self.state["heldout"].append(entry)
+        self.state.heldout.append(entry)
         if self.env.rank == 0:
             log.info("held-out at step %d: offline tau %s, accuracy by position %s", entry["step"], entry["tau"],
                      " ".join(f"{a:.2f}" for a in entry["acc_by_pos"]))
@@ -214,17 +216,13 @@ class Trainer:
         if self.raw.candidate_selector is not None:
             entry["selector_weight"] = sel_w
         entry["tokens_per_s"] = round(entry["tokens"] / elapsed, 1)
-        self.state["history"].append(entry)
-        self.state["train_seconds"] += elapsed
-        self.state["tokens"] += entry["tokens"]
-        self.state.update(step=self.steps_done, total_steps=total,
-                          data_position=self.schedule.data_position(self.steps_done, mb.epoch))
+        self.state.record(entry, elapsed, total, self.schedule.data_position(self.steps_done, mb.epoch))
         return entry
 
     def checkpoint(self, final: bool = False) -> str:
         """Save (with this rank's data state, if it has one); then the schedule may let go of covered data."""
-        prefix = save_checkpoint(self.store, self.model, self.optimizer, self.drafter_config, self.state,
-                                 final=final, rank_state=self.schedule.rank_state())
+        prefix = save_checkpoint(self.store, self.model, self.optimizer, self.drafter_config,
+                                 self.state.state_dict(), final=final, rank_state=self.schedule.rank_state())
         self.schedule.checkpointed(final)
         return prefix
 
@@ -253,19 +251,17 @@ class Trainer:
                 self.checkpoint()
             if stop_after is not None and step >= stop_after and step < total:
                 bar.close()
-                return TrainSummary.model_validate({"stopped_at": step, "total_steps": total})
+                return TrainSummary(stopped_at=step, total_steps=total)
         bar.close()
         if self.steps_done == 0:
             raise TrainError("no training data arrived (streaming reader ended before one optimizer step)")
-        if self.probe is not None and self.state["heldout"][-1]["step"] != self.steps_done:
+        if self.probe is not None and self.state.heldout[-1]["step"] != self.steps_done:
             self.heldout_point()  # the data ended before `total`: the curve still ends at the last step
-        self.state.update(step=self.steps_done, total_steps=self.steps_done)
+        self.state.step = self.state.total_steps = self.steps_done
         prefix = self.checkpoint(final=True)
-        metrics = self.metrics(prefix)
+        summary = self.summary(prefix)
         if rank0:
-            self.store.commit_json(layout.metrics_key("train"), metrics)
-        summary = TrainSummary.model_validate(metrics)
-        if rank0:
+            self.store.commit_json(layout.metrics_key("train"), summary.dump())
             log.info("trained %d steps: loss %.4f, slot-1 acc %.3f, %.0f tokens/s; checkpoint %s", summary.steps,
                      summary.final.loss, summary.final.acc_by_pos[0], summary.tokens_per_s, prefix)
         return summary
@@ -279,29 +275,32 @@ class Trainer:
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-    def metrics(self, prefix: str) -> dict:
-        """The `metrics/train.json` object: run figures, the last 10% of steps averaged, every step's entry."""
+    def final_stats(self) -> FinalTrainStats:
+        """The last 10% of steps averaged: a less noisy "final" loss, accuracy and cross-entropy per position."""
+        tail = self.state.history[-max(1, len(self.state.history) // 10):]
+        positions = range(self.cfg.drafter.block_size - 1)
+        return FinalTrainStats(loss=sum(h["loss"] for h in tail) / len(tail),
+                               acc_by_pos=[sum(h["acc_by_pos"][k] for h in tail) / len(tail) for k in positions],
+                               ce_by_pos=[sum(h["ce_by_pos"][k] for h in tail) / len(tail) for k in positions])
+
+    def summary(self, prefix: str) -> TrainSummary:
+        """The `metrics/train.json` object: run figures, the final stats, every step's entry, the held-out curve."""
         cfg, state, raw = self.cfg, self.state, self.raw
-        hist = state["history"]
-        tail = hist[-max(1, len(hist) // 10):]  # the last 10% of steps: a less noisy "final" value
-        B1 = cfg.drafter.block_size - 1
-        final = {"loss": sum(h["loss"] for h in tail) / len(tail),
-                 "acc_by_pos": [sum(h["acc_by_pos"][k] for h in tail) / len(tail) for k in range(B1)],
-                 "ce_by_pos": [sum(h["ce_by_pos"][k] for h in tail) / len(tail) for k in range(B1)]}
-        secs = max(state["train_seconds"], 1e-9)
-        return {"steps": state["step"], "world_size": self.env.world_size, "strategy": cfg.training.strategy,
-                "drafter_kind": cfg.drafter.kind,
-                "device": str(self.env.device), "checkpoint": prefix, "tokens": state["tokens"],
-                "train_seconds": round(secs, 3), "tokens_per_s": round(state["tokens"] / secs, 1),
-                "trainable_params": sum(p.numel() for p in raw.parameters() if p.requires_grad),
-                "block_size": cfg.drafter.block_size, "gamma": cfg.drafter.resolved_gamma,
-                "loss_normalization": cfg.drafter.loss_normalization, "mask_token_id": raw.geometry.mask_token_id,
-                "trainable_mask": raw.geometry.trainable_mask, "final": final, "history": hist,
-                "heldout": state["heldout"], "heldout_samples": [sid for _, _, sid in self.schedule.heldout],
-                "resumed_from": self.resumed_from, "peak_memory_bytes": self.peak_memory_bytes(),
-                "parent": raw.parent.model_dump() if raw.parent is not None else None,
-                "dflash2_initialised": len(raw.initialised_not_loaded),
-                "store_io": io_counters(self.io0)}  # this rank's (rank 0's) store operations and retries
+        secs = max(state.train_seconds, 1e-9)
+        # a copy with every field set, so the summary's JSON names each (dump() leaves out fields never set)
+        parent = ParentIdentity(**raw.parent.model_dump()) if raw.parent is not None else None
+        return TrainSummary(
+            steps=state.step, world_size=self.env.world_size, strategy=cfg.training.strategy,
+            drafter_kind=cfg.drafter.kind, device=str(self.env.device), checkpoint=prefix, tokens=state.tokens,
+            train_seconds=round(secs, 3), tokens_per_s=round(state.tokens / secs, 1),
+            trainable_params=sum(p.numel() for p in raw.parameters() if p.requires_grad),
+            block_size=cfg.drafter.block_size, gamma=cfg.drafter.resolved_gamma,
+            loss_normalization=cfg.drafter.loss_normalization, mask_token_id=raw.geometry.mask_token_id,
+            trainable_mask=raw.geometry.trainable_mask, final=self.final_stats(), history=state.history,
+            heldout=state.heldout, heldout_samples=[sid for _, _, sid in self.schedule.heldout],
+            resumed_from=self.resumed_from, peak_memory_bytes=self.peak_memory_bytes(), parent=parent,
+            dflash2_initialised=len(raw.initialised_not_loaded),
+            store_io=io_counters(self.io0))  # this rank's (rank 0's) store operations and retries
 
 
 def run_train(cfg: RunConfig, *, stop_after: int | None = None) -> TrainSummary:

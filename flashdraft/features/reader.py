@@ -121,10 +121,6 @@ class OfflineReader(_Reader):
         self._resume_from = 0
         self.exclude: frozenset[str] = frozenset()  # sample ids never yielded (the trainer's held-out samples)
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.epoch, self._consumed, self._resume_from = epoch, 0, 0
-
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "consumed": self._consumed}
 

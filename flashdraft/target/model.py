@@ -395,10 +395,6 @@ class TargetGeometry:
         other = set(self.recurrent_layers) | set(self.sliding_layers)
         return [i for i in range(self.num_layers) if i not in other]
 
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
     def kv_bytes_per_token(self) -> float | None:
         """bf16 K and V a token in every full-attention layer (what vLLM's paged cache grows by); None when the
         head layout is unknown (hints)."""
@@ -553,10 +549,6 @@ class Target:
     def hf_config(self):
         return load_hf_config(self.config)
 
-    def embeddings(self):
-        """(embedding [V, H], LM head [V, H]), memory-mapped from the checkpoint (a tied head is the embedding)."""
-        return target_embeddings(self.config)
-
 
 _GEOMETRY_CACHE: dict[str, TargetGeometry] = {}
 
@@ -665,11 +657,6 @@ def set_cpu_threads(cfg: RunConfig, device: str = "cpu", per_rank: bool = False)
     if cfg.training.num_threads and str(device).startswith("cpu"):
         ranks = 1 if per_rank else cfg.training.nproc_per_node
         torch.set_num_threads(cfg.training.num_threads * ranks)
-
-
-def target_num_layers(cfg: RunConfig) -> int:
-    """The target's decoder layers from its own config (resolve_target; a contradicting hint is refused)."""
-    return resolve_target(cfg).geometry.num_layers
 
 
 @lru_cache(maxsize=8)

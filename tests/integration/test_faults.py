@@ -496,3 +496,25 @@ def test_full_disk_and_read_only_store_root_fail_clearly_and_a_rerun_completes(c
             mismatches=sum(got.get(k) != v for k, v in want.items()))
     manifest = layout.FEATURES_MANIFEST
     assert got == want and store.get_verified(manifest) == direct(ref_cfg, s3_server).get_verified(manifest)
+
+
+def test_plan_gate_stops_a_run_whose_planned_bytes_exceed_the_store_filesystem(small_mount, tmp_path):
+    """Issue 48 item 5: the tiny run plans 5.8 MB at rest; on a 2 MB filesystem it passed the gate and failed at
+    extract. Now the plan gate stops it before any other task, naming both figures and the path in one line, and
+    the same config passes once the filesystem is larger."""
+    from flashdraft.components.plan.planner import run_plan
+    from flashdraft.pipelines.local import run_local
+
+    mnt, remount = small_mount
+    remount("size=2m")
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{mnt}/runs"})
+    result = run_local(cfg, str(tmp_path / "kfp"))
+    assert result["state"] == "FAILED"
+    failure = result["failure"]
+    assert failure.stage == "plan" and failure.error_type == "PlanGateError", failure
+    assert "\n" not in failure.error and f"the filesystem of {mnt}" in failure.error
+    assert "the plan needs 5.8 MB (5,773,996 B) at rest" in failure.error and " free: " in failure.error
+    store = open_store(cfg.storage, cfg.run_id)
+    assert not store.list(f"{layout.PROMPTS}/") and not store.list(f"{layout.RESPONSES}/"), "nothing ran after it"
+    remount("size=16m")  # space grown
+    assert run_plan(cfg).gate is None

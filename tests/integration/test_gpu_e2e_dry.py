@@ -46,7 +46,7 @@ def test_gpu_e2e_dry_runs_the_whole_script_on_cpu(tmp_path):
     assert cal.rates.generate.bytes_per_token and cal.rates.extract.flops_per_token and cal.rates.train.flops_per_token
     assert cal.rates.train.shape.world_size == 1 and cal.rates.train.note.startswith("the train stage through torchrun")
     plan = make_plan(load_config(preset="qwen3.6-27b", overrides={"plan.calibration": str(out / "calibration.json")}))
-    assert all(v["rate_source"].startswith("measured") for v in plan["gpu_hours"].values())
+    assert all(v.rate_source.startswith("measured") for v in plan.gpu_hours.values())
     # the stage records say which device each model stage used, and the console line shows it
     log = (out / "run-local-rehearsal.log").read_text()
     for stage in ("generate shard 0", "extract shard 0", "train", "evaluate"):

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from flashdraft.cli.main import app
 from flashdraft.components.export.export import read_export
 from flashdraft.components.plan.planner import plan_markdown
+from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import load_config
 from flashdraft.config.derived import dflash_layer_ids
 from flashdraft.features.manifest import committed_parts
@@ -55,7 +56,7 @@ def test_every_family_runs_every_stage_without_hints_and_decodes_losslessly(fami
         assert q4["unavailable"] == f"q4_block=64 needs hidden size divisible by it, got {hidden}" and \
             q4["total_bytes"] is None
         assert f"| q4 | no | n/a (q4_block=64 needs hidden size divisible by it, got {hidden}) | - | - |" in \
-            plan_markdown(plan)
+            plan_markdown(PlanSummary.model_validate(plan))  # the committed plan read back, typed
     else:
         assert q4["unavailable"] is None and q4["total_bytes"] > 0
     ids = dflash_layer_ids(8, 5)

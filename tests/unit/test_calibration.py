@@ -54,15 +54,15 @@ def test_a_generate_rate_with_bytes_per_token_carries_as_a_share_of_the_memory_b
     path.write_text(json.dumps(data))
     cfg = load_config(preset="qwen3.6-27b")
     plan = make_plan(cfg.with_overrides({"plan.calibration": str(path)}))
-    gen = plan["gpu_hours"]["generate"]
-    assert gen["rate_source"].startswith("measured 480 tokens/s")
-    assert "10.0% of the memory bandwidth" in gen["rate_source"]
+    gen = plan.gpu_hours["generate"]
+    assert gen.rate_source.startswith("measured 480 tokens/s")
+    assert "10.0% of the memory bandwidth" in gen.rate_source
     # 480 x 1e9 B / 4.8 TB/s (H200) = 10%; the plan's GPU (RTX PRO 6000) at 10% over its 27B bf16 weights / batch
-    weights = plan["target_geometry"]["params"] * 2 / cfg.plan.decode_batch
+    weights = plan.target_geometry.params * 2 / cfg.plan.decode_batch
     expected = 0.10 * GPUS["rtx-pro-6000"].bandwidth_gbs * 1e9 / weights
-    assert gen["tokens_per_s_per_gpu"] == pytest.approx(expected, rel=1e-3)
+    assert gen.tokens_per_s_per_gpu == pytest.approx(expected, rel=1e-3)
     # without bytes_per_token a rate from another GPU type is not used
     del data["rates"]["generate"]["bytes_per_token"]
     path.write_text(json.dumps(data))
     plain = make_plan(cfg.with_overrides({"plan.calibration": str(path)}))
-    assert plain["gpu_hours"]["generate"]["rate_source"] == "assumed (model)"
+    assert plain.gpu_hours["generate"].rate_source == "assumed (model)"

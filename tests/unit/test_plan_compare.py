@@ -15,6 +15,8 @@ from flashdraft.components.plan.gpus import GPUS
 from flashdraft.components.plan.planner import PlanGateError, comparison_of, make_plan, run_plan
 from flashdraft.config import ConfigError, load_config
 from flashdraft.config.pipeline import DEFAULT_GPU_USD_PER_HOUR
+from flashdraft.storage import layout
+from flashdraft.storage.store import open_store
 
 SAMPLES, TOKENS_PER_SAMPLE = 913_786, 800          # the seed's dataset (qwen3.6-27b preset)
 TOKENS = SAMPLES * TOKENS_PER_SAMPLE                # 731,028,800 extracted
@@ -29,13 +31,18 @@ FIXED = {"plan.measured_tokens_per_s.generate": GEN, "plan.measured_tokens_per_s
          "plan.prices.storage_usd_per_tb_month": STORAGE_PRICE, "plan.prices.transfer_usd_per_gb": TRANSFER_PRICE}
 
 
+def _plan_json(cfg) -> dict:
+    """The plan as `plan --json` prints it and metrics/plan.json holds it: the figures checked by hand below."""
+    return make_plan(cfg).dump()
+
+
 def _rows(plan):
     return {r["key"]: r for r in plan["comparison"]["rows"]}
 
 
 @pytest.fixture(scope="module")
 def fixed_plan():
-    return make_plan(load_config(preset="qwen3.6-27b", overrides=FIXED))
+    return _plan_json(load_config(preset="qwen3.6-27b", overrides=FIXED))
 
 
 def test_the_seeds_figures_hold_in_the_comparison(fixed_plan):
@@ -119,7 +126,7 @@ def test_colocated_row_by_hand_runs_the_model_rates_on_the_trainers_gpus(fixed_p
 
 
 def test_fp8_target_halves_the_weights_and_doubles_the_assumed_rates():
-    plan = make_plan(load_config(preset="qwen3.6-27b"))
+    plan = _plan_json(load_config(preset="qwen3.6-27b"))
     bf16, fp8 = plan["comparison"]["precision"]
     assert (bf16["precision"], fp8["precision"], fp8["gpu"]) == ("bf16", "fp8", "rtx-pro-6000")
     assert bf16["weights_bytes_per_gpu"] == 2 * 27e9 and fp8["weights_bytes_per_gpu"] == 27e9
@@ -135,7 +142,7 @@ def test_fp8_target_halves_the_weights_and_doubles_the_assumed_rates():
     assert a100_fp8["peak_bytes_per_gpu"] < a100_bf16["peak_bytes_per_gpu"]
     assert all(r["rates"] == "A/A/A" for r in plan["comparison"]["rows"] if r["precision"] == "fp8")
     assert "served" in plan["comparison"]["caveat"]
-    configured_fp8 = make_plan(load_config(preset="qwen3.6-27b", overrides={"plan.target_precision": "fp8"}))
+    configured_fp8 = _plan_json(load_config(preset="qwen3.6-27b", overrides={"plan.target_precision": "fp8"}))
     assert configured_fp8["memory"]["inference"]["parts"]["target weights (fp8)"] == 27e9
     assert configured_fp8["comparison"]["configured"] == "rtx-pro-6000/fp8/offline/fp8-zstd"
 
@@ -151,7 +158,8 @@ def test_deadline_marks_the_cheapest_row_that_meets_it(fixed_plan):
 
 
 def test_gate_stops_on_max_cost_naming_a_cheaper_row(tmp_path):
-    cfg = load_config(preset="qwen3.6-27b", overrides={"storage.root": f"file://{tmp_path}"})
+    # an object store, as in production: 16 TB planned would not fit a test's disk (the free-space gate)
+    cfg = load_config(preset="qwen3.6-27b", overrides={"storage.root": f"memory://{tmp_path.name}"})
     configured = comparison_of(make_plan(cfg))
     row = configured.row(configured.configured)
     limit = row.total_cost_usd - 1
@@ -166,13 +174,13 @@ def test_gate_stops_on_max_cost_naming_a_cheaper_row(tmp_path):
         assert r.fits and r.total_cost_usd <= limit and int(cost.replace(",", "")) == round(r.total_cost_usd)
     # the three cheapest serve an FP8 target; the cheapest that keeps the configured bf16 weights is named too
     assert [configured.row(k).precision for k, _ in named] == ["fp8", "fp8", "fp8", "bf16"]
-    assert (tmp_path / cfg.run_id / "metrics" / "plan.json").is_file()
+    assert open_store(cfg.storage, cfg.run_id).is_committed(layout.metrics_key("plan"))
     # a limit above the configured cost passes
     assert run_plan(cfg.with_overrides({"plan.max_cost_usd": row.total_cost_usd + 1})).gate is None
 
 
 def test_gate_stops_on_the_deadline_naming_faster_rows(tmp_path):
-    cfg = load_config(preset="qwen3.6-27b", overrides={"storage.root": f"file://{tmp_path}"})
+    cfg = load_config(preset="qwen3.6-27b", overrides={"storage.root": f"memory://{tmp_path.name}"})
     cmp = comparison_of(make_plan(cfg))
     row = cmp.row(cmp.configured)
     deadline = round(row.days - 0.5, 1)
@@ -184,8 +192,8 @@ def test_gate_stops_on_the_deadline_naming_faster_rows(tmp_path):
 
 
 def test_prices_are_config_with_clear_errors():
-    cheap_b200 = make_plan(load_config(preset="qwen3.6-27b", overrides={"pools.trainer.usd_per_gpu_hour": 1.0}))
-    default = make_plan(load_config(preset="qwen3.6-27b"))
+    cheap_b200 = _plan_json(load_config(preset="qwen3.6-27b", overrides={"pools.trainer.usd_per_gpu_hour": 1.0}))
+    default = _plan_json(load_config(preset="qwen3.6-27b"))
     row, base = (_rows(p)["rtx-pro-6000/bf16/offline/fp8-zstd"] for p in (cheap_b200, default))
     assert row["pools"][1]["cost_usd"] == pytest.approx(base["pools"][1]["cost_usd"] / 5.99, rel=1e-3)
     with pytest.raises(ConfigError, match=r"plan.prices.gpu_usd_per_hour: unknown GPU types \['tpu'\]"):
@@ -197,13 +205,13 @@ def test_prices_are_config_with_clear_errors():
         load_config(preset="qwen3.6-27b", overrides={"plan.prices.gpu_usd_per_hour.h100": 0})
     with pytest.raises(ConfigError, match="need GPU pools"):
         make_plan(load_config(preset="tiny", overrides={"plan.max_cost_usd": 10}))
-    assert make_plan(load_config(preset="tiny"))["comparison"] is None
+    assert make_plan(load_config(preset="tiny")).comparison is None
 
 
 def test_a_colocated_config_is_its_own_row_and_colocated_streaming_is_refused_a_price():
     """generate and extract on the trainer pool (a partial pools.stage_pool: the rest keep their declared pools)."""
     colocated = {"pools.stage_pool.generate": "trainer", "pools.stage_pool.extract": "trainer"}
-    plan = make_plan(load_config(preset="qwen3.6-27b", overrides=colocated))
+    plan = _plan_json(load_config(preset="qwen3.6-27b", overrides=colocated))
     assert list(plan["memory"]) == ["trainer"]
     row = _rows(plan)["colocated/bf16/offline/fp8-zstd"]
     assert row["configured"] and plan["comparison"]["configured"] == row["key"]

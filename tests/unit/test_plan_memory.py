@@ -54,9 +54,9 @@ def test_plan_json_has_memory_per_pool_and_production_fits_b200():
     # DFlash without recompute on an H200 does not hold the config's 5,120 anchors a row (the 2026-12-04 finding);
     # the preset's DFlash2 at layer recompute does (77 GiB predicted on the B200's FSDP2 x 8 row).
     h200 = make_plan(load_config(preset="qwen3.6-27b", overrides=["pools.trainer.gpu_type=h200", *DFLASH]))
-    assert h200["memory"]["trainer"]["fits"] is False
+    assert h200.memory["trainer"]["fits"] is False
     prod = make_plan(load_config(preset="qwen3.6-27b", overrides=["pools.trainer.gpu_type=h200"]))
-    assert prod["memory"]["trainer"]["fits"] is True
+    assert prod.memory["trainer"]["fits"] is True
 
 
 def test_each_lever_moves_the_peak_the_right_way():
@@ -80,7 +80,7 @@ def test_each_lever_moves_the_peak_the_right_way():
 def test_gate_refuses_a_trainer_that_would_not_fit_and_names_levers_that_do(tmp_path):
     cfg = load_config(preset="qwen3.6-27b", overrides={"drafter.kind": "dflash", "training.tokens_per_step": 65536,
                                                        "training.activation_checkpointing": "none",
-                                                       "storage.root": f"file://{tmp_path}"})
+                                                       "storage.root": f"memory://{tmp_path.name}"})
     with pytest.raises(PlanGateError) as exc:
         run_plan(cfg)
     msg = str(exc.value)
@@ -99,9 +99,9 @@ def test_gate_refuses_a_trainer_that_would_not_fit_and_names_levers_that_do(tmp_
 
 def test_local_cpu_presets_have_no_memory_gate():
     plan = make_plan(load_config(preset="tiny"))
-    assert all(m["fits"] is None for m in plan["memory"].values())
-    assert plan["gate"] is None
-    assert "drafter.num_heads" in plan["memory"]["trainer"]["assumed"]
+    assert all(m["fits"] is None for m in plan.memory.values())
+    assert plan.gate is None
+    assert "drafter.num_heads" in plan.memory["trainer"]["assumed"]
 
 
 def test_calibrate_replaces_rates_and_names_the_source():
@@ -133,7 +133,7 @@ def test_gpu_check_calibration_of_the_production_step_loads_with_its_recompute_m
     plan = make_plan(load_config(preset="qwen3.6-27b", overrides={
         "pools.trainer.gpu_type": "h200", "training.activation_checkpointing": "mlp", "drafter.kind": "dflash",
         "plan.calibration": str(ROOT / "benchmarks" / "calibration" / "h200-2026-12-04-production.json")}))
-    assert "5 x 5120, 512 anchors a sample, 8,192 tokens a step" in plan["memory"]["trainer"]["peak_source"]
+    assert "5 x 5120, 512 anchors a sample, 8,192 tokens a step" in plan.memory["trainer"]["peak_source"]
 
 
 def test_calibrate_bad_file_names_it(tmp_path):
@@ -322,7 +322,7 @@ def test_dflash2_adds_to_the_dflash_peak_and_dflash_is_unchanged():
 
 
 def test_gate_refuses_an_over_budget_dflash2_trainer_naming_its_levers(tmp_path):
-    cfg = load_config(preset="qwen3.6-27b", overrides={"drafter.kind": "dflash2", "storage.root": f"file://{tmp_path}",
+    cfg = load_config(preset="qwen3.6-27b", overrides={"drafter.kind": "dflash2", "storage.root": f"memory://{tmp_path.name}",
                                                        "training.activation_checkpointing": "none"})
     with pytest.raises(PlanGateError) as exc:
         run_plan(cfg)

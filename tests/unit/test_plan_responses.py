@@ -18,11 +18,11 @@ def _plans():
 
 def test_dataset_responses_plan_no_generation_gpu_hours_and_the_rest_unchanged():
     target, dataset = _plans()
-    assert target["gpu_hours"]["generate"]["gpu_hours"] > 0 and target["tokens_to_generate"] > 0
-    assert dataset["gpu_hours"]["generate"]["gpu_hours"] == 0 and dataset["tokens_to_generate"] == 0
+    assert target.gpu_hours["generate"].gpu_hours > 0 and target.tokens_to_generate > 0
+    assert dataset.gpu_hours["generate"].gpu_hours == 0 and dataset.tokens_to_generate == 0
     for stage in ("extract", "train"):
-        assert dataset["gpu_hours"][stage] == target["gpu_hours"][stage], stage
-    assert dataset["total_bytes_at_rest"] == target["total_bytes_at_rest"]
+        assert dataset.gpu_hours[stage] == target.gpu_hours[stage], stage
+    assert dataset.total_bytes_at_rest == target.total_bytes_at_rest
     assert RESPONSES_TRADE in plan_markdown(dataset) and RESPONSES_TRADE not in plan_markdown(target)
 
 

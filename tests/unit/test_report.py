@@ -134,13 +134,13 @@ def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_na
 
     def plan_of(preset: str) -> PlanSummary:
         cfg = load_config(preset=preset, overrides={"storage.root": "memory://report-projection"})
-        return PlanSummary.model_validate(run_plan(cfg).dump())
+        return PlanSummary.model_validate(run_plan(cfg).dump())  # as the report reads it back
 
     plan = plan_of("qwen3.6-27b")
     line = projection(plan)
-    inference = sum(plan.gpu_hours[s]["gpu_hours"] for s in ("generate", "extract"))
+    inference = sum(plan.gpu_hours[s].gpu_hours for s in ("generate", "extract"))
     assert f"inference pool {inference:,.1f} GPU-hours" in line
-    assert f"trainer pool {plan.gpu_hours['train']['gpu_hours']:,.1f} GPU-hours" in line
+    assert f"trainer pool {plan.gpu_hours['train'].gpu_hours:,.1f} GPU-hours" in line
     assert f"{fmt_bytes(plan.total_bytes_at_rest)} of hidden states at rest ({plan.codec})" in line
     assert f"{plan.samples:,} samples" in line
     # issue 41: cost and days beside the alternatives, from the stored comparison

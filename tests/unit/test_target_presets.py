@@ -71,8 +71,8 @@ def test_family_presets_plan_with_their_own_geometry(preset, bytes_per_token):
         app, ["plan", "--preset", preset]).output.replace("\n", " "))
     if moe:  # extraction's FLOPs come from the active parameters: a dense model of the same size is slower
         dense = make_plan(cfg.with_overrides({"target.active_params": None}))
-        assert plan["gpu_hours"]["extract"]["tokens_per_s_per_gpu"] > 3 * dense["gpu_hours"]["extract"][
-            "tokens_per_s_per_gpu"]
+        assert plan["gpu_hours"]["extract"]["tokens_per_s_per_gpu"] > 3 * dense.gpu_hours[
+            "extract"].tokens_per_s_per_gpu
 
 
 def test_a_drafter_width_that_contradicts_the_target_is_refused_in_one_line(tmp_path):
@@ -88,8 +88,8 @@ def test_a_drafter_width_that_contradicts_the_target_is_refused_in_one_line(tmp_
                                                        "drafter.hidden_size=null"])
     assert (cfg.target.vocab_size, cfg.target.params, cfg.plan.target_kv_bytes_per_token) == (None, None, None)
     plan = make_plan(cfg)
-    assert plan["bytes_per_token"] == 40_960 and plan["target_geometry"]["sources"]["vocab_size"].startswith("assumed")
-    assert plan["target_geometry"]["params"] < 10e9  # estimated from 32 x 4096, not the 27B's
+    assert plan.bytes_per_token == 40_960 and plan.target_geometry.sources["vocab_size"].startswith("assumed")
+    assert plan.target_geometry.params < 10e9  # estimated from 32 x 4096, not the 27B's
     # the same model again keeps its facts
     assert load_config(preset="qwen3.6-27b", overrides=["target.model=Qwen/Qwen3.6-27B"]).target.vocab_size == 248320
 
@@ -112,9 +112,9 @@ def test_plan_reads_the_model_config_where_its_files_are_and_refuses_contradicti
     assert (geo.num_layers, geo.hidden_size, geo.num_experts, geo.experts_per_token) == (8, 64, 4, 2)
     assert geo.active_params < geo.params and target.layer_ids == tuple(dflash_layer_ids(8, 5))
     plan = make_plan(cfg)
-    assert (plan["hidden_size"], plan["bytes_per_token"]) == (64, 5 * 64 * 2)
-    assert plan["target_geometry"]["vocab_size"] == geo.vocab_size and plan["target_geometry"]["experts"] == 4
-    assert plan["memory"]["inference"]["parts"]["target weights (bf16)"] == 2 * geo.params
+    assert (plan.hidden_size, plan.bytes_per_token) == (64, 5 * 64 * 2)
+    assert plan.target_geometry.vocab_size == geo.vocab_size and plan.target_geometry.experts == 4
+    assert plan.memory["inference"]["parts"]["target weights (bf16)"] == 2 * geo.params
     for field, value in [("target.hidden_size", 128), ("drafter.hidden_size", 128), ("plan.target_vocab", 1000),
                          ("target.params", 1e9)]:
         with pytest.raises(ConfigError, match=rf"^{field} "):
@@ -127,11 +127,11 @@ def test_storage_plan_counts_only_extracted_samples_of_at_most_the_length_limits
     (measured: 36 samples, 3,177 tokens). Now 36 x 88 tokens: 5.5 MiB."""
     cfg = load_config(preset="tiny")
     plan = make_plan(cfg)
-    assert (plan["samples"], plan["tokens_per_sample"]) == (40 - 4, 88)
-    assert plan["total_bytes_at_rest"] / 2**20 == pytest.approx(5.4, rel=0.05)
+    assert (plan.samples, plan.tokens_per_sample) == (40 - 4, 88)
+    assert plan.total_bytes_at_rest / 2**20 == pytest.approx(5.4, rel=0.05)
     long = make_plan(cfg.with_overrides({"data.expected_tokens_per_sample": 800}))
-    assert long["tokens_per_sample"] == 128 + 24
-    assert make_plan(cfg.with_overrides({"data.expected_samples": 100}))["samples"] == 100  # stated: as is
+    assert long.tokens_per_sample == 128 + 24
+    assert make_plan(cfg.with_overrides({"data.expected_samples": 100})).samples == 100  # stated: as is
 
 
 def test_a_depth_cut_random_target_may_plan_the_published_parameter_count():
