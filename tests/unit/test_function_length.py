@@ -1,7 +1,5 @@
-"""Small functions (the project's standard, issue 48): none over 80 lines in flashdraft/ and components/.
-
-pipelines/ joins the list once its two long functions (cli.py `register`, pipeline.py `build_pipeline`) are split.
-"""
+"""Small functions (the project's standard, issue 48): none over 80 lines in flashdraft/, components/ and
+pipelines/."""
 
 from __future__ import annotations
 
