@@ -33,13 +33,14 @@ from flashdraft.components.train.summary import FinalTrainStats, TrainSummary
 from flashdraft.config import DrafterConfig, RunConfig
 from flashdraft.drafter.batch import PackedBatch, pack
 from flashdraft.drafter.dflash2 import selector_loss, selector_scale
+from flashdraft.drafter.identity import ParentIdentity
 from flashdraft.drafter.loss import LossOutput, dflash_loss
 from flashdraft.drafter.vocab import count_response_tokens, draft_labels, top_tokens
 from flashdraft.features.shard import Sample
-from flashdraft.drafter.identity import ParentIdentity
 from flashdraft.storage import layout
 from flashdraft.storage.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from flashdraft.storage.store import io_counters, open_store
+from flashdraft.tracking import Tracker, open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,8 @@ class Trainer:
         self.io0 = io_counters()
         self.store = open_store(cfg.storage, cfg.run_id)
         self.latest = latest_checkpoint(self.store)
+        # rank 0 logs each step to the trackers (tracking.report_to) as it is taken; the other ranks log nothing
+        self.tracker = Tracker("train", [])
 
     def setup(self) -> None:
         """The model (wrapped for DDP/FSDP2), AdamW, this rank's data schedule and, in a fresh run, the draft
@@ -181,6 +184,7 @@ class Trainer:
         """Evaluate the held-out probe now (every rank: collective under FSDP2) and record it."""
         entry = self.probe.evaluate(self.model, self.raw, self.steps_done)
         self.state.heldout.append(entry)
+        self.tracker.log("train/heldout", {k: v for k, v in entry.items() if k != "step"}, entry["step"])
         if self.env.rank == 0:
             log.info("held-out at step %d: offline tau %s, accuracy by position %s", entry["step"], entry["tau"],
                      " ".join(f"{a:.2f}" for a in entry["acc_by_pos"]))
@@ -231,6 +235,15 @@ class Trainer:
         work after that many optimizer steps without a final checkpoint (simulated preemption for tests: the
         summary then holds only `stopped_at` and `total_steps`)."""
         total, rank0 = self.schedule.total_steps, self.env.rank == 0
+        if rank0:
+            self.tracker = open_tracker(self.cfg, "train", self.store)
+        try:
+            return self._loop(total, rank0, stop_after)
+        finally:
+            self.tracker.close()
+
+    def _loop(self, total: int, rank0: bool, stop_after: int | None) -> TrainSummary:
+        """`run`'s body: the optimizer steps with their held-out points, checkpoints, progress and tracking."""
         bar = tqdm(total=total, initial=self.steps_done, unit="step", desc="train", disable=not rank0 or None)
         if rank0:
             log.info("training %d trainable params, %d optimizer steps, world size %d, strategy %s, device %s",
@@ -242,6 +255,7 @@ class Trainer:
         micro_batches = self.schedule.micro_batches(self.steps_done)
         while (entry := self.step(micro_batches)) is not None:
             step = self.steps_done
+            self.tracker.log("train", {k: v for k, v in entry.items() if k != "step"}, step)
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.3f}", acc1=f"{entry['acc_by_pos'][0]:.3f}",
                             lr=f"{entry['lr']:.2e}", tok_s=f"{entry['tokens_per_s']:.0f}")
@@ -249,6 +263,7 @@ class Trainer:
                 self.heldout_point()
             if step % self.cfg.training.checkpoint_every == 0 and step < total:
                 self.checkpoint()
+                self.tracker.flush()  # a resume replays from here: what was logged before stays logged once
             if stop_after is not None and step >= stop_after and step < total:
                 bar.close()
                 return TrainSummary(stopped_at=step, total_steps=total)
