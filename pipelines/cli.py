@@ -159,6 +159,10 @@ def run_local_cmd(
     from_stage: Annotated[str | None, typer.Option("--from", help="Recompute from this stage: its committed "
                                                                   "results and those of every stage after it "
                                                                   "are deleted, then the run starts.")] = None,
+    confirm_readers: Annotated[bool, typer.Option("--confirm-readers", help="--from on a run whose prompts, "
+                                                  "responses or features other runs read (data.features_from): "
+                                                  "recompute them anyway (those runs are refused at their next "
+                                                  "task).")] = False,
     runner: Annotated[str, typer.Option(help="`subprocess`: each task in a subprocess of this Python; "
                                              "`docker`: each task in its pool's image on this machine's "
                                              "Docker engine, the way to test images before `make push`.")]
@@ -191,7 +195,7 @@ def run_local_cmd(
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     try:
         result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage,
-                           container=container)
+                           container=container, confirm_readers=confirm_readers)
     except ConfigError as exc:  # a refused change (runner.StageInputsChanged), an unknown --from stage
         raise fail(exc, 1) from None
     except ContainerError as exc:  # no engine, a missing image, an image of another version

@@ -5,7 +5,9 @@
 
 offline: train waits for every extract shard (fan-in). streaming: train starts with the extract loop and consumes
 shards through the object store's bounded window. Evaluate only (a pretrained drafter, training.max_steps 0): plan
-gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. The DAG shape (mode, single pod vs
+gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. A run that trains on another run's
+features (data.features_from): plan gate ─> train ─> evaluate ─> export, or one sweep run with a ParallelFor over
+the variants (`build_sweep_pipeline`). The DAG shape (mode, single pod vs
 TrainJob, evaluate only) is fixed when the pipeline is built from a config; the plan gate refuses a run whose config
 asks for another shape. Everything else
 (the whole config YAML, dotted overrides, node pools, GPU counts, the S3 Secret's name) is a run parameter.
@@ -106,10 +108,14 @@ class _Wiring:
         with dsl.ExitHandler(self.task(exit_stage.name), name="run"):
             gate = self.task("plan", compiled_mode=cfg.mode.kind, compiled_num_nodes=cfg.training.num_nodes,
                              compiled_evaluate_only=cfg.evaluate_only)
-            prep = self.task("prep").after(gate)
-            tasks = {"plan": gate, "prep": prep}
-            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
-                tasks.update(self.training_tasks(prep))
+            tasks = {"plan": gate}
+            if cfg.data.features_from is not None:  # prep, generate, extract: the source's (Stage.from_source)
+                if not cfg.evaluate_only:
+                    tasks["train"] = self.train_task([]).after(gate)
+            else:
+                tasks["prep"] = self.task("prep").after(gate)
+                if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
+                    tasks.update(self.training_tasks(tasks["prep"]))
             self.later_tasks(tasks)
 
     def training_tasks(self, prep: Any) -> dict[str, Any]:
@@ -128,14 +134,18 @@ class _Wiring:
                 self.task("stream-end").after(ext).ignore_upstream_failure()
             else:
                 extracted = dsl.Collected(ext.outputs["Output"])
-        if self.cfg.training.num_nodes > 1:
-            train = self.placed("train-launcher", self.components["train-launcher"](
-                **self.cfg_args, extracted=extracted, **self.trainjob), pool="cpu")
-        else:
-            train = self.task("train", extracted=extracted, run_producers=streaming and self.local)
+        train = self.train_task(extracted)
         train.after(gen)  # streaming: the trainer runs beside the extract loop, once responses exist
         tasks["train"] = train
         return tasks
+
+    def train_task(self, extracted: Any) -> Any:
+        """The train task: one pod, or the TrainJob launcher for several nodes."""
+        if self.cfg.training.num_nodes > 1:
+            return self.placed("train-launcher", self.components["train-launcher"](
+                **self.cfg_args, extracted=extracted, **self.trainjob), pool="cpu")
+        streaming = self.cfg.mode.kind == "streaming"
+        return self.task("train", extracted=extracted, run_producers=streaming and self.local)
 
     def later_tasks(self, tasks: dict[str, Any]) -> None:
         """Every declared stage not wired by hand (evaluate, export, an extension's), in registry order, after its
@@ -149,7 +159,7 @@ class _Wiring:
                                  "shard; declare it per_shard=False (it may still loop over shards itself)")
             task = self.task(stage.name)
             upstream = [n for n in stage.upstream_for(self.cfg) if not reg.get(n).skipped_for(self.cfg)]
-            for name in upstream or ("prep",):
+            for name in upstream or ("prep" if "prep" in tasks else "plan",):
                 task.after(tasks[name])
             tasks[stage.name] = task
 

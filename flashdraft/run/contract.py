@@ -36,6 +36,9 @@ class Stage:
     # Makes training data or trains: an evaluate-only run (RunConfig.evaluate_only: a pretrained drafter with
     # training.max_steps 0) has no task of it, on a cluster or in run-local.
     trains: ClassVar[bool] = False
+    # Makes the training data (prompts, responses, features): a run with data.features_from reads this stage's
+    # committed results from its source run (`from_source`) and has no task of it.
+    makes_features: ClassVar[bool] = False
     upstream: ClassVar[tuple[str, ...]] = ()  # stages whose committed results this one reads
     streaming_upstream: ClassVar[tuple[str, ...] | None] = None  # upstream in mode.kind=streaming, when it differs
     reads: ClassVar[tuple[str, ...]] = ()  # config sections or fields ("data", "eval.max_new_tokens") fingerprinted
@@ -79,8 +82,12 @@ class Stage:
         return shard
 
     def skipped_for(self, cfg: RunConfig) -> bool:
-        """This run has no task of this stage (`trains` in an evaluate-only run)."""
-        return self.trains and cfg.evaluate_only
+        """This run has no task of this stage (`trains` in an evaluate-only run, `from_source`)."""
+        return (self.trains and cfg.evaluate_only) or self.from_source(cfg)
+
+    def from_source(self, cfg: RunConfig) -> bool:
+        """This run reads this stage's committed results from the data.features_from source run, in place."""
+        return self.makes_features and cfg.data.features_from is not None
 
     def upstream_for(self, cfg: RunConfig) -> tuple[str, ...]:
         if cfg.mode.kind == "streaming" and self.streaming_upstream is not None:
