@@ -53,6 +53,8 @@ def test_a_run_on_another_runs_features_trains_evaluates_lossless_and_leaves_the
     assert f"features of run `file://{root}/base`" in card
     shown = CliRunner().invoke(app, ["status", "--run", f"file://{root}/lr"])
     assert shown.exit_code == 0 and f"features from run file://{root}/base" in shown.output, shown.output
+    shown = CliRunner().invoke(app, ["status", "--run", f"file://{root}/base"])
+    assert shown.exit_code == 0 and f"read by: lr (file://{root}/lr)" in shown.output, shown.output
 
     # --from on the source names its reader and needs the confirmation flag
     refused = CliRunner().invoke(app, ["run-local", "--preset", "tiny", "--set", f"storage.root=file://{root}",

@@ -69,6 +69,15 @@ NOT_HERE = {
     "FLASHDRAFT_COMMIT=<sha> python3 benchmarks/gpu_e2e": "a CUDA GPU (its CPU dry run is "
                                                           "tests/integration/test_gpu_e2e_dry.py)",
     "python -m sglang.launch_server": "SGLang on a GPU with the real target",
+    "flashdraft run-local --preset tiny --set run_id=base": "two whole tiny runs, the second reading the first's "
+                                                            "features: tests/integration/test_features_from_run.py "
+                                                            "runs exactly this",
+    "flashdraft run-local --preset tiny --set run_id=lr3e-3": "the run reading the features of the one above",
+    "flashdraft sweep --preset smollm2-local": "a base run and three variant runs of the real 135M model (run by "
+                                               "hand; tests/integration/test_sweep.py runs a sweep on tiny)",
+    "flashdraft run-local --preset smollm2-local --set run_id=sep-": "the real 135M chat model end to end, the "
+                                                                      "separate runs the sweep is measured against",
+    "flashdraft status --run file://$PWD/runs/sw": "the SmolLM2 sweep above first",
 }
 
 
