@@ -111,7 +111,8 @@ class _Wiring:
         (exit_stage,) = [stage for stage in stage_registry.current() if stage.exit_handler]
         with dsl.ExitHandler(self.task(exit_stage.name), name="run"):
             gate = self.task("plan", compiled_mode=cfg.mode.kind, compiled_num_nodes=cfg.training.num_nodes,
-                             compiled_evaluate_only=cfg.evaluate_only)
+                             compiled_evaluate_only=cfg.evaluate_only,
+                             compiled_features_from=cfg.data.features_from is not None)
             tasks = {"plan": gate}
             if cfg.data.features_from is not None:  # prep, generate, extract: the source's (Stage.from_source)
                 if not cfg.evaluate_only:

@@ -36,9 +36,9 @@ def stage_config(config_yaml: str, overrides: dict[str, Any] | None) -> RunConfi
 
 
 def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes: int,
-                         compiled_evaluate_only: bool = False) -> None:
-    """The DAG was built for one mode, one training launcher, and with or without its training tasks; refuse a
-    config that needs another."""
+                         compiled_evaluate_only: bool = False, compiled_features_from: bool = False) -> None:
+    """The DAG was built for one mode, one training launcher, with or without its training tasks, and with or
+    without its own prep, generate and extract (data.features_from); refuse a config that needs another."""
     if cfg.mode.kind != compiled_mode:
         raise ConfigError(
             f"mode.kind={cfg.mode.kind!r} but this pipeline was compiled for mode {compiled_mode!r}: recompile with "
@@ -54,6 +54,11 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
             f"training.max_steps={cfg.training.max_steps} with drafter.init={cfg.drafter.init}: this run {now}, but "
             f"the pipeline was compiled {'without' if compiled_evaluate_only else 'with'} its generate, extract and "
             "train tasks; recompile with the same drafter.init and training.max_steps")
+    if (cfg.data.features_from is not None) != compiled_features_from:
+        raise ConfigError(
+            f"data.features_from={cfg.data.features_from}: the pipeline was compiled "
+            f"{'without' if compiled_features_from else 'with'} its own prep, generate and extract tasks; recompile "
+            "with data.features_from set as this run sets it (set or unset)")
 
 
 def to_json(summary: StageSummary) -> str:
@@ -62,14 +67,14 @@ def to_json(summary: StageSummary) -> str:
 
 
 def plan_gate(config_yaml: str, overrides: dict[str, Any] | None, compiled_mode: str, compiled_num_nodes: int,
-              compiled_evaluate_only: bool, metrics: Any) -> str:
+              compiled_evaluate_only: bool, compiled_features_from: bool, metrics: Any) -> str:
     """The plan task, refusing first a config that needs another DAG or a change no committed stage can carry on
     from (`check_run`), so a refused run stops here, before any GPU stage."""
     cfg = stage_config(config_yaml, overrides)
     plan = registry.current().get("plan")
 
     def body() -> StageSummary | dict[str, Any]:
-        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only)
+        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only, compiled_features_from)
         check_run(cfg)
         return plan.run(cfg)
 
