@@ -258,20 +258,23 @@ def sweep_cmd(
     variant (its overrides of training, drafter, eval or export settings) trains, evaluates and exports as its own
     run `<run_id>-<variant>` reading them (data.features_from), one after another; then the variants side by
     side. On a cluster: `flashdraft compile --variants` (one pipeline run, a ParallelFor over the variants)."""
+    import logging
     import sys
 
     from rich.console import Console
 
+    from flashdraft.components.plan.planner import PlanGateError
     from flashdraft.config import ConfigError
     from flashdraft.pipelines.sweep import run_sweep, sweep_table
 
     spec = load_sweep_spec(variants, grid)
     cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
     check_store(cfg)
+    logging.getLogger().setLevel(logging.WARNING)  # a line a task instead (as run-local without --verbose)
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     try:
         rows = run_sweep(cfg, spec, str(workdir), console=console)
-    except ConfigError as exc:
+    except (ConfigError, PlanGateError) as exc:  # a refused variant or source, the plan gate
         raise fail(exc, 1) from None
     console.print(sweep_table(rows), highlight=False, markup=False, soft_wrap=True)
     if any(r.state != "done" for r in rows):

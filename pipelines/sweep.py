@@ -71,15 +71,24 @@ def plan_sweep(base: RunConfig, spec: SweepSpec) -> Sweep:
     return Sweep(base, out)
 
 
-def features_run(base: RunConfig) -> None:
+def features_run(base: RunConfig, console: Any = None) -> None:
     """The base run's plan gate, prep, generate and extract, one task after another through the runner (reused
-    when already committed)."""
+    when already committed); one console line a task."""
+    def task(stage: str, shard: int | None = None) -> Any:
+        summary = run_task(base, stage, shard)
+        if console is not None:
+            line = registry.current().get(stage).summary.headline(summary.figures())
+            console.print(f"{base.run_id}: {status.task_name(stage, shard)} "
+                          f"{'reused' if summary.skipped else 'done'}{': ' + line if line else ''}",
+                          highlight=False, markup=False, soft_wrap=True)
+        return summary
+
     check_run(base)
-    run_task(base, "plan")
-    shards = int(run_task(base, "prep").num_shards)
+    task("plan")
+    shards = int(task("prep").num_shards)
     for stage in ("generate", "extract"):
         for shard in range(shards):
-            run_task(base, stage, shard)
+            task(stage, shard)
 
 
 class VariantRow(BaseModel):
@@ -149,7 +158,7 @@ def run_sweep(base: RunConfig, spec: SweepSpec, workdir: str, *, console: Any = 
     if console is not None:
         console.print(f"flashdraft sweep: base run {sweep.base.run_id} (prep, generate, extract once), variants "
                       f"{', '.join(v.name for v, _ in sweep.variants)}", highlight=False, markup=False)
-    features_run(sweep.base)
+    features_run(sweep.base, console)
     rows = []
     for variant, cfg in sweep.variants:
         run_local(cfg, workdir, console=console, exports_dir=exports_dir)
