@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from flashdraft.cli.options import ConfigOpt, PresetOpt, SetOpt, check_store, fail, run_config
+from flashdraft.config.sweep import SweepSpec
 
 DEFAULT_PACKAGE = "build/flashdraft-pipeline.yaml"
 CLUSTER_PRESET = "qwen3.6-27b"
@@ -71,16 +72,31 @@ def compile_cmd(
     parallelism: Annotated[int, typer.Option(help="Shards in flight per ParallelFor (0 = all). In streaming "
                                                   "mode each concurrent extract pod may add one part beyond "
                                                   "the window.")] = 0,
+    variants: Annotated[Path | None, typer.Option("--variants", help="A sweep (as `flashdraft sweep "
+                                                  "--variants`): one extraction, then a ParallelFor over the "
+                                                  "variants, each its own run.")] = None,
+    grid: Annotated[list[str] | None, typer.Option("--grid", help="A sweep's FIELD=V1,V2 (as `flashdraft "
+                                                   "sweep --grid`).")] = None,
 ) -> None:
     """Compile the Kubeflow pipeline (PipelineSpec + Kubernetes platform spec) with this config's defaults.
 
     Without --config/--preset the cluster preset qwen3.6-27b gives the defaults.
     """
+    from flashdraft.config import ConfigError
     from flashdraft.pipelines.pipeline import compile_pipeline
+    from flashdraft.pipelines.sweep import pipeline_variants, plan_sweep
 
     cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
-    compile_pipeline(cfg, str(output), registry, tag, parallelism)
-    typer.echo(f"compiled {output} (mode {cfg.mode.kind}); {images_line(registry, tag)}")
+    sweep = None
+    if variants or grid:
+        try:
+            sweep = plan_sweep(cfg, load_sweep_spec(variants, grid))
+        except ConfigError as exc:
+            raise fail(exc, 1) from None
+        cfg = sweep.base
+    compile_pipeline(cfg, str(output), registry, tag, parallelism, pipeline_variants(sweep) if sweep else None)
+    what = f"a sweep of {len(sweep.variants)} variants, " if sweep else ""
+    typer.echo(f"compiled {output} ({what}mode {cfg.mode.kind}); {images_line(registry, tag)}")
 
 
 def chart_config_cmd(
@@ -159,6 +175,10 @@ def run_local_cmd(
     from_stage: Annotated[str | None, typer.Option("--from", help="Recompute from this stage: its committed "
                                                                   "results and those of every stage after it "
                                                                   "are deleted, then the run starts.")] = None,
+    confirm_readers: Annotated[bool, typer.Option("--confirm-readers", help="--from on a run whose prompts, "
+                                                  "responses or features other runs read (data.features_from): "
+                                                  "recompute them anyway (those runs are refused at their next "
+                                                  "task).")] = False,
     runner: Annotated[str, typer.Option(help="`subprocess`: each task in a subprocess of this Python; "
                                              "`docker`: each task in its pool's image on this machine's "
                                              "Docker engine, the way to test images before `make push`.")]
@@ -191,13 +211,73 @@ def run_local_cmd(
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     try:
         result = run_local(cfg, str(workdir), console=console, verbose=verbose, from_stage=from_stage,
-                           container=container)
+                           container=container, confirm_readers=confirm_readers)
     except ConfigError as exc:  # a refused change (runner.StageInputsChanged), an unknown --from stage
         raise fail(exc, 1) from None
     except ContainerError as exc:  # no engine, a missing image, an image of another version
         raise fail(exc, 1) from None
     print_outcome(console, result)
     if result.get("state") != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def load_sweep_spec(variants: Path | None, grid: list[str] | None) -> SweepSpec:
+    """The sweep's variants: the YAML file's `variants`/`grid`, plus each `--grid FIELD=V1,V2` (values as YAML
+    scalars, as --set reads them). Exits 1 naming the file or option on a bad one."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        data = (yaml.safe_load(variants.read_text()) or {}) if variants else {}
+        if not isinstance(data, dict):
+            raise fail(f"--variants {variants}: a mapping with `variants` and/or `grid`", 1)
+        for item in grid or []:
+            field, sep, values = item.partition("=")
+            if not sep or not values:
+                raise fail(f"--grid {item!r}: FIELD=V1,V2,...", 1)
+            data.setdefault("grid", {})[field.strip()] = [yaml.safe_load(v) for v in values.split(",")]
+        spec = SweepSpec.model_validate(data)
+        spec.expand()
+    except (OSError, yaml.YAMLError) as exc:
+        raise fail(f"--variants {variants}: {exc}", 1) from None
+    except (ValidationError, ValueError) as exc:
+        raise fail(f"sweep variants ({variants or '--grid'}): {exc}", 1) from None
+    return spec
+
+
+def sweep_cmd(
+    config: ConfigOpt = None, preset: PresetOpt = None, set_: SetOpt = None,
+    variants: Annotated[Path | None, typer.Option("--variants", help="YAML: `variants: [{name, overrides}]` "
+                                                  "and/or `grid: {FIELD: [V1, V2]}` (docs/training.md).")] = None,
+    grid: Annotated[list[str] | None, typer.Option("--grid", help="FIELD=V1,V2: one variant per value "
+                                                   "(repeatable: every combination).")] = None,
+    workdir: Annotated[Path, typer.Option(help="kfp.local pipeline root of the variant runs.")]
+    = Path("runs/kfp-local"),
+) -> None:
+    """Extract once, train many: the base config's run makes the prompts, responses and features once; each
+    variant (its overrides of training, drafter, eval or export settings) trains, evaluates and exports as its own
+    run `<run_id>-<variant>` reading them (data.features_from), one after another; then the variants side by
+    side. On a cluster: `flashdraft compile --variants` (one pipeline run, a ParallelFor over the variants)."""
+    import logging
+    import sys
+
+    from rich.console import Console
+
+    from flashdraft.components.plan.planner import PlanGateError
+    from flashdraft.config import ConfigError
+    from flashdraft.pipelines.sweep import run_sweep, sweep_table
+
+    spec = load_sweep_spec(variants, grid)
+    cfg = run_config(config, preset or (None if config else "smollm2-local"), set_)
+    check_store(cfg)
+    logging.getLogger().setLevel(logging.WARNING)  # a line a task instead (as run-local without --verbose)
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
+    try:
+        rows = run_sweep(cfg, spec, str(workdir), console=console)
+    except (ConfigError, PlanGateError) as exc:  # a refused variant or source, the plan gate
+        raise fail(exc, 1) from None
+    console.print(sweep_table(rows), highlight=False, markup=False, soft_wrap=True)
+    if any(r.state != "done" for r in rows):
         raise typer.Exit(1)
 
 
@@ -208,3 +288,4 @@ def register(app: typer.Typer) -> None:
     app.command("upload-pipeline")(upload_pipeline)
     app.command("submit")(submit)
     app.command("run-local")(run_local_cmd)
+    app.command("sweep")(sweep_cmd)

@@ -33,12 +33,13 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def localize(cfg: RunConfig) -> RunConfig:
-    """A file:// store root made absolute: component subprocesses must agree on where the store is."""
-    root = cfg.storage.root
-    if root.startswith("file://") or "://" not in root:
-        path = Path(root.removeprefix("file://")).expanduser().resolve()
-        return cfg.with_overrides({"storage.root": f"file://{path}"})
-    return cfg
+    """A file:// store root (and data.features_from) made absolute: component subprocesses must agree on where
+    the stores are."""
+    out = {}
+    for field, uri in (("storage.root", cfg.storage.root), ("data.features_from", cfg.data.features_from)):
+        if uri is not None and (uri.startswith("file://") or "://" not in uri):
+            out[field] = f"file://{Path(uri.removeprefix('file://')).expanduser().resolve()}"
+    return cfg.with_overrides(out) if out else cfg
 
 
 def _hide_shadowing_docker() -> None:
@@ -88,14 +89,15 @@ def _kfp_output_to(path: Path) -> Iterator[None]:
 
 def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False,
               from_stage: str | None = None, exports_dir: str | Path = "exports",
-              container: ContainerRun | None = None) -> dict[str, Any]:
+              container: ContainerRun | None = None, confirm_readers: bool = False) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
     planned vs stored bytes, the local export folders and the log folder. Raises StageInputsChanged before anything
     runs when a committed stage cannot carry on from the changed settings (flashdraft/run/runner.py).
 
     exports_dir: committed export folders are copied to `exports_dir/<run_id>/<format>/`. console: a rich Console
     for the live view (None shows nothing); verbose: also leave kfp's and every task's output on the terminal.
-    from_stage: recompute that stage and every later one (their committed results are deleted first). container:
+    from_stage: recompute that stage and every later one (their committed results are deleted first; results
+    other runs read need confirm_readers). container:
     run every task in its pool's image under kfp.local's DockerRunner (pipelines/containers.py), engine, images
     and versions checked first."""
     _hide_shadowing_docker()
@@ -110,7 +112,7 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     version = container.preflight() if container is not None else None
     cfg = localize(cfg)
     if from_stage:
-        cleared = clear_from(cfg, from_stage)
+        cleared = clear_from(cfg, from_stage, confirm_readers=confirm_readers)
         if console is not None:
             console.print(f"--from {from_stage}: recomputing {', '.join(cleared)}", highlight=False, markup=False)
     check_run(cfg)

@@ -6,14 +6,17 @@
 data.responses=dataset: prep writes the dataset's replies as the responses and there is no generate task (extract
 follows prep). offline: train waits for every extract shard (fan-in). streaming: train starts with the extract loop
 and consumes shards through the object store's bounded window. Evaluate only (a pretrained drafter,
-training.max_steps 0): plan gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. The DAG
-shape (mode, single pod vs TrainJob, evaluate only, data.responses) is fixed when the pipeline is built from a
-config; the plan gate refuses a run whose config asks for another shape. Everything else
+training.max_steps 0): plan gate ─> prep ─> evaluate ─> export, with no generate, extract or train task. A run that
+trains on another run's features (data.features_from): plan gate ─> train ─> evaluate ─> export, or one sweep run
+with a ParallelFor over the variants (`build_sweep_pipeline`). The DAG shape (mode, single pod vs TrainJob, evaluate
+only, data.responses, data.features_from) is fixed when the pipeline is built from a config; the plan gate refuses a
+run whose config asks for another shape. Everything else
 (the whole config YAML, dotted overrides, node pools, GPU counts, the S3 Secret's name) is a run parameter.
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline function's annotations as real types.
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -89,16 +92,19 @@ class _Wiring:
     trainjob: dict[str, Any]  # the multi-node launcher's placement arguments
     local: bool
     parallelism: int
+    variants: Any = None  # a sweep: the `variants` pipeline parameter (each item {name, overrides}); else None
 
     def placed(self, stage: str, task: Any, pool: str | None = None) -> Any:
         pool = pool or stage_registry.current().pool_name(self.cfg.pools, stage)
         return place(task, stage, getattr(self.cfg.pools, pool), self.params[pool], self.s3_secret_name,
                      retries=not self.local).set_display_name(stage)
 
-    def task(self, stage: str, **args: Any) -> Any:
-        """A placed task of `stage`'s component (`stage_args` added for the generic body)."""
+    def task(self, stage: str, cfg_args: dict[str, Any] | None = None, **args: Any) -> Any:
+        """A placed task of `stage`'s component (`stage_args` added for the generic body); `cfg_args`: a sweep
+        variant's config arguments instead of the run's."""
         shard = args.pop("shard", -1)
-        return self.placed(stage, self.components[stage](**self.cfg_args, **stage_args(stage, shard), **args))
+        return self.placed(stage, self.components[stage](**(cfg_args or self.cfg_args), **stage_args(stage, shard),
+                                                          **args))
 
     def wire(self) -> None:
         """The exit handler around the plan gate, prep, the training tasks and every later stage."""
@@ -106,16 +112,44 @@ class _Wiring:
         (exit_stage,) = [stage for stage in stage_registry.current() if stage.exit_handler]
         with dsl.ExitHandler(self.task(exit_stage.name), name="run"):
             gate = self.task("plan", compiled_mode=cfg.mode.kind, compiled_num_nodes=cfg.training.num_nodes,
-                             compiled_evaluate_only=cfg.evaluate_only, compiled_responses=cfg.data.responses)
-            prep = self.task("prep").after(gate)
-            tasks = {"plan": gate, "prep": prep}
-            if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
-                tasks.update(self.training_tasks(prep))
+                             compiled_evaluate_only=cfg.evaluate_only,
+                             compiled_features_from=cfg.data.features_from is not None,
+                             compiled_responses=cfg.data.responses)
+            tasks = {"plan": gate}
+            if cfg.data.features_from is not None:  # prep, generate, extract: the source's (Stage.from_source)
+                if not cfg.evaluate_only:
+                    tasks["train"] = self.train_task([]).after(gate)
+            else:
+                tasks["prep"] = self.task("prep").after(gate)
+                if self.variants is not None:  # a sweep: the later tasks are each variant's, in its loop
+                    self.sweep_tasks(tasks["prep"])
+                    return
+                if not cfg.evaluate_only:  # evaluate only: no generate, extract or train task (Stage.trains)
+                    tasks.update(self.training_tasks(tasks["prep"]))
             self.later_tasks(tasks)
 
     def training_tasks(self, prep: Any) -> dict[str, Any]:
         """generate (unless data.responses=dataset) and extract per shard, then train (offline fan-in, streaming,
         or the TrainJob launcher): the tasks of every run that trains."""
+        tasks, extracted = self.feature_tasks(prep)
+        train = self.train_task(extracted)
+        # streaming: the trainer runs beside the extract loop, once responses exist
+        train.after(tasks.get("generate", prep))
+        tasks["train"] = train
+        return tasks
+
+    def sweep_tasks(self, prep: Any) -> None:
+        """A sweep (offline): generate and extract once, then a ParallelFor over the variants, each its own run
+        (its overrides: run_id `<base>-<variant>`, data.features_from the base run) with its train (on the
+        trainer pool), evaluate and export tasks."""
+        tasks, extracted = self.feature_tasks(prep)
+        with dsl.ParallelFor(self.variants, parallelism=self.parallelism, name="variants") as variant:
+            args = {"config_yaml": self.cfg_args["config_yaml"], "overrides": variant.overrides}
+            self.later_tasks({"train": self.train_task(extracted, args)}, args)
+
+    def feature_tasks(self, prep: Any) -> tuple[dict[str, Any], Any]:
+        """generate and extract per shard (streaming: and stream-end); the extract outputs train's offline
+        fan-in collects."""
         streaming = self.cfg.mode.kind == "streaming"
         extracted: Any = []
         tasks: dict[str, Any] = {}
@@ -131,18 +165,19 @@ class _Wiring:
                 self.task("stream-end").after(ext).ignore_upstream_failure()
             else:
                 extracted = dsl.Collected(ext.outputs["Output"])
-        if self.cfg.training.num_nodes > 1:
-            train = self.placed("train-launcher", self.components["train-launcher"](
-                **self.cfg_args, extracted=extracted, **self.trainjob), pool="cpu")
-        else:
-            train = self.task("train", extracted=extracted, run_producers=streaming and self.local)
-        train.after(gen)  # streaming: the trainer runs beside the extract loop, once responses exist
-        tasks["train"] = train
-        return tasks
+        return tasks, extracted
 
-    def later_tasks(self, tasks: dict[str, Any]) -> None:
+    def train_task(self, extracted: Any, cfg_args: dict[str, Any] | None = None) -> Any:
+        """The train task: one pod, or the TrainJob launcher for several nodes."""
+        if self.cfg.training.num_nodes > 1:
+            return self.placed("train-launcher", self.components["train-launcher"](
+                **(cfg_args or self.cfg_args), extracted=extracted, **self.trainjob), pool="cpu")
+        streaming = self.cfg.mode.kind == "streaming"
+        return self.task("train", cfg_args, extracted=extracted, run_producers=streaming and self.local)
+
+    def later_tasks(self, tasks: dict[str, Any], cfg_args: dict[str, Any] | None = None) -> None:
         """Every declared stage not wired by hand (evaluate, export, an extension's), in registry order, after its
-        upstream tasks (or prep): it reads its inputs from the store."""
+        upstream tasks (or prep): it reads its inputs from the store. `cfg_args`: a sweep variant's."""
         reg = stage_registry.current()
         for stage in reg:
             if stage.name in WIRED or stage.exit_handler or stage.skipped_for(self.cfg):
@@ -150,16 +185,22 @@ class _Wiring:
             if stage.per_shard:
                 raise ValueError(f"stage {stage.name!r}: the pipeline fans out only generate and extract per "
                                  "shard; declare it per_shard=False (it may still loop over shards itself)")
-            task = self.task(stage.name)
-            for name in reg.upstream_in(stage, self.cfg) or ("prep",):
+            task = self.task(stage.name, cfg_args)
+            # what it reads in this run (Registry.upstream_in) and this DAG has a task of (not a source run's)
+            upstream = [n for n in reg.upstream_in(stage, self.cfg) if n in tasks]
+            for name in upstream or ("prep" if "prep" in tasks else "plan",):
                 task.after(tasks[name])
             tasks[stage.name] = task
 
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
-                   local: bool = False, parallelism: int = 0, images: dict[str, str] | None = None) -> Any:
-    """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode, num_nodes and
-    `cfg.evaluate_only`.
+                   local: bool = False, parallelism: int = 0, images: dict[str, str] | None = None,
+                   variants: list[dict[str, Any]] | None = None) -> Any:
+    """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode, num_nodes,
+    `cfg.evaluate_only`, data.features_from and `variants`.
+
+    variants: a sweep (pipelines/sweep.py `pipeline_variants`): each item {name, overrides} is one variant run
+    reading the base run's features; the pipeline then has a `variants` parameter with these as its default.
 
     local: the build for kfp.local, which differs in three honest ways. It runs sibling tasks one after another,
     so in streaming mode the train task runs the extraction producers itself (background process) instead of a
@@ -174,8 +215,8 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     # One line (JSON is YAML): KFP echoes defaults into a comment header, and a multi-line default breaks the file.
     default_yaml = json.dumps(cfg.model_dump(mode="json"), sort_keys=False)
 
-    @dsl.pipeline(name=PIPELINE_NAME, description="Train a DFlash drafter: responses and hidden states from the "
-                  "target on the inference pool, training on the trainer pool, features in object storage.")
+    sweep = variants is not None
+
     def flashdraft_pipeline(
         config_yaml: str = default_yaml,
         overrides: dict = {},  # noqa: B006 (a KFP parameter default, never mutated)
@@ -190,6 +231,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         trainer_gpus: int = pools.trainer.accelerator_count,
         trainjob_namespace: str = "",  # empty: the run's own namespace
         trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME,
+        variants: list = variants or [],  # noqa: B006 (a KFP parameter default, never mutated)
     ):
         params = {
             "cpu": PoolParams(cpu_node_selector, cpu_tolerations, None),
@@ -202,9 +244,15 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
                     trainer_node_selector, "tolerations": trainer_tolerations, "gpus_per_node": trainer_gpus,
                     "s3_secret_name": s3_secret_name, "runtime_ref": trainjob_runtime}
         _Wiring(cfg, c, {"config_yaml": config_yaml, "overrides": overrides}, params, s3_secret_name, trainjob,
-                local, parallelism).wire()
+                local, parallelism, variants if sweep else None).wire()
 
-    return flashdraft_pipeline
+    if not sweep:  # KFP reads the parameters from the signature: a run that is no sweep has no `variants`
+        signature = inspect.signature(flashdraft_pipeline)
+        flashdraft_pipeline.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in signature.parameters.values() if p.name != "variants"])
+    return dsl.pipeline(name=PIPELINE_NAME, description="Train a DFlash drafter: responses and hidden states from "
+                        "the target on the inference pool, training on the trainer pool, features in object "
+                        "storage.")(flashdraft_pipeline)
 
 
 CHANNEL = "pipelinechannel--"
@@ -244,10 +292,11 @@ def declare_channels_on_enclosing_dags(spec: Any) -> None:
 
 
 def compile_pipeline(cfg: RunConfig, output: str, registry: str | None = None, tag: str | None = None,
-                     parallelism: int = 0) -> str:
-    """Write the compiled pipeline (PipelineSpec + kubernetes platform spec: two YAML documents) to `output`."""
+                     parallelism: int = 0, variants: list[dict[str, Any]] | None = None) -> str:
+    """Write the compiled pipeline (PipelineSpec + kubernetes platform spec: two YAML documents) to `output`
+    (`variants`: a sweep's, build_pipeline)."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    pipeline = build_pipeline(cfg, registry, tag, parallelism=parallelism)
+    pipeline = build_pipeline(cfg, registry, tag, parallelism=parallelism, variants=variants)
     declare_channels_on_enclosing_dags(pipeline.pipeline_spec)
     compiler.Compiler().compile(pipeline, package_path=output)
     return output

@@ -36,9 +36,11 @@ def stage_config(config_yaml: str, overrides: dict[str, Any] | None) -> RunConfi
 
 
 def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes: int,
-                         compiled_evaluate_only: bool = False, compiled_responses: str = "target") -> None:
-    """The DAG was built for one mode, one training launcher, and with or without its training tasks; refuse a
-    config that needs another."""
+                         compiled_evaluate_only: bool = False, compiled_features_from: bool = False,
+                         compiled_responses: str = "target") -> None:
+    """The DAG was built for one mode, one training launcher, with or without its training tasks, with or without
+    its own prep, generate and extract (data.features_from), and with or without generate (data.responses); refuse
+    a config that needs another."""
     if cfg.mode.kind != compiled_mode:
         raise ConfigError(
             f"mode.kind={cfg.mode.kind!r} but this pipeline was compiled for mode {compiled_mode!r}: recompile with "
@@ -59,6 +61,11 @@ def check_compiled_shape(cfg: RunConfig, compiled_mode: str, compiled_num_nodes:
             f"data.responses={cfg.data.responses} but this pipeline was compiled for data.responses="
             f"{compiled_responses} ({'without' if compiled_responses == 'dataset' else 'with'} a generate task); "
             f"recompile with `flashdraft compile --set data.responses={cfg.data.responses}`")
+    if (cfg.data.features_from is not None) != compiled_features_from:
+        raise ConfigError(
+            f"data.features_from={cfg.data.features_from}: the pipeline was compiled "
+            f"{'without' if compiled_features_from else 'with'} its own prep, generate and extract tasks; recompile "
+            "with data.features_from set as this run sets it (set or unset)")
 
 
 def to_json(summary: StageSummary) -> str:
@@ -67,14 +74,16 @@ def to_json(summary: StageSummary) -> str:
 
 
 def plan_gate(config_yaml: str, overrides: dict[str, Any] | None, compiled_mode: str, compiled_num_nodes: int,
-              compiled_evaluate_only: bool, metrics: Any, compiled_responses: str = "target") -> str:
+              compiled_evaluate_only: bool, compiled_features_from: bool, metrics: Any,
+              compiled_responses: str = "target") -> str:
     """The plan task, refusing first a config that needs another DAG or a change no committed stage can carry on
     from (`check_run`), so a refused run stops here, before any GPU stage."""
     cfg = stage_config(config_yaml, overrides)
     plan = registry.current().get("plan")
 
     def body() -> StageSummary | dict[str, Any]:
-        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only, compiled_responses)
+        check_compiled_shape(cfg, compiled_mode, compiled_num_nodes, compiled_evaluate_only, compiled_features_from,
+                             compiled_responses)
         check_run(cfg)
         return plan.run(cfg)
 

@@ -29,12 +29,14 @@ def stage_task(config_yaml: str, overrides: dict, stage: str, metrics: Output[Me
 
 
 def plan_gate(config_yaml: str, overrides: dict, compiled_mode: str, compiled_num_nodes: int,
-              compiled_evaluate_only: bool, metrics: Output[Metrics], compiled_responses: str = "target") -> str:
+              compiled_evaluate_only: bool, compiled_features_from: bool, metrics: Output[Metrics],
+              compiled_responses: str = "target") -> str:
     """Refuse the run before any GPU stage: over-budget offline plans and configs that do not fit the DAG."""
     from flashdraft.pipelines import runtime
 
     return runtime.plan_gate(config_yaml, overrides, compiled_mode, int(compiled_num_nodes),
-                             bool(compiled_evaluate_only), metrics, str(compiled_responses))
+                             bool(compiled_evaluate_only), bool(compiled_features_from), metrics,
+                             str(compiled_responses))
 
 
 def prep(config_yaml: str, overrides: dict) -> list[int]:

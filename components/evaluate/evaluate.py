@@ -22,6 +22,7 @@ from typing import Any
 from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.config import RunConfig
 from flashdraft.storage import layout
+from flashdraft.storage.source import data_store
 from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
 from .prompts import EvalPrompt
@@ -236,7 +237,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     set_cpu_threads(cfg, device)
     target = resolve_target(cfg)  # the model's own geometry and layer ids; contradicting settings refused here
     tok = target.tokenizer()
-    suites = load_suites(cfg, store, tok)  # every suite read and checked before any model is loaded
+    suites = load_suites(cfg, data_store(cfg), tok)  # every suite read and checked before any model is loaded
     reference = load_reference(cfg.eval.reference, cfg.storage)
     model = target.causal_lm(device)
     layer_ids = list(target.layer_ids)

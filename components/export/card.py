@@ -21,6 +21,7 @@ from flashdraft.config import RunConfig
 from flashdraft.run.provenance import Provenance
 from flashdraft.run.stage import StageSummary
 from flashdraft.storage import layout
+from flashdraft.storage.source import data_store, source_uri
 from flashdraft.storage.store import ObjectStore
 
 CARD_FILE = "README.md"
@@ -101,14 +102,23 @@ def eval_table(ev: EvaluateSummary, target: str) -> list[list[str]]:
     return out
 
 
+def features_source_lines(cfg: RunConfig) -> list[str]:
+    """The card's line naming the run whose prompts, responses and features this drafter was trained on, when it
+    is another run's (data.features_from); none otherwise."""
+    uri = source_uri(cfg)
+    return [f"- trained on the features of run `{uri}` (data.features_from: read in place, not recomputed)"] \
+        if uri else []
+
+
 def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str, dtype: str, step: int,
                 final: bool, files: dict[str, bytes], provenance: Provenance) -> str:
     """README.md of one export folder (`files`: the folder's other files, listed with their sizes)."""
     target, revision = cfg.target.model, cfg.target.revision
-    prep = _metrics(store, "prep", PrepSummary)
+    data = data_store(cfg)  # prompts and features: a data.features_from source's
+    prep = _metrics(data, "prep", PrepSummary)
     train = _metrics(store, "train", TrainSummary)
     ev = _metrics(store, "evaluate", EvaluateSummary)
-    tokens = extracted_tokens(store)
+    tokens = extracted_tokens(data)
     parent = (train.parent if train else None) or (ev.parent if ev else None)
     folder = local_folder(cfg.run_id, fmt)
     suites = {s.name: {k: v for k, v in (("tau", s.tau), ("prompts", s.prompts), ("lossless", s.lossless_passed))
@@ -169,7 +179,8 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
               f"`{cfg.features.codec}`",
               f"- {step} optimizer step{'' if step == 1 else 's'}{'' if final else ' (training had not finished)'}"
               + (f", {train.tokens:,} tokens" if train and train.tokens else "")
-              + (f", final loss {train.final.loss:.3f}" if train and train.final else ""), ""]
+              + (f", final loss {train.final.loss:.3f}" if train and train.final else ""),
+              *features_source_lines(cfg), ""]
     return _finish_card(lines, cfg, g, ev, target, files)
 
 

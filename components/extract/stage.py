@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 class Extract(Stage):
     name = "extract"
     summary = ExtractSummary
+    makes_features = True
     pool = "inference"
     timeout_s = 24 * HOUR
     per_shard = True

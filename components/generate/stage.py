@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 class Generate(Stage):
     name = "generate"
     summary = GenerateSummary
+    makes_features = True
     pool = "inference"
     timeout_s = 24 * HOUR
     per_shard = True

@@ -12,6 +12,12 @@ pool billed for its busy GPU-hours. Streaming: generate, then extract and train 
 for the concurrent phase (the faster side waits for the slower). Colocated (offline only: the trainer holds every
 GPU while it trains): every stage in sequence on the trainer's GPUs. Storage is billed at its at-rest (offline) or
 window (streaming) size for the whole run; transfer charges the features once when the pools are apart.
+
+Variants (`plan.train_variants` N, a sweep's trainings of the same features): an offline row generates and
+extracts once and trains N times, holding its features for the whole sweep; a streaming row keeps nothing, so it
+extracts (the target's prefill) and transfers N times beside its N trainings (generation, whose responses are
+kept, once). The variants share the configured trainer GPUs one after another. `balance` prices the cheapest
+offline and streaming rows at several N, and the N from which offline is the cheaper.
 """
 
 from __future__ import annotations
@@ -100,6 +106,17 @@ class PrecisionOption(_Frozen):
     rate_sources: dict[str, str]
 
 
+class VariantBalance(_Frozen):
+    """Offline against streaming when N variants train on the same features: the configured topology in both
+    modes (its inference pool, weights and codec), else, colocated or unpriced, the cheapest fitting row of each."""
+
+    variants: int
+    offline: str | None           # the row's key
+    offline_usd: float | None
+    streaming: str | None
+    streaming_usd: float | None
+
+
 class ResponsesOption(_Frozen):
     """The configured topology with the training replies from one source (data.responses): the target's (generated)
     or the dataset's own (no generation)."""
@@ -125,6 +142,9 @@ class Comparison(_Frozen):
     precision: list[PrecisionOption] = []
     responses: list[ResponsesOption] = []
     caveat: str = FP8_CAVEAT
+    train_variants: int = 1       # plan.train_variants: the rows price this many trainings
+    balance: list[VariantBalance] = []
+    offline_cheaper_from: int | None = None  # the smallest N (up to MAX_BALANCE_VARIANTS) where offline is cheaper
 
     def row(self, key: str | None) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
@@ -213,18 +233,21 @@ class Schedule:
     extract_seconds: float    # how long extraction writes to the store
 
 
-def schedule(h: StageHours, mode: str, inference_gpus: int | None, trainers: int) -> Schedule:
+def schedule(h: StageHours, mode: str, inference_gpus: int | None, trainers: int, variants: int = 1) -> Schedule:
     """Offline: stages in sequence, busy hours billed. Streaming: generate, then extract beside train, both pools
-    billed while the slower side runs. `inference_gpus` None: colocated, everything in sequence on the trainers."""
+    billed while the slower side runs. `inference_gpus` None: colocated, everything in sequence on the trainers.
+    `variants` trainings of the same features (module docstring): offline trains them after one extraction,
+    streaming extracts again for each."""
+    n = variants
     if inference_gpus is None:
-        return Schedule((h.generate + h.extract + h.train) / trainers, h.generate + h.extract, h.train,
+        return Schedule((h.generate + h.extract + n * h.train) / trainers, h.generate + h.extract, n * h.train,
                         h.extract / trainers * 3600)
     if mode == "offline":
-        return Schedule((h.generate + h.extract) / inference_gpus + h.train / trainers, h.generate + h.extract,
-                        h.train, h.extract / inference_gpus * 3600)
+        return Schedule((h.generate + h.extract) / inference_gpus + n * h.train / trainers, h.generate + h.extract,
+                        n * h.train, h.extract / inference_gpus * 3600)
     concurrent = max(h.extract / inference_gpus, h.train / trainers)
-    return Schedule(h.generate / inference_gpus + concurrent, h.generate + concurrent * inference_gpus,
-                    concurrent * trainers, concurrent * 3600)
+    return Schedule(h.generate / inference_gpus + n * concurrent, h.generate + n * concurrent * inference_gpus,
+                    n * concurrent * trainers, concurrent * 3600)
 
 
 @dataclass(frozen=True)
@@ -237,13 +260,13 @@ class _Trainer:
 
 
 def _row(cfg: RunConfig, inf: _Inference, trainer: _Trainer, mode: str, codec: str, c: CodecPlan,
-         sched: Schedule) -> Row:
-    """One topology priced: pools, storage for the run's duration, transfer, bandwidth, days."""
+         sched: Schedule, variants: int = 1) -> Row:
+    """One topology priced: pools, storage for the run's (the sweep's) duration, transfer, bandwidth, days."""
     prices = cfg.plan.prices
     at_rest = c.total_bytes
     stored = at_rest if mode == "offline" else min(cfg.mode.window_bytes, at_rest)
     storage_cost = stored / 1e12 * prices.storage_usd_per_tb_month * sched.hours / HOURS_PER_MONTH
-    transfer = 0 if inf.name == COLOCATED else at_rest
+    transfer = 0 if inf.name == COLOCATED else at_rest * (variants if mode == "streaming" else 1)
     transfer_cost = transfer / 1e9 * prices.transfer_usd_per_gb
     m = trainer.memory
     train = PoolCost(pool=trainer.pool, stages="train", gpu=trainer.gpu_type, gpus=trainer.gpus,
@@ -288,15 +311,16 @@ def compare_topologies(cfg: RunConfig, memory: dict[str, dict[str, Any]], codecs
             for name, gpu_type, n, pool in options for precision in PRECISIONS]
     train_price = gpu_price(cfg, train_pool, train_type)
     trainer = _Trainer(train_pool, train_type, trainers, train_price, train_entry)
-    rows = _rows(cfg, codecs, infs, trainer, gen_tokens, tokens, train_tokens)
     inf_pool = registry.current().pool_name(cfg.pools, "generate")
     name = COLOCATED if inf_pool == train_pool else getattr(cfg.pools, inf_pool).gpu_type
     configured = f"{name}/{cfg.plan.target_precision}/{cfg.mode.kind}/{cfg.features.codec}"
+    priced = _Pricing(cfg, codecs, infs, trainer, gen_tokens, tokens, train_tokens, configured)
+    rows = priced.rows(cfg.plan.train_variants)
     responses = []
     for kind in RESPONSES:
         kind_tokens = tokens_to_generate(cfg, tokens, kind) if kind != cfg.data.responses else gen_tokens
         kind_rows = rows if kind == cfg.data.responses else _rows(
-            cfg, codecs, infs, trainer, kind_tokens, tokens, train_tokens)
+            cfg, codecs, infs, trainer, (kind_tokens, tokens, train_tokens), cfg.plan.train_variants)
         responses.append(_responses_option(cfg, kind, configured, kind_rows, int(kind_tokens)))
     deadline = cfg.plan.deadline_days
     best = next((r for r in rows if r.fits and (deadline is None or r.days <= deadline)), None)
@@ -311,7 +335,66 @@ def compare_topologies(cfg: RunConfig, memory: dict[str, dict[str, Any]], codecs
                 "storage_usd_per_tb_month": cfg.plan.prices.storage_usd_per_tb_month,
                 "transfer_usd_per_gb": cfg.plan.prices.transfer_usd_per_gb},
         precision=[_precision_option(i) for i in infs if i.name == name],
-        responses=[r for r in responses if r is not None])
+        responses=[r for r in responses if r is not None], train_variants=cfg.plan.train_variants,
+        balance=[priced.balance(n) for n in sorted({*BALANCE_VARIANTS, cfg.plan.train_variants})],
+        offline_cheaper_from=priced.offline_cheaper_from())
+
+
+BALANCE_VARIANTS = (1, 3, 10)  # the variant counts `plan --compare` always shows
+MAX_BALANCE_VARIANTS = 100
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """Every topology's rows for a number of variants (the rates and memory are computed once)."""
+
+    cfg: RunConfig
+    codecs: dict[str, CodecPlan]
+    infs: list[_Inference]
+    trainer: _Trainer
+    gen_tokens: float
+    tokens: float
+    train_tokens: float
+    configured: str  # the configured row's key
+
+    def rows(self, variants: int) -> list[Row]:
+        """Every row, sorted by total cost."""
+        return _rows(self.cfg, self.codecs, self.infs, self.trainer, (self.gen_tokens, self.tokens, self.train_tokens),
+                     variants)
+
+    def balance(self, variants: int) -> VariantBalance:
+        rows = self.rows(variants)
+        inference, precision, _, codec = self.configured.split("/")
+        same = {r.mode: r for r in rows if (r.inference, r.precision, r.codec) == (inference, precision, codec)}
+        if len(same) == len(MODES):
+            off, st = same["offline"], same["streaming"]
+        else:
+            off = next((r for r in rows if r.fits and r.mode == "offline"), None)
+            st = next((r for r in rows if r.fits and r.mode == "streaming"), None)
+        return VariantBalance(variants=variants, offline=off.key if off else None,
+                              offline_usd=off.total_cost_usd if off else None, streaming=st.key if st else None,
+                              streaming_usd=st.total_cost_usd if st else None)
+
+    def offline_cheaper_from(self) -> int | None:
+        """The smallest N at which the cheapest fitting offline row costs no more than the cheapest streaming one
+        (None: not within MAX_BALANCE_VARIANTS, or one of the modes has no fitting row). Each variant adds a
+        fixed cost to either side (a training; an extraction beside one), so the difference is monotone in N and
+        a bisection finds the step."""
+        def offline_cheaper(n: int) -> bool | None:
+            b = self.balance(n)
+            if b.offline_usd is None or b.streaming_usd is None:
+                return None
+            return b.offline_usd <= b.streaming_usd
+
+        if offline_cheaper(1) is not False:
+            return 1 if offline_cheaper(1) else None
+        lo, hi = 1, MAX_BALANCE_VARIANTS  # offline dearer at lo; cheaper at hi, or never within the limit
+        if not offline_cheaper(hi):
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if offline_cheaper(mid) else (mid, hi)
+        return hi
 
 
 def tokens_to_generate(cfg: RunConfig, tokens: float, responses: str | None = None) -> int:
@@ -321,8 +404,10 @@ def tokens_to_generate(cfg: RunConfig, tokens: float, responses: str | None = No
 
 
 def _rows(cfg: RunConfig, codecs: dict[str, CodecPlan], infs: list[_Inference], trainer: _Trainer,
-          gen_tokens: float, tokens: float, train_tokens: float) -> list[Row]:
-    """Every topology priced with these tokens to generate, extract and train on, cheapest first."""
+          work: tuple[float, float, float], variants: int = 1) -> list[Row]:
+    """Every topology priced with `work` (tokens to generate, extract and train on) and `variants` trainings,
+    cheapest first."""
+    gen_tokens, tokens, train_tokens = work
     rows = []
     for inf in infs:
         r = inf.rates.tokens_per_s
@@ -331,8 +416,8 @@ def _rows(cfg: RunConfig, codecs: dict[str, CodecPlan], infs: list[_Inference], 
         # Colocated is offline only: the trainer holds every GPU while it trains, so nothing could extract beside
         # it into a bounded window.
         for mode in MODES if inf.name != COLOCATED else ("offline",):
-            sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainer.gpus)
-            rows += [_row(cfg, inf, trainer, mode, codec, codecs[codec], sched)
+            sched = schedule(hours, mode, inf.gpus if inf.name != COLOCATED else None, trainer.gpus, variants)
+            rows += [_row(cfg, inf, trainer, mode, codec, codecs[codec], sched, variants)
                      for codec in codec_choices(cfg, codecs)]
     return sorted(rows, key=lambda r: (r.total_cost_usd, r.key))
 
@@ -431,6 +516,28 @@ def summary_line(cmp: Comparison | None) -> str | None:
     return head + tail + fast + " (flashdraft plan --compare)"
 
 
+def variants_markdown(cmp: Comparison) -> list[str]:
+    """Offline against streaming as trainings of the same features (plan.train_variants) grow: the cheapest
+    fitting row of each at N variants, and the N from which offline is the cheaper."""
+    if not cmp.balance:
+        return []
+
+    def cell(key: str | None, usd: float | None) -> str:
+        return f"${usd:,.0f} ({key})" if key is not None and usd is not None else "no row fits"
+
+    pair = cmp.balance[0]
+    what = (f"{pair.offline} against {pair.streaming}" if pair.offline and pair.streaming and
+            pair.offline.replace("/offline/", "/streaming/") == pair.streaming else "the cheapest fitting rows")
+    tip = (f"{what}: offline is the cheaper from {cmp.offline_cheaper_from} variant"
+           f"{'' if cmp.offline_cheaper_from == 1 else 's'}" if cmp.offline_cheaper_from else
+           f"{what}: offline is not the cheaper within {MAX_BALANCE_VARIANTS} variants")
+    lines = ["", f"### Variants: trainings of the same features (plan.train_variants; {tip})", "",
+             "| variants | offline | streaming |", "|---:|---|---|"]
+    lines += [f"| {b.variants} | {cell(b.offline, b.offline_usd)} | {cell(b.streaming, b.streaming_usd)} |"
+              for b in cmp.balance]
+    return lines
+
+
 def responses_markdown(cmp: Comparison) -> list[str]:
     """The configured topology with the replies from the target and from the dataset (data.responses), and what
     the second trades away."""
@@ -454,8 +561,9 @@ def compare_markdown(cmp: Comparison | None) -> str:
     if cmp is None:
         return "No comparison: the trainer pool has no GPU type (pools.trainer.gpu_type).\n"
     p = cmp.prices
+    variants = f" x {cmp.train_variants} variants (plan.train_variants)" if cmp.train_variants > 1 else ""
     lines = [f"### Topologies by total cost ({len(cmp.rows)} rows; {cmp.inference_gpus} inference GPUs, "
-             f"{cmp.trainer_gpus} trainer GPUs, {cmp.train_tokens:,} training tokens in every row)", "",
+             f"{cmp.trainer_gpus} trainer GPUs, {cmp.train_tokens:,} training tokens{variants} in every row)", "",
              "| | inference pool | weights | mode | codec | inference GPU-hours, cost | trainer GPU-hours, cost | "
              "storage, cost | writes | days | total | fits | rates |",
              "|---|---|---|---|---|---|---|---|---:|---:|---:|---|---|"]
@@ -482,6 +590,7 @@ def compare_markdown(cmp: Comparison | None) -> str:
               "pools billed while the slower runs; colocated: everything in sequence on the trainer's GPUs; "
               "storage billed at rest (offline) or at the window (streaming) for the whole run; writes: what "
               "extraction sends to the store while it runs"]
+    lines += variants_markdown(cmp)
     lines += responses_markdown(cmp)
     if cmp.precision:
         lines += ["", "Target precision on the inference pool (" + cmp.precision[0].gpu + "):"]

@@ -18,13 +18,16 @@ if TYPE_CHECKING:
 class Prep(Stage):
     name = "prep"
     summary = PrepSummary
+    makes_features = True
     pool = "cpu"
     timeout_s = 4 * HOUR
     doc = ("Read, clean, dedupe, length-filter, shuffle and shard the prompts (quarantining bad rows); with "
            "data.responses=dataset also write the rows' own replies as the run's responses.")
     reads = ("data", "target.model", "target.source", "target.revision", "target.architecture",
              "target.trust_remote_code")
-    ignores = ("data.expected_tokens_per_sample", "data.expected_samples", "data.max_response_tokens")
+    # data.features_from: where a reader run takes this result from, not how it is made
+    ignores = ("data.expected_tokens_per_sample", "data.expected_samples", "data.max_response_tokens",
+               "data.features_from")
     outputs = STAGE_OUTPUTS["prep"]
 
     def ignores_for(self, cfg: RunConfig) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from flashdraft.run.overview import stage_statuses
 from flashdraft.run.provenance import Provenance
 from flashdraft.run.provenance import current as current_provenance
 from flashdraft.run.reporting import RunView, Section, StageReport, fmt
+from flashdraft.run.source import read_source
 from flashdraft.run.stage import numbers
 from flashdraft.storage import layout
 from flashdraft.storage.store import NotCommittedError, ObjectStore, open_store
@@ -151,6 +152,14 @@ def throughput_rows(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, 
             if key.endswith("per_s") or "per_s_" in key or "throughput" in key]
 
 
+def features_source_rows(store: ObjectStore) -> list[list[str]]:
+    """The Run table's row naming the run whose prompts, responses and features this run read
+    (data.features_from): its prep, generate and extract are that run's, so they have no row of their own here."""
+    record = read_source(store)
+    return [["features from", f"run {record.source} (prep, generate and extract are its results)"]] \
+        if record else []
+
+
 def sections(report: Report) -> list[Section]:
     """The report's content as (title, table rows or a note), shared by the HTML and the Markdown output."""
     run, prov = report.run, report.provenance
@@ -165,7 +174,7 @@ def sections(report: Report) -> list[Section]:
                         ["date (last task ended)", run_date(run.statuses) or "-"],
                         ["wall time (tasks' busy time)", _duration(busy_seconds(run.statuses))],
                         [f"software ({'as exported' if report.provenance_source == 'export' else 'this report'})",
-                         prov.line()]]))
+                         prov.line()], *features_source_rows(run.store)]))
     out.append(("Stages", [["stage", "state", "time", "figures"]] + [
         [s.stage, status.describe(s), "-" if s.duration_s is None else f"{s.duration_s:,.1f} s", s.headline or "-"]
         for s in run.statuses]))

@@ -160,6 +160,7 @@ def status(
     # here, not at import: these import the store (fsspec/s3fs), which would slow every --help
     from flashdraft.cli.console import summary_table
     from flashdraft.run.overview import stage_statuses
+    from flashdraft.run.source import read_source, readers
     from flashdraft.run.status import (
         describe,
         find_runs,
@@ -193,6 +194,12 @@ def status(
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     console.print(f"run {store.root}", highlight=False, markup=False, soft_wrap=True)
     console.print(summary_table(statuses))
+    if (source := read_source(store)) is not None:
+        console.print(f"features from run {source.source} (data.features_from: its prep, generate and extract)",
+                      highlight=False, markup=False, soft_wrap=True)
+    if found := readers(store):  # its owner sees who reads its features before recomputing them (--from)
+        console.print("read by: " + ", ".join(f"{r.run_id} ({r.reader})" for r in found), highlight=False,
+                      markup=False, soft_wrap=True)
     for detail in status_details(store):
         console.print(detail, highlight=False, markup=False, soft_wrap=True)
     for s in statuses:  # the detail a table cell cannot hold: errors and where to read more

@@ -127,6 +127,10 @@ class PlanConfig(Section):
     prices: PriceConfig = Field(default_factory=PriceConfig, description=PriceConfig.__doc__)
     inference_gpus: int = Field(default=8, ge=1, description="inference-pool GPUs the run uses at once, for the "
                                 "plan's wall-clock days (the trainer's are training.nproc_per_node x num_nodes)")
+    train_variants: int = Field(
+        default=1, ge=1, description="trainings that will read the same features (a sweep's variants): offline "
+        "rows pay generation and extraction once and training this many times and hold the features for the whole "
+        "sweep; streaming rows pay extraction (the target's prefill) this many times, since nothing is kept")
     target_precision: Literal["bf16", "fp8"] = Field(
         default="bf16", description="precision the inference pool holds the target's weights in, for plan's memory "
         "and rates: fp8 plans an FP8 checkpoint (e.g. Qwen/Qwen3.6-27B-FP8; set target.model to run it). Features "

@@ -52,6 +52,9 @@ class RunConfig(Section):
                              "drafter.init=pretrained and drafter.init_from, or max_steps >= 1")
         if self.evaluate_only and self.mode.kind == "streaming":
             raise ValueError("training.max_steps=0 (evaluate only) runs no training: use mode.kind=offline")
+        if self.data.features_from is not None and self.mode.kind == "streaming":
+            raise ValueError("data.features_from reads another run's stored features: use mode.kind=offline (a "
+                             "streaming run keeps none to read)")
         ids = self.features.layer_ids
         if ids is not None:
             if len(ids) != self.features.num_features:

@@ -103,6 +103,11 @@ class DataConfig(Section):
     expected_samples: int | None = Field(
         default=None, ge=1, description="planning input: samples the run will have; default data.max_samples. "
         "Streaming training without training.max_steps needs one of the two")
+    features_from: str | None = Field(
+        default=None, description="another run's store URI (the form `flashdraft status --run` takes, e.g. "
+        "file:///data/runs/base): this run trains on that run's committed prompts, responses and features, read in "
+        "place, and has no prep, generate or extract task of its own; the source's recorded settings must match "
+        "this config in everything the features depend on (docs/training.md, train many from one extraction)")
 
 
 class GenerationConfig(Section):

@@ -34,7 +34,8 @@ from flashdraft.features.manifest import committed_parts, expected_provenance
 from flashdraft.features.parts import PART_CACHE_BYTES, Drain, Event, Fetch, PartEnd, PartFetcher
 from flashdraft.features.shard import Sample, ShardHeader
 from flashdraft.features.window import WindowConsumer, WindowTimeout
-from flashdraft.storage.store import ObjectStore, open_store
+from flashdraft.storage.source import data_store
+from flashdraft.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -297,10 +298,10 @@ class StreamReader(_Reader):
 
 def open_reader(cfg: RunConfig, *, rank: int = 0, world_size: int = 1, follow: bool | None = None,
                 defer_release: bool = False, **kwargs) -> OfflineReader | StreamReader:
-    """The reader a trainer uses: the run's store, provenance checked against `cfg`, streaming per `cfg.mode`
-    (`defer_release`: streaming parts are released by `release_through`, after the checkpoint covering them;
-    `defer_decode` in kwargs: see the module docstring)."""
-    store = open_store(cfg.storage, cfg.run_id)
+    """The reader a trainer uses: the run's data store (a `data.features_from` source's), provenance checked
+    against `cfg`, streaming per `cfg.mode` (`defer_release`: streaming parts are released by `release_through`,
+    after the checkpoint covering them; `defer_decode` in kwargs: see the module docstring)."""
+    store = data_store(cfg)
     streaming = cfg.mode.kind == "streaming" if follow is None else follow
     kwargs.setdefault("seed", cfg.training.seed)
     common = dict(expected_provenance=expected_provenance(cfg), rank=rank, world_size=world_size)

@@ -37,6 +37,9 @@ class Stage:
     # Makes training data or trains: an evaluate-only run (RunConfig.evaluate_only: a pretrained drafter with
     # training.max_steps 0) has no task of it, on a cluster or in run-local.
     trains: ClassVar[bool] = False
+    # Makes the training data (prompts, responses, features): a run with data.features_from reads this stage's
+    # committed results from its source run (`from_source`) and has no task of it.
+    makes_features: ClassVar[bool] = False
     upstream: ClassVar[tuple[str, ...]] = ()  # stages whose committed results this one reads
     streaming_upstream: ClassVar[tuple[str, ...] | None] = None  # upstream in mode.kind=streaming, when it differs
     reads: ClassVar[tuple[str, ...]] = ()  # config sections or fields ("data", "eval.max_new_tokens") fingerprinted
@@ -86,10 +89,14 @@ class Stage:
 
     def skip_reason(self, cfg: RunConfig) -> str | None:
         """Why this run has no task of this stage, as the rest of a sentence (None: it has one). `trains` in an
-        evaluate-only run; a stage adds its own rule (generate: data.responses=dataset)."""
+        evaluate-only run; prep, generate and extract in a run reading data.features_from; a stage adds its own rule
+        (generate: data.responses=dataset)."""
         if self.trains and cfg.evaluate_only:
             return ("this run evaluates a pretrained drafter as is (drafter.init=pretrained, training.max_steps=0) "
                     "and has no such task; set training.max_steps >= 1 to train on")
+        if self.from_source(cfg):
+            return (f"this run reads its {self.name} results in place from data.features_from "
+                    f"({cfg.data.features_from}) and has no such task")
         return None
 
     def skipped_for(self, cfg: RunConfig) -> bool:
@@ -100,6 +107,10 @@ class Stage:
         """`ignores` for this run: a field can matter to a stage in one setting only (prep: the reply length
         limit with data.responses=dataset)."""
         return self.ignores
+
+    def from_source(self, cfg: RunConfig) -> bool:
+        """This run reads this stage's committed results from the data.features_from source run, in place."""
+        return self.makes_features and cfg.data.features_from is not None
 
     def upstream_for(self, cfg: RunConfig) -> tuple[str, ...]:
         if cfg.mode.kind == "streaming" and self.streaming_upstream is not None:

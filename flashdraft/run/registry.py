@@ -83,7 +83,8 @@ class StageRegistry:
         reads the responses prep wrote when data.responses=dataset; evaluate reads prep's in an evaluate-only run).
         """
         ups = [self.get(name) for name in stage.upstream_for(cfg)]
-        present = tuple(up.name for up in ups if not up.skipped_for(cfg))
+        # a stage read in place from the data.features_from source run counts as present: its results exist
+        present = tuple(up.name for up in ups if up.from_source(cfg) or not up.skipped_for(cfg))
         if present or not ups:
             return present
         out: list[str] = []

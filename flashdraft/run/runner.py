@@ -30,12 +30,13 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from flashdraft.config import ConfigError, RunConfig
-from flashdraft.run import registry, status
+from flashdraft.run import registry, source, status
 from flashdraft.run.contract import Stage
 from flashdraft.run.events import emit, task_output
 from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.run.status import REUSED
 from flashdraft.storage import layout
+from flashdraft.storage.source import source_store
 from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
 from flashdraft.tracking import log_result
 
@@ -104,31 +105,21 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _shards(store: ObjectStore, stage_name: str) -> list[int]:
-    """The shards of a per-shard stage that have a status record."""
-    prefix = f"{layout.STATUS}/{stage_name}-shard-"
-    out = []
-    for key in store.list_committed(layout.STATUS + "/"):
-        if key.startswith(prefix) and key.endswith(".json"):
-            try:
-                out.append(int(key[len(prefix): -len(".json")]))
-            except ValueError:
-                continue
-    return sorted(out)
-
-
 def upstream_fingerprints(store: ObjectStore, stage: Stage, cfg: RunConfig,
                           shard: int | None) -> dict[str, str | None]:
     """Per upstream stage, the fingerprint of the committed result this task reads: the same shard's for a
-    per-shard stage reading a per-shard one, all shards' together for a fan-in; None when not committed."""
+    per-shard stage reading a per-shard one, all shards' together for a fan-in; None when not committed. An
+    upstream stage read from a data.features_from source is that run's result."""
     out: dict[str, str | None] = {}
+    run_store = store
     for name in registry.current().upstream_in(stage, cfg):
         up = registry.current().get(name)
+        store = (source_store(cfg) or run_store) if up.from_source(cfg) else run_store
         if up.per_shard and shard is not None:
             record = status.read_record(store, name, shard)
             out[name] = record.fingerprint if record and record.state == "done" else None
         elif up.per_shard:
-            records = [status.read_record(store, name, k) for k in _shards(store, name)]
+            records = [status.read_record(store, name, k) for k in status.shards(store, name)]
             fps = [r.fingerprint if r and r.state == "done" else None for r in records]
             out[name] = _digest(fps) if fps and None not in fps else None
         else:
@@ -240,6 +231,8 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     if skipped is not None:
         raise ConfigError(f"{stage.name}: {skipped}")
     store = open_store(cfg.storage, cfg.run_id)
+    if stage.reuse and cfg.data.features_from is not None:
+        check_source(cfg, store)
     task = status.task_name(stage.name, shard)
     previous = status.read_record(store, stage.name, shard)
     fp = Fingerprint(config_inputs(stage, cfg), upstream_fingerprints(store, stage, cfg, shard))
@@ -321,13 +314,13 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
     Compares the config fields of every stage with a committed record (upstream results cannot have changed yet:
     they change only through these fields). Raises StageInputsChanged naming the earliest such stage."""
     store = store or open_store(cfg.storage, cfg.run_id)
+    if cfg.data.features_from is not None:
+        check_source(cfg, store)
     for stage in registry.current():
-        if not stage.reuse:
+        if not stage.reuse or stage.from_source(cfg):
             continue
         inputs = config_inputs(stage, cfg)
-        records = [status.read_record(store, stage.name)] if not stage.per_shard else [
-            status.read_record(store, stage.name, k) for k in _shards(store, stage.name)]
-        for record in records:
+        for record in status.stage_records(store, stage.name, stage.per_shard):
             if record is None or record.fingerprint is None:
                 continue
             changes = changed_fields(record, inputs, ignorable=stage.ignores)
@@ -336,9 +329,32 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
                 raise refusal(record.task, stage, refused)
 
 
-def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None) -> list[str]:
+def check_source(cfg: RunConfig, store: ObjectStore) -> None:
+    """data.features_from: the source's prep, generate and extract results are what this config would have made
+    (their recorded settings against this config, field by field) and the ones this run started from
+    (flashdraft/run/source.py); records this run as the source's reader at its first task. Raises SourceChanged
+    in one line naming the fields."""
+    results = source.source_results(cfg)
+    for name, records in results.items():
+        inputs = config_inputs(registry.current().get(name), cfg)
+        changes: dict[str, tuple[Any, Any]] = {}
+        for record in records:
+            changes.update(changed_fields(record, inputs, ignorable=registry.current().get(name).ignores))
+        if changes:
+            detail = ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in changes.items())
+            raise source.SourceChanged(
+                f"data.features_from {cfg.data.features_from}: its {name} results were made with other settings "
+                f"than this config's ({detail}); the features depend on them: set them as the source has them, or "
+                "leave data.features_from unset to make features of its own")
+    source.register_reader(cfg, store, source.fingerprints(results))
+
+
+def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None, *,
+               confirm_readers: bool = False) -> list[str]:
     """`--from <stage>`: delete the committed results of `stage_name` and of every stage after it that reads it
-    (outputs, metrics, status records), so they are recomputed; returns the stages cleared."""
+    (outputs, metrics, status records), so they are recomputed; returns the stages cleared. Clearing results
+    other runs read (data.features_from; flashdraft/run/source.py) needs `confirm_readers`: those runs are then
+    refused at their next task."""
     store = store or open_store(cfg.storage, cfg.run_id)
     try:
         first = registry.current().get(stage_name)
@@ -348,6 +364,11 @@ def clear_from(cfg: RunConfig, stage_name: str, store: ObjectStore | None = None
     if skipped is not None:  # its outputs may be another stage's (dataset replies are prep's): recompute from there
         raise ConfigError(f"--from {stage_name}: {skipped}; recompute from a stage this run has (--from prep)")
     names = registry.current().downstream(first.name)
+    readers = source.readers(store) if any(registry.current().get(n).makes_features for n in names) else []
+    if readers and not confirm_readers:
+        named = ", ".join(f"{r.run_id} ({r.reader})" for r in readers)
+        raise ConfigError(f"--from {stage_name}: runs read this run's results with data.features_from: {named}; "
+                          "recomputing them refuses those runs' next tasks: pass --confirm-readers to go on")
     records = store.list(layout.STATUS + "/") + store.list(layout.METRICS + "/")
     for name in names:
         stage = registry.current().get(name)

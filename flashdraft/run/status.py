@@ -196,6 +196,27 @@ def read_record(store: ObjectStore, stage: str, shard: int | None = None) -> Sta
         return None
 
 
+def shards(store: ObjectStore, stage: str) -> list[int]:
+    """The shards of a per-shard stage that have a status record."""
+    prefix = f"{layout.STATUS}/{stage}-shard-"
+    out = []
+    for key in store.list_committed(layout.STATUS + "/"):
+        if key.startswith(prefix) and key.endswith(".json"):
+            try:
+                out.append(int(key[len(prefix): -len(".json")]))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def stage_records(store: ObjectStore, stage: str, per_shard: bool) -> list[StageRecord | None]:
+    """A stage's committed task records: one per shard with a record for a per-shard stage, else its one record
+    (None where unreadable or absent)."""
+    if not per_shard:
+        return [read_record(store, stage)]
+    return [read_record(store, stage, k) for k in shards(store, stage)]
+
+
 def first_failure(statuses: Iterable[StageStatus]) -> StageRecord | None:
     """The failed task of the earliest failed stage (what a person debugging the run looks at first)."""
     return next((s.failed_task for s in statuses if s.failed_task is not None), None)

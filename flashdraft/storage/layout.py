@@ -13,6 +13,8 @@ REPORTS = "reports"          # reports/report.html, reports/summary.md
 METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, read by the report
 STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/run/status.py)
 TENSORBOARD = "tensorboard"  # tensorboard/<stage>[/shard-N]/events.out.tfevents.*: `tensorboard --logdir` it
+READERS = "readers"          # readers/<run_id>.json: runs that read this run's features (flashdraft/run/source.py)
+SOURCE = "source.json"       # in a run with data.features_from: the source it reads, as at its start
 
 
 def shard_name(index: int) -> str:

@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +43,15 @@ class TensorBoardSink:
         self.prefix = prefix  # layout.tensorboard_prefix: the task's folder, ending in "/"
         self.rotate_bytes = rotate_bytes
         self.spool = Path(tempfile.mkdtemp(prefix="flashdraft-tensorboard-"))
+        self._open_writer()
+
+    def _open_writer(self) -> None:
+        """A new spool file, and its name in the store: TensorBoard reads a folder's event files in name order and
+        drops the points of an earlier file at or above a later file's first step, so the name sorts by creation
+        time in nanoseconds (EventFileWriter's own name has whole seconds and a per-process counter, which can
+        sort a task's second attempt first)."""
         self.writer = self._writer_type(str(self.spool))
+        self.key = f"{self.prefix}events.out.tfevents.{time.time_ns():020d}.{socket.gethostname()}.{os.getpid()}"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -57,11 +66,11 @@ class TensorBoardSink:
     def flush(self) -> None:
         self.writer.flush()
         path = next(self.spool.glob("events.out.tfevents.*"))  # one at a time: a rotated file is deleted
-        self.store.put(f"{self.prefix}{path.name}", path.read_bytes())
+        self.store.put(self.key, path.read_bytes())
         if path.stat().st_size >= self.rotate_bytes:
             self.writer.close()
             path.unlink()
-            self.writer = self._writer_type(str(self.spool))
+            self._open_writer()
 
     def close(self) -> None:
         self.flush()

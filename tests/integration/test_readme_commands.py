@@ -76,6 +76,15 @@ NOT_HERE = {
     "flashdraft run-local --preset smollm2-local --set run_id=tau-": "issue 49's SmolLM2 measurement: three "
                                                                       "real-model runs on a dataset with reference "
                                                                       "replies (run by hand; not measured yet)",
+    "flashdraft run-local --preset tiny --set run_id=base": "two whole tiny runs, the second reading the first's "
+                                                            "features: tests/integration/test_features_from_run.py "
+                                                            "runs exactly this",
+    "flashdraft run-local --preset tiny --set run_id=lr3e-3": "the run reading the features of the one above",
+    "flashdraft sweep --preset smollm2-local": "a base run and three variant runs of the real 135M model (run by "
+                                               "hand; tests/integration/test_sweep.py runs a sweep on tiny)",
+    "flashdraft run-local --preset smollm2-local --set run_id=sep-": "the real 135M chat model end to end, the "
+                                                                      "separate runs the sweep is measured against",
+    "flashdraft status --run file://$PWD/runs/sw": "the SmolLM2 sweep above first",
 }
 
 

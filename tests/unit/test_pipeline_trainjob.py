@@ -79,3 +79,9 @@ def test_plan_gate_refuses_a_config_the_dag_was_not_compiled_for():
         check_compiled_shape(only, "offline", 1)
     with pytest.raises(ConfigError, match="this run trains, but the pipeline was compiled without"):
         check_compiled_shape(cfg.with_overrides({"mode.kind": "offline"}), "offline", 1, compiled_evaluate_only=True)
+    reader = cfg.with_overrides({"mode.kind": "offline", "data.features_from": "file:///runs/base"})
+    check_compiled_shape(reader, "offline", 1, compiled_features_from=True)
+    with pytest.raises(ConfigError, match="compiled with its own prep, generate and extract"):
+        check_compiled_shape(reader, "offline", 1)
+    with pytest.raises(ConfigError, match="compiled without its own prep"):
+        check_compiled_shape(cfg.with_overrides({"mode.kind": "offline"}), "offline", 1, compiled_features_from=True)

@@ -76,6 +76,21 @@ def test_a_resumed_task_continues_the_series_without_repeating_steps(cfg):
     assert dict(series)[4] == 14.0 and dict(series)[6] == 26.0
 
 
+def test_rotated_event_files_read_back_in_order(cfg):
+    """A long run's event file is rotated (rotate_bytes) so each flush uploads a bounded file; TensorBoard reads a
+    folder's files in name order, so the names must sort by creation, also within one second and one process."""
+    store = open_store(cfg.storage, cfg.run_id)
+    with open_tracker(cfg, "train", store) as tracker:
+        (sink,) = tracker.sinks
+        sink.rotate_bytes = 1  # every flush starts a new file
+        for step in range(1, 13):
+            tracker.log("train", {"loss": float(step)}, step)
+            tracker.flush()
+    files = [k for k in store.list(layout.tensorboard_prefix("train")) if "tfevents" in k]
+    assert len(files) >= 12
+    assert tensorboard_series(store, "train", "train/loss") == [(s, float(s)) for s in range(1, 13)]
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
