@@ -62,7 +62,8 @@ COMPILE_OVERRIDES = {"multinode-values": {"training.num_nodes": 4}}
 # In CI the repository is cloned beside shared/ (docs/testing.md).
 TRAINJOB_CRD = ROOT.parent / "shared" / "k8s" / "trainer.kubeflow.org_trainjobs.yaml"
 LAUNCHER = "exec-train-multinode"
-LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "runtime_ref")
+LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "tracking_secret_name",
+                 "runtime_ref")
 CHECKOV_ACCEPTED = Path(__file__).with_name("checkov_accepted.yaml")
 DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*/Dockerfile"))
 
