@@ -26,13 +26,14 @@ from kfp import compiler, dsl
 
 from flashdraft.config import RunConfig
 from flashdraft.pipelines import stages
-from flashdraft.pipelines.placement import PoolParams, place
+from flashdraft.pipelines.placement import PoolParams, SecretNames, place
 from flashdraft.run import registry as stage_registry
 
 PIPELINE_NAME = "flashdraft"
 DEFAULT_REGISTRY = "ghcr.io/flashdraft"
 DEFAULT_TAG = "latest"
 DEFAULT_S3_SECRET = "flashdraft-s3"
+DEFAULT_TRACKING_SECRET = "flashdraft-tracking"  # optional: a run without it logs to no remote tracker
 DEFAULT_TRAINJOB_RUNTIME = "torch-distributed"
 # Pool -> image: CPU stages in the slim base image, vLLM/extraction in the inference image, training in trainer.
 POOL_IMAGE = {"cpu": "flashdraft-base", "inference": "flashdraft-inference", "trainer": "flashdraft-trainer"}
@@ -88,7 +89,7 @@ class _Wiring:
     components: dict[str, Any]
     cfg_args: dict[str, Any]  # config_yaml and overrides: every task's first arguments
     params: dict[str, PoolParams]  # per pool: the node selector, tolerations and GPU count parameters
-    s3_secret_name: Any
+    secrets: SecretNames  # the S3 and tracking Secret name parameters
     trainjob: dict[str, Any]  # the multi-node launcher's placement arguments
     local: bool
     parallelism: int
@@ -96,7 +97,7 @@ class _Wiring:
 
     def placed(self, stage: str, task: Any, pool: str | None = None) -> Any:
         pool = pool or stage_registry.current().pool_name(self.cfg.pools, stage)
-        return place(task, stage, getattr(self.cfg.pools, pool), self.params[pool], self.s3_secret_name,
+        return place(task, stage, getattr(self.cfg.pools, pool), self.params[pool], self.secrets,
                      retries=not self.local).set_display_name(stage)
 
     def task(self, stage: str, cfg_args: dict[str, Any] | None = None, **args: Any) -> Any:
@@ -221,6 +222,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         config_yaml: str = default_yaml,
         overrides: dict = {},  # noqa: B006 (a KFP parameter default, never mutated)
         s3_secret_name: str = DEFAULT_S3_SECRET,
+        tracking_secret_name: str = DEFAULT_TRACKING_SECRET,
         cpu_node_selector: dict = pools.cpu.node_selector,
         cpu_tolerations: list = pools.cpu.tolerations,
         inference_node_selector: dict = pools.inference.node_selector,
@@ -242,8 +244,10 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         }
         trainjob = {"image": images["trainer"], "namespace": trainjob_namespace, "node_selector":
                     trainer_node_selector, "tolerations": trainer_tolerations, "gpus_per_node": trainer_gpus,
-                    "s3_secret_name": s3_secret_name, "runtime_ref": trainjob_runtime}
-        _Wiring(cfg, c, {"config_yaml": config_yaml, "overrides": overrides}, params, s3_secret_name, trainjob,
+                    "s3_secret_name": s3_secret_name, "tracking_secret_name": tracking_secret_name,
+                    "runtime_ref": trainjob_runtime}
+        secrets = SecretNames(s3_secret_name, tracking_secret_name)
+        _Wiring(cfg, c, {"config_yaml": config_yaml, "overrides": overrides}, params, secrets, trainjob,
                 local, parallelism, variants if sweep else None).wire()
 
     if not sweep:  # KFP reads the parameters from the signature: a run that is no sweep has no `variants`

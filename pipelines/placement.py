@@ -13,6 +13,7 @@ from typing import Any
 from kfp import kubernetes
 
 from flashdraft.config import PoolConfig
+from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.run import registry
 
 RETRIES = {"num_retries": 3, "backoff_duration": "120s", "backoff_factor": 2.0, "backoff_max_duration": "3600s"}
@@ -25,10 +26,6 @@ def timeout_s(task_name: str) -> int:
     return registry.current().get("train" if task_name == LAUNCHER else task_name).timeout_s
 
 
-# Keys of the Kubernetes Secret (created by the Helm chart) mapped to the env names boto3/s3fs read.
-S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
-
-
 @dataclass(frozen=True)
 class PoolParams:
     """The pipeline parameters (channels at definition time) that place one pool's pods."""
@@ -38,7 +35,16 @@ class PoolParams:
     gpus: Any  # None for the CPU pool
 
 
-def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, s3_secret_name: Any,
+@dataclass(frozen=True)
+class SecretNames:
+    """The pipeline parameters (channels) naming the Secrets every stage pod takes its env from
+    (pipelines/secret_env.py): the S3 credentials (required) and the trackers' settings (optional)."""
+
+    s3: Any
+    tracking: Any
+
+
+def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, secrets: SecretNames,
           retries: bool = True) -> Any:
     """Apply every Kubernetes setting for `stage` to `task`; returns the task. `retries=False` for kfp.local
     (which honours retries and their backoff, but a local failure is not a preemption: fail fast)."""
@@ -56,5 +62,8 @@ def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, s3_secret
     kubernetes.set_timeout(task, timeout_s(stage))
     # Every stage writes to the object store outside KFP's view; a cache hit would skip real work.
     task.set_caching_options(enable_caching=False)
-    kubernetes.use_secret_as_env(task, secret_name=s3_secret_name, secret_key_to_env=S3_SECRET_KEYS)
+    kubernetes.use_secret_as_env(task, secret_name=secrets.s3, secret_key_to_env={k: k for k in S3_SECRET_KEYS})
+    # optional: the pod starts without the Secret, or with only some of its keys (no tracker, or MLflow alone)
+    kubernetes.use_secret_as_env(task, secret_name=secrets.tracking,
+                                 secret_key_to_env={k: k for k in TRACKING_SECRET_KEYS}, optional=True)
     return task

@@ -14,6 +14,8 @@ and the chart is rendered by the real helm with that pipeline in files/pipeline.
   tests/integration/checkov_accepted.yaml lists it with its reason, and every entry there must still fire;
 - every task's node selector, tolerations and GPU request, read out of the compiled pipeline (support/kfp_pods.py),
   are those of the pool its values assign, and so are the TrainJob's node pods.
+- every stage pod (validated strictly as a Pod) and the TrainJob's nodes take the S3 keys from the s3_secret_name
+  Secret, required, and the trackers' variables from the tracking_secret_name Secret, optionally.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from support.kfp_pods import STAGE_POOL, CompiledPipeline
 from flashdraft.config import RunConfig, load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.runtime import stage_config
+from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.pipelines.trainjob import render_trainjob
 
 pytestmark = pytest.mark.helm
@@ -62,7 +65,8 @@ COMPILE_OVERRIDES = {"multinode-values": {"training.num_nodes": 4}}
 # In CI the repository is cloned beside shared/ (docs/testing.md).
 TRAINJOB_CRD = ROOT.parent / "shared" / "k8s" / "trainer.kubeflow.org_trainjobs.yaml"
 LAUNCHER = "exec-train-multinode"
-LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "runtime_ref")
+LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "tracking_secret_name",
+                 "runtime_ref")
 CHECKOV_ACCEPTED = Path(__file__).with_name("checkov_accepted.yaml")
 DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*/Dockerfile"))
 
@@ -400,3 +404,39 @@ def test_the_trainjobs_nodes_run_on_the_trainer_pool(releases, trainjobs):
     pod = node["template"]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == selector and pod["tolerations"] == tolerations
     assert {k: float(v) for k, v in job["spec"]["trainer"]["resourcesPerNode"]["limits"].items()} == gpus
+
+
+# --- credentials: the Secrets every pod takes its env from ------------------------------------------------------
+
+
+def _secret_env(env: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """env name -> its secretKeyRef, for the entries that come from a Secret."""
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+
+
+def _expected_secret_env(s3: str, tracking: str) -> dict[str, dict[str, Any]]:
+    return {**{k: {"name": s3, "key": k} for k in S3_SECRET_KEYS},
+            **{k: {"name": tracking, "key": k, "optional": True} for k in TRACKING_SECRET_KEYS}}
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=values_id)
+def test_every_pod_takes_s3_keys_required_and_tracker_settings_optionally(releases, values):
+    """Each stage pod as KFP's driver builds it (and validated as a Pod, strictly), and the TrainJob's nodes: the
+    S3 keys from the s3_secret_name Secret, required; the tracker variables from the tracking_secret_name Secret,
+    optional, so a cluster without that Secret still runs."""
+    release = releases[values_id(values)]
+    pipeline_params = release.pipeline.spec["root"]["inputDefinitions"]["parameters"]
+    want = _expected_secret_env(pipeline_params["s3_secret_name"]["defaultValue"],
+                                pipeline_params["tracking_secret_name"]["defaultValue"])
+    for pod in release.pipeline.stage_pods():
+        (container,) = pod.spec["containers"]
+        assert _secret_env(container["env"]) == want, pod.stage
+        doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.stage}, "spec": pod.spec}
+        for version in (OLDEST, NEWEST):
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_trainjobs_nodes_take_the_same_secret_env(trainjobs):
+    for source, (_, job) in trainjobs.items():
+        assert _secret_env(job["spec"]["trainer"]["env"]) == _expected_secret_env(
+            "flashdraft-s3", "flashdraft-tracking"), source

@@ -23,6 +23,8 @@ from support.helm_chart import value_args as _value_args
 from support.helm_chart import values_id as _values_id
 
 from flashdraft.config import load_config
+from flashdraft.pipelines.pipeline import DEFAULT_TRACKING_SECRET
+from flashdraft.pipelines.secret_env import TRACKING_SECRET_KEYS
 
 pytestmark = pytest.mark.helm
 
@@ -87,6 +89,7 @@ def test_existing_secret_replaces_the_chart_secret(helm, chart):
     defaults = one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]
     assert defaults["s3SecretName"] == "team-s3-credentials"
     assert yaml.safe_load(defaults["parameters.yaml"])["s3_secret_name"] == "team-s3-credentials"
+    assert yaml.safe_load(defaults["parameters.yaml"])["tracking_secret_name"] == "team-tracking"
     role = one(docs, "Role", f"{RELEASE}-pipeline")
     secret_rules = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert secret_rules == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["team-s3-credentials"],
@@ -106,6 +109,48 @@ def test_created_secret_holds_exactly_the_aws_keys(helm, chart):
     for doc in docs:
         if doc["kind"] != "Secret":
             assert "s3cr3t" not in json.dumps(doc), f"{doc['kind']} {doc['metadata']['name']} leaks the secret"
+
+
+def _secret_rules(docs: list[dict]) -> list[dict]:
+    return [rule for role in find(docs, "Role") for rule in role["rules"] if "secrets" in rule["resources"]]
+
+
+def test_tracking_secret_only_from_tracking_env_and_named_in_the_defaults(helm, chart):
+    docs = render(helm, chart)
+    assert find(docs, "Secret", f"{RELEASE}-tracking") == [], "no tracker configured: no Secret"
+    defaults = one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]
+    # Named anyway (pods mount it optionally), and the release name's default is the pipeline's default.
+    assert defaults["trackingSecretName"] == DEFAULT_TRACKING_SECRET == f"{RELEASE}-tracking"
+    assert yaml.safe_load(defaults["parameters.yaml"])["tracking_secret_name"] == DEFAULT_TRACKING_SECRET
+    env = {"MLFLOW_TRACKING_URI": "https://mlflow.example.com", "MLFLOW_TRACKING_PASSWORD": "mlfl0w-pa55",
+           "WANDB_API_KEY": "wandb-k3y-0123456789", "WANDB_MODE": "offline"}
+    docs = render(helm, chart, sets={f"tracking.env.{k}": v for k, v in env.items()}
+                  | {"tracking.env.MLFLOW_TRACKING_INSECURE_TLS": "true"})  # --set gives a boolean
+    secret = one(docs, "Secret", f"{RELEASE}-tracking")
+    assert secret["stringData"] == env | {"MLFLOW_TRACKING_INSECURE_TLS": "true"}
+    assert secret["metadata"]["namespace"] == NAMESPACE and secret["type"] == "Opaque"
+    for doc in docs:
+        if doc["kind"] != "Secret":
+            leaked = [v for v in ("mlfl0w-pa55", "wandb-k3y-0123456789") if v in json.dumps(doc)]
+            assert not leaked, f"{doc['kind']} {doc['metadata']['name']} leaks {leaked}"
+    # The kubelet puts it into the pods' env; the pods' ServiceAccount never reads it: only the S3 rule.
+    assert [rule["resourceNames"] for rule in _secret_rules(docs)] == [[f"{RELEASE}-s3"]]
+
+
+def test_tracking_existing_secret_replaces_the_created_one(helm, chart):
+    docs = render(helm, chart, sets={"tracking.existingSecret": "team-mlflow",
+                                     "tracking.env.MLFLOW_TRACKING_URI": "https://mlflow.example.com"})
+    assert find(docs, "Secret", f"{RELEASE}-tracking") == [] and find(docs, "Secret", "team-mlflow") == []
+    defaults = one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]
+    assert defaults["trackingSecretName"] == "team-mlflow"
+    assert yaml.safe_load(defaults["parameters.yaml"])["tracking_secret_name"] == "team-mlflow"
+    assert [rule["resourceNames"] for rule in _secret_rules(docs)] == [[f"{RELEASE}-s3"]]
+
+
+def test_the_schema_allows_exactly_the_tracker_variables_the_pods_mount():
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["tracking"]["properties"]["env"]
+    assert schema["additionalProperties"] is False
+    assert sorted(schema["properties"]) == sorted(TRACKING_SECRET_KEYS)
 
 
 def test_pool_settings_reach_the_defaults_configmap_as_a_valid_run_config(helm, chart, tmp_path):
@@ -241,6 +286,8 @@ def test_object_store_is_off_by_default_and_uses_the_s3_secret(helm, chart):
     ({"pools.trainer.acceleratorCount": "eight"}, "/pools/trainer/acceleratorCount"),
     ({"pipeline.upload.enabled": "yes-please"}, "/pipeline/upload/enabled"),
     ({"storage.root": "gs://bucket/runs"}, "/storage/root"),
+    ({"tracking.env.MLFLOW_URI": "http://mlflow"}, "additional properties 'MLFLOW_URI' not allowed"),
+    ({"tracking.env.WANDB_PROJECT": "7"}, "/tracking/env/WANDB_PROJECT"),
 ])
 def test_invalid_values_fail_lint_and_template(helm, chart, sets, message):
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]

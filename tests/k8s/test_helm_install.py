@@ -104,6 +104,7 @@ class Installed:
         self.multinode = cfg.get("multiNode", {}).get("enabled", False)
         self.trainjob_ns = cfg.get("multiNode", {}).get("trainJobNamespace") or namespace
         self.s3_secret = cfg.get("s3", {}).get("existingSecret") or f"{RELEASE}-s3"
+        self.tracking_secret = cfg.get("tracking", {}).get("existingSecret") or f"{RELEASE}-tracking"
         self.extra_subjects = [f"{s.get('namespace', namespace)}:{s['name']}"
                                for s in cfg.get("rbac", {}).get("extraSubjects", [])]
 
@@ -178,7 +179,8 @@ def test_rbac_grants_what_the_pipeline_needs_and_nothing_more(k8s, installed):
     ns, sa = installed.namespace, f"{installed.namespace}:{RELEASE}"
     for subject in [sa, *installed.extra_subjects]:
         _check(k8s, subject, [*NEEDED, ("get", f"secrets/{installed.s3_secret}")], ns, True)
-        _check(k8s, subject, NOT_NEEDED, ns, False)
+        # the tracking Secret reaches pods through the kubelet (env), never through the API
+        _check(k8s, subject, [*NOT_NEEDED, ("get", f"secrets/{installed.tracking_secret}")], ns, False)
         assert not can_i(k8s, subject, "list", "nodes", None)
     if installed.multinode:
         _check(k8s, sa, TRAINJOB_NEEDED, installed.trainjob_ns, True)

@@ -33,7 +33,8 @@ from flashdraft.pipelines.trainjob import (
 pytestmark = pytest.mark.k8s
 
 LAUNCHER = "exec-train-multinode"
-ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "runtime_ref")
+ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "tracking_secret_name",
+        "runtime_ref")
 
 
 @pytest.fixture()

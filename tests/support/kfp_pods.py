@@ -1,7 +1,7 @@
 """Pods built from a compiled flashdraft pipeline exactly as KFP's driver would place them, and a scheduling probe.
 
 Everything a stage pod carries that matters to admission and the scheduler (node selector, tolerations, CPU and
-memory requests, accelerator limits, /dev/shm, deadline, the S3 Secret env) is read from the compiled
+memory requests, accelerator limits, /dev/shm, deadline, the S3 and tracking Secrets' env) is read from the compiled
 PipelineSpec and its kubernetes platform spec, with each pipeline-parameter reference followed up the DAG to the
 root default. Nothing is restated from flashdraft's config, so a placement bug in the pipeline shows up here.
 """
@@ -114,7 +114,9 @@ class CompiledPipeline:
         for secret in k8s.get("secretAsEnv", []):
             name = (self.platform_input(comp, secret["secretNameParameter"]["componentInputParameter"])
                     if "secretNameParameter" in secret else secret["secretName"])
-            env += [{"name": e["envVar"], "valueFrom": {"secretKeyRef": {"name": name, "key": e["secretKey"]}}}
+            optional = {"optional": True} if secret.get("optional") else {}  # false is the default
+            env += [{"name": e["envVar"], "valueFrom": {"secretKeyRef": {"name": name, "key": e["secretKey"],
+                                                                         **optional}}}
                     for e in secret["keyToEnv"]]
         mounts = [{"name": m["volumeName"], "mountPath": m["mountPath"]} for m in k8s.get("emptyDirMounts", [])]
         pod["volumes"] = [{"name": m["volumeName"], "emptyDir": {k: m[k] for k in ("medium", "sizeLimit") if m.get(k)}}

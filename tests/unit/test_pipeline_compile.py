@@ -10,6 +10,7 @@ from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import RETRIES
+from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.run import registry
 
 POOL_OF_EXECUTOR = {
@@ -20,12 +21,17 @@ STAGE_OF_EXECUTOR = {"exec-plan-gate": "plan", **{k: k.removeprefix("exec-") for
                                                   if k != "exec-plan-gate"}}
 GPU_EXECUTORS = {"exec-generate", "exec-extract", "exec-evaluate", "exec-train"}
 SENTINEL_KEY, SENTINEL_SECRET = "AKIASENTINELKEY0000", "sentinel/secret+value/never-in-yaml"
+# Tracker settings in the compiling environment: none of them may reach the compiled file either.
+TRACKER_SENTINELS = {"MLFLOW_TRACKING_URI": "https://mlflow.sentinel.example", "MLFLOW_TRACKING_PASSWORD":
+                     "sentinel-mlflow-password", "WANDB_API_KEY": "sentinel-wandb-api-key-0000"}
 
 
 def _compile(tmp_path, monkeypatch, overrides=(), name="p.yaml"):
     # Credentials in the compiling environment must not leak into the compiled file.
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", SENTINEL_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SENTINEL_SECRET)
+    for var, value in TRACKER_SENTINELS.items():
+        monkeypatch.setenv(var, value)
     cfg = load_config(preset="qwen3.6-27b", overrides=list(overrides))
     path = tmp_path / name
     compile_pipeline(cfg, str(path), registry="registry.example/team", tag="abc123")
@@ -61,6 +67,7 @@ def test_compiled_spec_places_every_stage_on_its_pool(tmp_path, monkeypatch):
         secret = k8s["secretAsEnv"][0]
         assert secret["secretNameParameter"]["componentInputParameter"].endswith("s3_secret_name")
         assert {e["envVar"] for e in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        assert not secret.get("optional"), "a pod without its S3 credentials must not start"
         assert container["resources"]["resourceCpuRequest"] == pool.cpu_request
         assert container["resources"]["resourceMemoryRequest"] == pool.memory_request
         image_name = {"cpu": "flashdraft-base", "inference": "flashdraft-inference",
@@ -96,9 +103,34 @@ def test_compiled_spec_retries_caching_and_parameters(tmp_path, monkeypatch):
     assert params["trainer_node_selector"]["defaultValue"] == cfg.pools.trainer.node_selector
     assert params["inference_tolerations"]["defaultValue"] == cfg.pools.inference.tolerations
     assert params["s3_secret_name"]["defaultValue"] == "flashdraft-s3"
+    assert params["tracking_secret_name"]["defaultValue"] == "flashdraft-tracking"
     assert yaml.safe_load(params["config_yaml"]["defaultValue"])["run_id"] == cfg.run_id
     assert tasks["report"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED", "exit handler"
     assert SENTINEL_KEY not in text and SENTINEL_SECRET not in text
+
+
+@pytest.mark.parametrize("overrides", [[], ["training.num_nodes=2"], ["mode.kind=streaming"]],
+                         ids=["offline", "multinode", "streaming"])
+def test_every_task_takes_tracker_settings_from_the_optional_tracking_secret(tmp_path, monkeypatch, overrides):
+    """Every executor (each stage, the report, the TrainJob launcher, stream-end) mounts the tracking Secret named
+    by the `tracking_secret_name` parameter, optionally (a cluster without trackers still runs), beside the required
+    S3 Secret; the compiled file holds no tracker setting from the compiling environment."""
+    _, text, (spec, platform) = _compile(tmp_path, monkeypatch, overrides)
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == set(spec["deploymentSpec"]["executors"]), "an executor without placement"
+    for exe, k8s in executors.items():
+        by_param = {s["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--"): s
+                    for s in k8s["secretAsEnv"]}
+        assert set(by_param) == {"s3_secret_name", "tracking_secret_name"}, exe
+        tracking = by_param["tracking_secret_name"]
+        assert tracking["optional"] is True, exe
+        assert [(e["secretKey"], e["envVar"]) for e in tracking["keyToEnv"]] == [
+            (key, key) for key in TRACKING_SECRET_KEYS], exe
+        assert [e["secretKey"] for e in by_param["s3_secret_name"]["keyToEnv"]] == list(S3_SECRET_KEYS), exe
+        assert not any("secretName" in s for s in k8s["secretAsEnv"]), f"{exe}: a literal Secret name"
+    assert spec["root"]["inputDefinitions"]["parameters"]["tracking_secret_name"]["parameterType"] == "STRING"
+    leaked = [name for name, value in TRACKER_SENTINELS.items() if value in text]
+    assert not leaked, f"the compiled pipeline holds {leaked} from the compiling environment"
 
 
 def test_offline_trains_after_extraction_streaming_alongside(tmp_path, monkeypatch):
@@ -126,6 +158,10 @@ def test_multinode_compiles_a_trainjob_launcher_on_the_cpu_pool(tmp_path, monkey
     assert container["image"].endswith("/flashdraft-base:abc123")
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train-multinode"]
     assert k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("cpu_node_selector")
+    # the TrainJob's nodes take the same Secrets by name (secretKeyRef): the launcher gets the names, not values
+    args = tasks["train-multinode"]["inputs"]["parameters"]
+    for name in ("s3_secret_name", "tracking_secret_name"):
+        assert args[name]["componentInputParameter"] == f"pipelinechannel--{name}", name
 
 
 def test_evaluate_only_compiles_without_generate_extract_and_train(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import yaml
 
 from flashdraft.config import ConfigError, load_config
 from flashdraft.pipelines.runtime import check_compiled_shape, stage_config
+from flashdraft.pipelines.secret_env import TRACKING_SECRET_KEYS
 from flashdraft.pipelines.trainjob import render_trainjob, trainjob_state
 
 # Field names of trainer.kubeflow.org/v1alpha1 as of Trainer 2.2+ (TrainJobSpec / Trainer).
@@ -21,7 +22,8 @@ def _render(**overrides):
     sel = {"pool": "b200"}
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     job = render_trainjob(cfg, image="reg/flashdraft-trainer:t", namespace="team", node_selector=sel,
-                          tolerations=tol, gpus_per_node=8, s3_secret_name="my-s3")
+                          tolerations=tol, gpus_per_node=8, s3_secret_name="my-s3",
+                          tracking_secret_name="my-tracking")
     return cfg, job, sel, tol
 
 
@@ -44,6 +46,11 @@ def test_trainjob_uses_pinned_api_fields_and_places_nodes():
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "my-s3",
                                                                          "key": "AWS_SECRET_ACCESS_KEY"}
     assert "value" not in env["AWS_SECRET_ACCESS_KEY"]
+    assert "optional" not in env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"], "S3 keys are required"
+    # the trackers' settings as on every stage pod: by reference, optional (no Secret, or only some keys: it runs)
+    for key in TRACKING_SECRET_KEYS:
+        assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "my-tracking", "key": key,
+                                                                         "optional": True}}}, key
     # the job trains on exactly the resolved config, launched by torchrun from the PET_* env
     shipped = yaml.safe_load(env["FLASHDRAFT_CONFIG_YAML"]["value"])
     assert shipped["training"]["num_nodes"] == 4 and shipped["run_id"] == cfg.run_id

@@ -33,6 +33,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (printf "%s-s3" (include "flashdraft.fullname" .)) .Values.s3.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret holding the trackers' MLflow/W&B variables (pipeline parameter tracking_secret_name; optional in
+pods, so the name is set even when no such Secret exists). */}}
+{{- define "flashdraft.trackingSecretName" -}}
+{{- default (printf "%s-tracking" (include "flashdraft.fullname" .)) .Values.tracking.existingSecret -}}
+{{- end -}}
+
 {{- define "flashdraft.objectStoreName" -}}
 {{- printf "%s-objectstore" (include "flashdraft.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
