@@ -139,3 +139,19 @@ def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], lay
         if rep:
             step.append(ms_step)
     return CycleCosts(statistic(step), [statistic(v) for v in verify], [statistic(d) for d in draft])
+
+
+def device_name(device: torch.device | str) -> str:
+    """What the costs were measured on, for the report and the model card: the GPU's name, or the CPU's model
+    and whether it has AVX-512 (the CPU verify cost differs most between AVX2 and AVX-512 machines)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        info = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return f"CPU ({torch.get_num_threads()} threads)"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 "CPU")
+    simd = "AVX-512" if "avx512f" in info else "AVX2" if "avx2" in info else "no AVX2"
+    return f"{model} ({simd}, {torch.get_num_threads()} threads)"

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from flashdraft.config.base import Section
+from flashdraft.config.errors import ConfigError
 from flashdraft.config.target import DataConfig
 
 BUILTIN_SUITES = ("heldout", "humaneval")
@@ -115,12 +116,12 @@ class EvalConfig(Section):
         raise ValueError(f"must be `auto` or an integer 1 .. drafter.block_size - 1, got {v!r}")
 
     def draft_tokens(self, block_size: int) -> int | None:
-        """The fixed k for a drafter of `block_size` (None: auto). Raises ValueError naming the field when k does
+        """The fixed k for a drafter of `block_size` (None: auto). Raises ConfigError naming the field when k does
         not fit the block (a block of B drafts at most B-1 tokens)."""
         if self.num_draft_tokens == "auto":
             return None
         if self.num_draft_tokens > block_size - 1:
-            raise ValueError(f"eval.num_draft_tokens={self.num_draft_tokens} exceeds drafter.block_size - 1 = "
+            raise ConfigError(f"eval.num_draft_tokens={self.num_draft_tokens} exceeds drafter.block_size - 1 = "
                              f"{block_size - 1} (a block of {block_size} drafts at most {block_size - 1} tokens)")
         return self.num_draft_tokens
 
