@@ -155,3 +155,18 @@ def device_name(device: torch.device | str) -> str:
                  "CPU")
     simd = "AVX-512" if "avx512f" in info else "AVX2" if "avx2" in info else "no AVX2"
     return f"{model} ({simd}, {torch.get_num_threads()} threads)"
+
+
+def roofline_costs(step_bytes: float, step_flops: float, draft_bytes: float, draft_flops: float,
+                   bandwidth_gbs: float, peak_tflops: float, max_drafts: int) -> CycleCosts:
+    """Modelled (not measured) cycle costs of one sequence on a GPU: a forward over w tokens takes the longer of
+    reading its weights (`*_bytes`) at the memory bandwidth and w x its FLOPs a token at the peak rate, for the
+    target (w = k + 1) and the drafter (w = k + 1 slots). At a batch of one both are bandwidth-bound far past any
+    block, so the model says every drafted position is nearly free there; kernel launches and attention, which it
+    leaves out, are why serving recipes find shorter drafts faster on some GPUs (issue 46)."""
+    def ms(nbytes: float, flops: float, width: int) -> float:
+        return 1000 * max(nbytes / (bandwidth_gbs * 1e9), width * flops / (peak_tflops * 1e12))
+
+    ks = range(1, max_drafts + 1)
+    return CycleCosts(ms(step_bytes, step_flops, 1), [ms(step_bytes, step_flops, k + 1) for k in ks],
+                      [ms(draft_bytes, draft_flops, k + 1) for k in ks])

@@ -68,3 +68,26 @@ def test_cycle_costs_are_measured_for_every_k_on_the_real_target():
     costs = measure_cycle_costs(model, drafter, prompt, cfg.layer_ids(), cfg.drafter.block_size, reps=2)
     assert costs.max_drafts == cfg.drafter.block_size - 1
     assert costs.step_ms > 0 and all(v > 0 for v in costs.verify_ms) and all(d > 0 for d in costs.draft_ms)
+
+
+def test_the_card_recommends_the_evaluated_k_and_a_modelled_k_per_gpu():
+    """The device evaluate ran on gets its chosen k; every GPU type the planner knows gets the roofline's k,
+    marked modelled. At a batch of one a GPU verify is bandwidth-bound, so with acceptance at every position the
+    whole block is expected to win there."""
+    from flashdraft.components.evaluate.summary import EvaluateSummary
+    from flashdraft.components.export.card import recommendations
+    from flashdraft.components.plan.gpus import GPUS
+
+    cfg = load_config(preset="smollm2-local")
+    g = build_drafter(cfg, load_hf_config(cfg.target), seed=3).config_dict()
+    costs = CycleCosts(ISSUE_46_STEP, ISSUE_46_VERIFY, [5.0] * 7)
+    curve = [p.__dict__ for p in draft_length_curve(costs, ISSUE_46_ACCEPTANCE)]
+    ev = EvaluateSummary.model_validate({"stage": "evaluate", "draft_length": {
+        "mode": "auto", "num_drafts": 3, "block_size": 8, "device_name": "AMD EPYC (AVX2, 2 threads)",
+        "curve": curve, "full_block": {"tau": 1.85, "acceptance_per_position": ISSUE_46_ACCEPTANCE}}})
+    recs = recommendations(cfg, g, ev)
+    assert recs[0] == {"device": "AMD EPYC (AVX2, 2 threads)", "num_speculative_tokens": 3,
+                       "basis": "measured by evaluate (eval.num_draft_tokens auto)"}
+    assert [r["device"] for r in recs[1:]] == [gpu.name for gpu in GPUS.values()]
+    assert all(r["num_speculative_tokens"] == 7 and r["basis"].startswith("modelled") for r in recs[1:])
+    assert recommendations(cfg, g, None) == []
