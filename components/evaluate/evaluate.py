@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from flashdraft.components.evaluate.summary import EvaluateSummary
@@ -25,8 +25,14 @@ from flashdraft.config import RunConfig
 from flashdraft.storage import layout
 from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
-from .draft_length import (CycleCosts, best_num_drafts, device_name, draft_length_curve, expected_tokens,
-                           measure_cycle_costs)
+from .draft_length import (
+    CycleCosts,
+    best_num_drafts,
+    device_name,
+    draft_length_curve,
+    expected_tokens,
+    measure_cycle_costs,
+)
 from .prompts import EvalPrompt
 from .reference import load_reference, published_for
 from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
