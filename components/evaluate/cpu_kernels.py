@@ -12,6 +12,8 @@ of every linear weight in memory (hence CPU targets only, where the evaluated mo
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -42,11 +44,32 @@ def packed_kernels_available(model: torch.nn.Module) -> bool:
     return torch.backends.mkldnn.is_available() and param.device.type == "cpu" and param.dtype == torch.float32
 
 
+def linear_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every `torch.nn.Linear` weight under `model` (what packing copies)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if type(m) is torch.nn.Linear)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def pack_for_cpu(model: torch.nn.Module, memory_share: float = 0.25) -> str:
+    """Pack the target's linears when oneDNN can (packed_kernels_available) and the copy takes at most
+    `memory_share` of this machine's memory (a 135M fp32 target: 0.65 GB; an 8B one would not fit twice).
+    Returns the kernels the target now runs on, for the metrics: `onednn-packed` or `stock`."""
+    if not packed_kernels_available(model) or linear_weight_bytes(model) > memory_share * physical_memory_bytes():
+        return "stock"
+    pack_linears(model)
+    return "onednn-packed"
+
+
 def pack_linears(model: torch.nn.Module) -> int:
     """Replace every `torch.nn.Linear` under `model` by a PackedLinear, in place (inference only: the packed
-    copy does not follow later weight updates). Returns how many were replaced."""
+    copy does not follow later weight updates). Returns how many were replaced (0 when packed already)."""
     replaced = 0
     for parent in list(model.modules()):
+        if isinstance(parent, PackedLinear):  # packed already (a second call)
+            continue
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, PackedLinear(child))

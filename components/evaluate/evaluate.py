@@ -25,6 +25,7 @@ from flashdraft.config import RunConfig
 from flashdraft.storage import layout
 from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
+from .cpu_kernels import pack_for_cpu
 from .draft_length import (
     CycleCosts,
     best_num_drafts,
@@ -299,6 +300,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     cfg.eval.draft_tokens(block)  # a fixed eval.num_draft_tokens that does not fit the block: refused here
     reference = load_reference(cfg.eval.reference, cfg.storage)
     model = target.causal_lm(device)
+    kernels = pack_for_cpu(model) if device == "cpu" else "stock"  # both decoders run the same modules
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
     limit = cfg.eval.baseline_prompts
@@ -331,7 +333,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     parent = getattr(baseline if baseline is not None else trained, "parent", None)
     metrics.update(stage="evaluate", run_id=cfg.run_id, target_model=cfg.target.model, drafter_uri=trained_uri,
                    baseline_init=None if baseline is None else cfg.drafter.init, host_cpus=os.cpu_count(),
-                   host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0),
+                   host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0), target_kernels=kernels,
                    parent=parent.model_dump() if parent is not None else None,
                    evaluate_only=cfg.evaluate_only)
     summary = EvaluateSummary.model_validate(metrics)

@@ -77,7 +77,7 @@ def sections(ev: EvaluateSummary, run: RunView) -> list:
     out.append(("Evaluation setup", [
         ["prompts", fmt(ev.num_prompts)], ["max new tokens", fmt(ev.max_new_tokens)],
         ["block size", fmt(ev.drafter.block_size if ev.drafter else None)], ["temperature", fmt(ev.temperature)],
-        ["device", f"{ev.device} ({ev.threads} threads)"],
+        ["device", f"{ev.device} ({ev.threads} threads)"], ["target kernels", fmt(ev.target_kernels)],
         ["host", f"{fmt(ev.host_cpus)} CPUs, load average {fmt(ev.host_load_1m)} after decoding"],
         ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
     return out

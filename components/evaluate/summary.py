@@ -131,6 +131,8 @@ class EvaluateSummary(StageSummary):
     evaluate_only: bool | None = Field(None, description="the pretrained drafter evaluated as is (no training)")
     host_cpus: int | None = Field(None, description="CPUs of the host (load makes CPU timings noisy)")
     host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
+    target_kernels: str | None = Field(None, description="the target's linear kernels: onednn-packed (CPU, multi-row "
+                                       "forwards on pre-reordered weights; cpu_kernels.py) or stock")
 
     suites: list[SuiteResult] = Field(default_factory=list, description="one row per eval suite (paper layout)")
     draft_length: DraftLength | None = Field(None, description="drafts per cycle k and the curve it came from; "
