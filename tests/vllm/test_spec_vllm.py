@@ -92,9 +92,8 @@ def test_vllm_serves_the_export_with_equal_outputs_and_equal_tau(vllm_python, ev
 def test_vllm_accepts_at_fewer_speculative_tokens_what_flashdraft_measured(vllm_python, evaluated_run):
     """At k < block - 1 vLLM drafts a shorter block ([bonus, MASK x k]; its DFlash proposer's query is 1 + k
     tokens), and so does flashdraft's evaluation: served with num_speculative_tokens = the k evaluate chose on this
-    machine (auto), and a short k = 2, vLLM's drafts and accepted counts equal flashdraft's prompt by prompt.
-    Had flashdraft drafted the whole block and verified its first k, the in-block attention would differ and the
-    counts with it."""
+    machine (auto), and a short k = 2, vLLM's drafts and accepted counts equal flashdraft's prompt by prompt (the
+    first k drafts of a full block are not those of a short one: the slots attend to each other)."""
     cfg, tmp, export, metrics, prompts = evaluated_run
     auto = run_evaluate(cfg.with_overrides({"eval.num_draft_tokens": "auto"}))
     assert auto.draft_length.mode == "auto" and auto.draft_length.full_block["tau"] == pytest.approx(
