@@ -10,7 +10,7 @@ position given by --acceptance (default: issue 46's held-out figures for the smo
 evaluate draws with its own measured acceptance (components/evaluate/draft_length.py).
 
     python benchmarks/bench_verify.py [--preset smollm2-local] [--prompt-tokens 200] [--rounds 6] [--reps 3]
-        [--acceptance 0.42,0.21,0.12,0.05,0.02,0.02,0.01]
+        [--acceptance 0.42,0.21,0.12,0.05,0.02,0.02,0.01] [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--acceptance", default=ISSUE_46_ACCEPTANCE)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: CPU seconds of all threads (process_time), steadier than wall time on a loaded host")
     args = ap.parse_args()
     cfg = load_config(preset=args.preset)
     set_cpu_threads(cfg)
@@ -66,16 +69,17 @@ def main() -> None:
     drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=cfg.training.seed, tokenizer=tok).eval()
     prompt, block = _prompt(tok, args.prompt_tokens), cfg.drafter.block_size
     runs: dict[str, list[CycleCosts]] = {name: [] for name in models}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     load_before = os.getloadavg()[0]
     for _ in range(args.rounds):
         for name, model in models.items():
             runs[name].append(measure_cycle_costs(model, drafter, prompt, cfg.layer_ids(), block, args.reps,
-                                                     statistic=min))
+                                                     statistic=min, clock=clock))
     costs = {name: _min_costs(r) for name, r in runs.items()}
     acceptance = [float(a) for a in args.acceptance.split(",")]
     print(f"\n{args.preset}: {len(prompt)}-token prompt, block {block}, {torch.get_num_threads()} threads, "
           f"host load (1 min) {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-          f"minimum of {args.rounds} rounds x {args.reps} reps")
+          f"minimum of {args.rounds} rounds x {args.reps} reps, {args.clock} clock")
     base = costs["stock"].step_ms
     head = "".join(f" {n + ' ms':>10s} {'/1 tok':>7s} {'/stock 1':>8s}" for n in costs)
     print(f"{'tokens':>6s}{head} {'draft ms':>9s}" + "".join(f" {'exp. ' + n:>13s}" for n in costs))

@@ -86,12 +86,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, device: torch.device) -> float:
+def _timed(fn, device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     fn()
     _sync(device)
-    return (time.perf_counter() - start) * 1000
+    return (clock() - start) * 1000
 
 
 def _prefill(model, ids: torch.Tensor) -> VerifyCache:
@@ -100,21 +100,25 @@ def _prefill(model, ids: torch.Tensor) -> VerifyCache:
     return VerifyCache(model, cache)
 
 
-def _time_forward(cache: VerifyCache, tokens: torch.Tensor, **kwargs) -> float:
+def _time_forward(cache: VerifyCache, tokens: torch.Tensor, clock: Callable[[], float], **kwargs) -> float:
     """One cached target forward over `tokens` [1, T], timed; the cache is then back where it was."""
     cache.checkpoint()
-    ms = _timed(lambda: cache.model(input_ids=tokens, cache=cache.cache, use_cache=True, **kwargs), tokens.device)
+    ms = _timed(lambda: cache.model(input_ids=tokens, cache=cache.cache, use_cache=True, **kwargs), tokens.device,
+                clock)
     cache.discard(tokens.shape[1])
     return ms
 
 
 @torch.inference_mode()
 def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], layer_ids: Sequence[int],
-                        block_size: int, reps: int = 5, statistic: Callable = statistics.median) -> CycleCosts:
+                        block_size: int, reps: int = 5, statistic: Callable = statistics.median,
+                        clock: Callable[[], float] = time.perf_counter) -> CycleCosts:
     """Time the target's plain step (no capture hooks, one logit row: as target_generate), its verify forward over
     k + 1 tokens (hooks on, every row's logits: as speculative_generate) and the drafter's proposal of k, for
     k = 1 .. block_size-1; `statistic` (median) of `reps` after one untimed warm-up rep. Interleaved rep by rep,
-    so load on a shared host hits every k alike; every forward starts from the same prompt-long cache."""
+    so load on a shared host hits every k alike; every forward starts from the same prompt-long cache. `clock`:
+    wall time (what decoding costs), or `time.process_time` (CPU seconds of every thread: on a host shared with
+    other work, closer to what the forward would cost alone, for benchmarks)."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids)], device=device)
     last = torch.tensor([[int(prompt_ids[-1])]], device=device)
@@ -127,12 +131,12 @@ def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], lay
     verify: list[list[float]] = [[] for _ in range(block_size - 1)]
     draft: list[list[float]] = [[] for _ in range(block_size - 1)]
     for rep in range(reps + 1):
-        ms_step = _time_forward(plain, last, logits_to_keep=1)
+        ms_step = _time_forward(plain, last, clock, logits_to_keep=1)
         with capture_layers(model, layer_ids) as cap:
             for k in range(1, block_size):
-                ms_verify = _time_forward(verifying, last.expand(1, k + 1))
+                ms_verify = _time_forward(verifying, last.expand(1, k + 1), clock)
                 cap.clear()
-                ms_draft = _timed(lambda: session.propose(int(last), k), device)  # noqa: B023
+                ms_draft = _timed(lambda: session.propose(int(last), k), device, clock)  # noqa: B023
                 if rep:
                     verify[k - 1].append(ms_verify)
                     draft[k - 1].append(ms_draft)
