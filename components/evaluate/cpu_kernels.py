@@ -4,8 +4,8 @@ Stock `F.linear` on CPU multiplies an [M, K] input by the transposed [N, K] weig
 block (M = 2..16) that GEMM runs far below the CPU's rate, and the vocab-wide LM head over every block row
 dominates (benchmarks/bench_verify.py: on the SmolLM2-135M target the 8-token forward costs ~1.8x a one-token
 step with stock kernels). oneDNN's linear with the weight reordered once into its blocked layout runs those
-small-M products ~2x faster, but a one-row product (the plain decode step, memory-bound) runs slower on it, so
-`PackedLinear` keeps both: one-row calls take the stock weight, multi-row calls the packed one. Both decoders
+products of 4 rows or more faster, but one to three rows (the plain decode step, memory-bound) run slower on it,
+so `PackedLinear` keeps both and picks by the number of rows. Both decoders
 (target alone, speculative) run the same modules, so their comparison stays honest; the price is a second copy
 of every linear weight in memory (hence CPU targets only, where the evaluated models are small).
 """
@@ -16,9 +16,15 @@ import os
 
 import torch
 
+# Rows from which the packed kernel wins: measured with benchmarks/bench_verify.py --clock cpu (SmolLM2-135M, 2-core
+# AVX-512 Xeon), the stock kernel is cheaper for forwards of 1-3 tokens (1.13x and 1.15x a one-token step at 2 and 3,
+# packed 1.37x and 1.42x) and the packed one from 4 (1.42x vs 1.49x at 4, 1.55x vs 1.85x at 8).
+PACKED_MIN_ROWS = 4
+
 
 class PackedLinear(torch.nn.Module):
-    """A `torch.nn.Linear` whose multi-row calls run oneDNN's linear on a pre-reordered weight."""
+    """A `torch.nn.Linear` whose calls of PACKED_MIN_ROWS rows or more run oneDNN's linear on a pre-reordered
+    weight; fewer rows take the stock kernel."""
 
     def __init__(self, linear: torch.nn.Linear, rows_hint: int = 8):
         super().__init__()
@@ -30,7 +36,7 @@ class PackedLinear(torch.nn.Module):
         return self.linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[:-1].numel() <= 1:
+        if x.shape[:-1].numel() < PACKED_MIN_ROWS:
             return self.linear(x)
         bias = None if self.linear.bias is None else self.linear.bias.detach()
         rows = x.reshape(-1, x.shape[-1])

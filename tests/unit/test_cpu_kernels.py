@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashdraft.components.evaluate.cpu_kernels import (
+    PACKED_MIN_ROWS,
     PackedLinear,
     linear_weight_bytes,
     pack_for_cpu,
@@ -26,9 +27,9 @@ def test_a_packed_linear_matches_the_stock_one(bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 160, bias=bias)
     packed = PackedLinear(linear)
-    one, rows = torch.randn(1, 1, 96), torch.randn(1, 8, 96)
+    few, rows = torch.randn(1, PACKED_MIN_ROWS - 1, 96), torch.randn(1, 8, 96)
     with torch.inference_mode():
-        assert torch.equal(packed(one), linear(one)), "a one-row call takes the stock kernel"
+        assert torch.equal(packed(few), linear(few)), "fewer rows than PACKED_MIN_ROWS take the stock kernel"
         got, want = packed(rows), linear(rows)
     assert got.shape == want.shape == (1, 8, 160)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -100,8 +100,8 @@ def test_status_prints_the_suite_table(suites_run):
 def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only_this_targets_figures(suites_run,
                                                                                                     tmp_path):
     from flashdraft.components.evaluate.report_section import charted_published
-    from flashdraft.run.reporting import fmt
     from flashdraft.run.provenance import current
+    from flashdraft.run.reporting import fmt
 
     cfg, evaluated = suites_run
     result = run_report(cfg, out_dir=tmp_path / "out")
