@@ -290,14 +290,14 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     from flashdraft.target.model import resolve_target, set_cpu_threads
 
     io0 = io_counters()
+    block = cfg.drafter.block_size  # a pretrained drafter's is checked against it when it loads (pretrained.py)
+    cfg.eval.draft_tokens(block)  # a fixed eval.num_draft_tokens that does not fit the block: refused first
     store = open_store(cfg.storage, cfg.run_id)
     device = _device()
     set_cpu_threads(cfg, device)
     target = resolve_target(cfg)  # the model's own geometry and layer ids; contradicting settings refused here
     tok = target.tokenizer()
     suites = load_suites(cfg, store, tok)  # every suite read and checked before any model is loaded
-    block = cfg.drafter.block_size  # a pretrained drafter's is checked against it when it loads (pretrained.py)
-    cfg.eval.draft_tokens(block)  # a fixed eval.num_draft_tokens that does not fit the block: refused here
     reference = load_reference(cfg.eval.reference, cfg.storage)
     model = target.causal_lm(device)
     kernels = pack_for_cpu(model) if device == "cpu" else "stock"  # both decoders run the same modules
