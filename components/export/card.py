@@ -134,7 +134,9 @@ def recommendations(cfg: RunConfig, g: dict[str, Any], ev: EvaluateSummary | Non
 
 def _recommendation_lines(recs: list[dict[str, Any]], block_size: int) -> list[str]:
     """The card's table of recommendations, without the timings behind them (those are the run's report's: the
-    same evaluation gives the same card bytes)."""
+    same evaluation gives the same card bytes); none without recommendations."""
+    if not recs:
+        return []
     rows = [["device", "num_speculative_tokens", "basis"]]
     rows += [[r["device"], str(r["num_speculative_tokens"]), r["basis"]] for r in recs]
     return ["## Draft length", "",
@@ -209,8 +211,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
     if g.get("kind") == "dflash2":
         lines += ["vLLM serves DFlash2 on its GPU Model Runner V2 only.", ""]
     lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype)]]), ""]
-    if recs:
-        lines += _recommendation_lines(recs, g["block_size"])
+    lines += _recommendation_lines(recs, g["block_size"])
     if parent is not None:
         rev = f", revision `{parent.revision}`" if parent.revision else ""
         what = ("evaluated as is, not trained here" if cfg.evaluate_only
