@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from flashdraft.components.evaluate.summary import EvaluateSummary
@@ -25,6 +26,15 @@ from flashdraft.storage import layout
 from flashdraft.storage.source import data_store
 from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
+from .cpu_kernels import pack_for_cpu
+from .draft_length import (
+    CycleCosts,
+    best_num_drafts,
+    device_name,
+    draft_length_curve,
+    expected_tokens,
+    measure_cycle_costs,
+)
 from .prompts import EvalPrompt
 from .reference import load_reference, published_for
 from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
@@ -124,12 +134,13 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
 
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
                      layer_ids: Sequence[int], accept: Callable = greedy_accept,
-                     prompt_limits: dict[str, int] | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
+                     prompt_limits: dict[str, int] | None = None, max_new_tokens: int | None = None,
+                     num_drafts: int | None = None) -> dict[str, Any]:
     """Decode every prompt with the target alone and with each drafter; returns the metrics dict (no I/O).
 
     `prompt_limits[name] = n`: that drafter decodes only the first n prompts (the untrained baseline); its
     speedup and lossless check compare it with the target on those same prompts. `max_new_tokens`: the suite's
-    (default eval.max_new_tokens)."""
+    (default eval.max_new_tokens). `num_drafts`: drafts per cycle (None: the drafter's B-1)."""
     import torch
 
     max_new, temp = max_new_tokens or cfg.eval.max_new_tokens, cfg.eval.temperature
@@ -143,7 +154,7 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
         if name == "target":
             return target_generate(model, p.input_ids, tokens, eos, temp, generator)
         return speculative_generate(model, drafters[name], p.input_ids, layer_ids, tokens, eos, temp, generator,
-                                    accept=accept)
+                                    accept=accept, num_drafts=num_drafts)
 
     # Warm-up (untimed): first-call allocations and kernel selection must not be billed to either decoder.
     for name in ["target", *drafters]:
@@ -191,6 +202,54 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     return metrics
 
 
+def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequence[EvalPrompt], eos: set[int],
+                      layer_ids: Sequence[int], block_size: int, max_new: int
+                      ) -> tuple[int, CycleCosts, dict[str, Any] | None]:
+    """(k to decode every suite with, this device's measured cycle costs, the full-block pass's `summarize`).
+
+    The costs of every k are measured on the first prompt (draft_length.measure_cycle_costs). A fixed
+    eval.num_draft_tokens is used as is (no full-block pass). `auto` first decodes `prompts` (the headline suite)
+    drafting the whole block, the acceptance per position of which gives each k's expected tokens per cycle; the
+    k of the highest expected speedup is chosen (the full block when no cycle ran)."""
+    import torch
+
+    costs = measure_cycle_costs(model, drafter, prompts[0].input_ids, layer_ids, block_size)
+    fixed = cfg.eval.draft_tokens(block_size)
+    if fixed is not None:
+        return fixed, costs, None
+    temp, gens = cfg.eval.temperature, []
+    for p in prompts:
+        generator = torch.Generator().manual_seed(cfg.generation.seed) if temp > 0 else None
+        gens.append(speculative_generate(model, drafter, p.input_ids, layer_ids, max_new, eos, temp, generator))
+    full = summarize(gens)
+    acceptance = full.get("acceptance_per_position") or []
+    k = best_num_drafts(draft_length_curve(costs, acceptance)) if acceptance else block_size - 1
+    log.info("evaluate: draft length %d of %d on %s (full-block tau %s, acceptance %s; expected speedup %s)", k,
+             block_size - 1, device_name(next(model.parameters()).device), full.get("tau"), acceptance,
+             [p.expected_speedup for p in draft_length_curve(costs, acceptance)])
+    return k, costs, full
+
+
+def draft_length_record(k: int, block_size: int, costs: CycleCosts, full: dict[str, Any] | None,
+                        headline: dict[str, Any], device: str) -> dict[str, Any]:
+    """metrics["draft_length"] (summary.DraftLength): the curve of every k with its measured costs, expected
+    speedup (from the full-block pass's acceptance, or under a fixed k from that run's, so only up to k) and
+    measured speedup where one was decoded (the chosen k on the headline suite; under auto also the full block)."""
+    acceptance = ((full or headline["drafter"]).get("acceptance_per_position")) or []
+    curve = [{**asdict(p), "measured_speedup": None} for p in draft_length_curve(costs, acceptance)]
+    target_tps = headline["target"].get("tokens_per_s")
+    if full is not None and target_tps and full.get("tokens_per_s"):
+        curve[-1]["measured_speedup"] = round(full["tokens_per_s"] / target_tps, 3)
+        full = {key: full.get(key) for key in ("tau", "acceptance_per_position", "tokens_per_s", "cycles")}
+        full["speedup"] = curve[-1]["measured_speedup"]
+    curve[k - 1]["measured_speedup"] = headline["drafter"].get("speedup")
+    return {"mode": "auto" if full is not None else "fixed", "num_drafts": k, "block_size": block_size,
+            "device_name": device_name(device), "step_ms": round(costs.step_ms, 3), "curve": curve,
+            "tau": headline["drafter"].get("tau"), "speedup": headline["drafter"].get("speedup"),
+            "expected_tokens": round(expected_tokens(acceptance, k), 4) if acceptance else None,
+            "full_block": full}
+
+
 def suite_row(suite: Suite, metrics: dict[str, Any], reference: list[dict[str, Any]]) -> dict[str, Any]:
     """One row of the paper-layout table (summaries.SuiteResult) from one suite's `evaluate_prompts` metrics."""
     drafter, target = metrics["drafter"], metrics["target"]
@@ -232,6 +291,8 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     from flashdraft.target.model import resolve_target, set_cpu_threads
 
     io0 = io_counters()
+    block = cfg.drafter.block_size  # a pretrained drafter's is checked against it when it loads (pretrained.py)
+    cfg.eval.draft_tokens(block)  # a fixed eval.num_draft_tokens that does not fit the block: refused first
     store = open_store(cfg.storage, cfg.run_id)
     device = _device()
     set_cpu_threads(cfg, device)
@@ -240,6 +301,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     suites = load_suites(cfg, data_store(cfg), tok)  # every suite read and checked before any model is loaded
     reference = load_reference(cfg.eval.reference, cfg.storage)
     model = target.causal_lm(device)
+    kernels = pack_for_cpu(model) if device == "cpu" else "stock"  # both decoders run the same modules
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
     limit = cfg.eval.baseline_prompts
@@ -250,6 +312,8 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     else:
         n_base0 = min(limit, len(first))
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)
+    k, costs, full = tune_draft_length(cfg, model, trained, first, _eos_ids(tok, model), layer_ids, block,
+                                       suites[0].max_new_tokens)
     log.info("evaluate: suites %s, drafter %s, device %s, %d threads",
              ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri, device,
              torch.get_num_threads())
@@ -259,16 +323,18 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
         t0 = time.perf_counter()
         results.append(evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
-                                        prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens))
+                                        prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens,
+                                        num_drafts=k))
         results[-1]["wall_seconds"] = round(time.perf_counter() - t0, 2)  # what this suite added to the stage
         row = results[-1]["drafter"]
         log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, row.get("tau", 0), row.get("speedup"))
     metrics = combine_suites(suites, results, reference)
+    metrics["draft_length"] = draft_length_record(k, block, costs, full, results[0], device)
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     parent = getattr(baseline if baseline is not None else trained, "parent", None)
     metrics.update(stage="evaluate", run_id=cfg.run_id, target_model=cfg.target.model, drafter_uri=trained_uri,
                    baseline_init=None if baseline is None else cfg.drafter.init, host_cpus=os.cpu_count(),
-                   host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0),
+                   host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0), target_kernels=kernels,
                    parent=parent.model_dump() if parent is not None else None,
                    evaluate_only=cfg.evaluate_only)
     summary = EvaluateSummary.model_validate(metrics)

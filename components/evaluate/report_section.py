@@ -27,6 +27,9 @@ def verdict(ev: EvaluateSummary) -> list[str]:
         taus = [f"{ev.drafter.tau:.2f}"]
     speedup = ev.drafter.speedup if ev.drafter else None
     where = ", ".join(x for x in (ev.suites[0].name if ev.suites else None, ev.device) if x)
+    dl = ev.draft_length
+    if dl is not None:
+        where += f", {dl.num_drafts} of {dl.block_size - 1} drafts a cycle"
     return [f"tau {', '.join(taus) or '-'}", f"lossless {ev.lossless_line()}",
             f"speedup {'-' if speedup is None else f'{speedup:.2f}x'} ({where})"]
 
@@ -68,14 +71,53 @@ def sections(ev: EvaluateSummary, run: RunView) -> list:
                                           ["trained here", "no (evaluate only)" if ev.evaluate_only else "yes"]]))
     if ev.suites:
         out.append(("Per-suite results (paper layout)", ev.suite_table(run.target)))
+    if ev.draft_length is not None:
+        out.append(("Draft length", draft_length_table(ev)))
     out.append(("Lossless check", lossless_note(ev)))
     out.append(("Evaluation setup", [
         ["prompts", fmt(ev.num_prompts)], ["max new tokens", fmt(ev.max_new_tokens)],
         ["block size", fmt(ev.drafter.block_size if ev.drafter else None)], ["temperature", fmt(ev.temperature)],
-        ["device", f"{ev.device} ({ev.threads} threads)"],
+        ["device", f"{ev.device} ({ev.threads} threads)"], ["target kernels", fmt(ev.target_kernels)],
         ["host", f"{fmt(ev.host_cpus)} CPUs, load average {fmt(ev.host_load_1m)} after decoding"],
         ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
     return out
+
+
+def draft_length_table(ev: EvaluateSummary) -> list[list[str]]:
+    """The curve evaluate chose k from (draft_length.py): every k's measured costs, expected and measured
+    speedup, and which tau is which."""
+    dl = ev.draft_length
+    full = dl.full_block or {}
+    rows = [["k drafts", "verify ms (k + 1 tokens)", "draft ms", "expected tokens/cycle", "expected speedup",
+             "measured speedup"]]
+    for p in dl.curve:
+        rows.append([f"{p.num_drafts}{' (chosen)' if p.num_drafts == dl.num_drafts else ''}", fmt(p.verify_ms),
+                     fmt(p.draft_ms), fmt(p.expected_tokens), fmt(p.expected_speedup), fmt(p.measured_speedup)])
+    rows.append([f"{dl.mode}: measured on {dl.device_name}; target step {fmt(dl.step_ms)} ms",
+                 f"tau at k={dl.num_drafts}: {fmt(dl.tau)}",
+                 f"tau at the full block ({dl.block_size - 1} drafts): {fmt(full.get('tau'))}", "", "", ""])
+    return rows
+
+
+def draft_length_chart(ev: EvaluateSummary) -> Chart | None:
+    """Expected (line) and measured (points) speedup against the number of drafts k."""
+    dl = ev.draft_length
+    if dl is None or not dl.curve:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    expected = [(p.num_drafts, p.expected_speedup) for p in dl.curve if p.expected_speedup is not None]
+    measured = [(p.num_drafts, p.measured_speedup) for p in dl.curve if p.measured_speedup is not None]
+    if expected:
+        ax.plot(*zip(*expected, strict=True), marker="o", color="#1f77b4", label="expected (measured costs)")
+    if measured:
+        ax.scatter(*zip(*measured, strict=True), color="#d62728", zorder=3, label="measured (decoded)")
+    ax.axhline(1.0, color="#888888", linewidth=0.8)
+    ax.axvline(dl.num_drafts, color="#2ca02c", linestyle="--", linewidth=1, label=f"chosen k={dl.num_drafts}")
+    ax.set(xlabel="draft tokens per cycle k", ylabel="speedup vs target alone",
+           title=f"Draft length on {dl.device_name}", xticks=[p.num_drafts for p in dl.curve])
+    ax.legend(fontsize=7)
+    return Chart("speedup against draft length", png(fig))
 
 
 def scalars(ev: EvaluateSummary) -> dict[str, float]:
@@ -137,4 +179,7 @@ def charts(ev: EvaluateSummary, run: RunView) -> dict[str, Chart]:
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom")
         ax.set(ylabel="tau (tokens per cycle)", title="Acceptance length tau")
         out["tau"] = Chart("tau vs untrained baseline", png(fig))
+    chart = draft_length_chart(ev)
+    if chart is not None:
+        out["draft_length"] = chart
     return out

@@ -34,7 +34,7 @@ class DraftSession(Protocol):
 
     def extend(self, features: torch.Tensor) -> None: ...   # target features of newly verified positions
 
-    def propose(self, last_token: int) -> torch.Tensor: ...  # B-1 drafts after the newest verified token
+    def propose(self, last_token: int, num_drafts: int | None = None) -> torch.Tensor: ...  # B-1 (or k) drafts
 
 
 class Proposer(Protocol):
@@ -100,7 +100,8 @@ def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[i
     return tokens
 
 
-def _new_cache(model):
+def new_target_cache(model):
+    """An empty dynamic cache for the target (both decoders and the cost measurement start from one)."""
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
@@ -112,7 +113,7 @@ def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_i
     """Plain autoregressive decode of the target alone: prefill, then one cached forward per token."""
     device = next(model.parameters()).device
     start = time.perf_counter()
-    cache = _new_cache(model)
+    cache = new_target_cache(model)
     ids = torch.tensor([list(prompt_ids)], device=device)
     out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
     tokens = [_pick(out.logits[0, -1], temperature, generator)]
@@ -130,7 +131,7 @@ def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_i
 def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], layer_ids: Sequence[int],
                          max_new_tokens: int, eos_ids: set[int], temperature: float = 0.0,
                          generator: torch.Generator | None = None, accept: AcceptRule = greedy_accept,
-                         reuse_cache: bool = True) -> Generation:
+                         reuse_cache: bool = True, num_drafts: int | None = None) -> Generation:
     """Speculative decode: target prefill (its token is the first output), then draft/verify cycles.
 
     Verification runs the block against the target's cache, which then keeps only the accepted prefix
@@ -138,10 +139,12 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
     accepted tokens). `reuse_cache=False` instead re-runs the whole verified sequence plus the block each cycle:
     quadratic, equally exact, kept as the reference the tests compare with. `accept` is the greedy acceptance
     rule; it is a parameter so a test can plug in a wrong one and see the lossless check catch it.
+    `num_drafts` k (None: the drafter's B-1) drafts a block of k + 1 and verifies k + 1 tokens, as vLLM does with
+    num_speculative_tokens=k (draft_length.py picks k for the device).
     """
     device = next(model.parameters()).device
     start = time.perf_counter()
-    cache = _new_cache(model)
+    cache = new_target_cache(model)
     accepted: list[int] = []
     block_size = 0
     verified = torch.tensor(list(prompt_ids), device=device)  # x_0..x_{S-1}: tokens with features
@@ -154,7 +157,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
         done = tokens[-1] in eos_ids
         while len(tokens) < max_new_tokens and not done:
             last = tokens[-1]
-            draft = session.propose(last).to(device=device, dtype=torch.long).reshape(-1)
+            draft = session.propose(last, num_drafts).to(device=device, dtype=torch.long).reshape(-1)
             block = torch.cat([torch.tensor([last], device=device), draft])
             block_size = block.numel()
             if target_cache is not None:

@@ -68,6 +68,39 @@ class SuiteResult(BaseModel):
     published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
 
 
+class DraftLengthPoint(BaseModel):
+    """One number of draft tokens k on the evaluated device (components/evaluate/draft_length.py)."""
+
+    num_drafts: int = Field(description="draft tokens per cycle k (the target verifies k + 1 tokens)")
+    verify_ms: float = Field(description="the target's cached forward over k + 1 tokens, measured")
+    draft_ms: float = Field(description="the drafter proposing k tokens, measured")
+    expected_tokens: float | None = Field(None, description="1 + sum of the first k acceptance rates")
+    expected_speedup: float | None = Field(None, description="expected_tokens x step_ms / (draft + verify)")
+    measured_speedup: float | None = Field(None, description="decoded at this k: tokens/s over the target's")
+
+
+class DraftLength(BaseModel):
+    """How many tokens evaluate drafted per cycle, and why (eval.num_draft_tokens; docs/evaluation.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: str = Field(description="auto (the best expected k) or fixed (eval.num_draft_tokens)")
+    num_drafts: int = Field(description="k every suite was decoded with")
+    block_size: int = Field(description="the drafter's block B (k <= B-1)")
+    device_name: str | None = Field(None, description="where the costs were measured")
+    step_ms: float | None = Field(None, description="the target's plain one-token step, measured")
+    curve: list[DraftLengthPoint] = Field(default_factory=list, description="every k = 1 .. B-1")
+    tau: float | None = Field(None, description="headline suite's tau at k (the drafter row's)")
+    speedup: float | None = Field(None, description="headline suite's measured speedup at k")
+    expected_tokens: float | None = Field(None, description="the tokens per cycle the curve expected at k")
+    full_block: dict[str, Any] | None = Field(None, description="auto: the full-block pass over the headline "
+                                              "suite (tau, acceptance_per_position, tokens_per_s, speedup)")
+
+    @property
+    def full_block_tau(self) -> float | None:
+        return (self.full_block or {}).get("tau")
+
+
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
                       "published tau"]
 
@@ -77,7 +110,8 @@ class EvaluateSummary(StageSummary):
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "tau",
-        "tau {tau:,.2f} ({baseline_label} {baseline_tau:,.2f}), lossless {lossless}")
+        "tau {tau:,.2f} at k={num_draft_tokens:,.0f} drafts (full block {tau_full_block:,.2f}; {baseline_label} "
+        "{baseline_tau:,.2f}), lossless {lossless}")
 
     num_prompts: int | None = Field(None, description="held-out prompts decoded")
     max_new_tokens: int | None = Field(None, description="tokens decoded per prompt")
@@ -97,8 +131,12 @@ class EvaluateSummary(StageSummary):
     evaluate_only: bool | None = Field(None, description="the pretrained drafter evaluated as is (no training)")
     host_cpus: int | None = Field(None, description="CPUs of the host (load makes CPU timings noisy)")
     host_load_1m: float | None = Field(None, description="the host's 1-minute load average after decoding")
+    target_kernels: str | None = Field(None, description="the target's linear kernels: onednn-packed (CPU, multi-row "
+                                       "forwards on pre-reordered weights; cpu_kernels.py) or stock")
 
     suites: list[SuiteResult] = Field(default_factory=list, description="one row per eval suite (paper layout)")
+    draft_length: DraftLength | None = Field(None, description="drafts per cycle k and the curve it came from; "
+                                             "every tau and speedup above is at this k")
     target_model: str | None = Field(None, description="the run's target.model: the suite table marks a published "
                                      "figure for another model as such")
 
@@ -111,6 +149,10 @@ class EvaluateSummary(StageSummary):
                        "target_tokens_per_s": target.tokens_per_s,
                        "speculative_tokens_per_s": drafter.tokens_per_s, "lossless_passed": passed,
                        "baseline_pretrained": 1.0 if self.baseline_init == "pretrained" else None})
+        dl = self.draft_length
+        if dl is not None:
+            out.update(numbers({"num_draft_tokens": dl.num_drafts, "tau_full_block": dl.full_block_tau,
+                                "speedup_full_block": (dl.full_block or {}).get("speedup")}))
         for s in self.suites:
             key = s.name.replace("-", "_").replace(".", "_")
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))

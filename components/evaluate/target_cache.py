@@ -118,6 +118,11 @@ class VerifyCache:
         if capture is not None:
             capture.clear()
 
+    def discard(self, verified: int) -> None:
+        """Undo the forward of `verified` tokens since `checkpoint()` (the cost measurement's forwards, whose
+        tokens are not part of any sequence)."""
+        self._rewind(verified)
+
     @staticmethod
     def _keep_window(layer, before: _Window, verified: int, keep: int) -> None:
         """The sliding-window layer as a forward of the `keep` accepted tokens after `before` leaves it: its

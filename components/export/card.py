@@ -14,7 +14,10 @@ from typing import Any
 
 import yaml
 
+from flashdraft.components.evaluate.draft_length import best_num_drafts, draft_length_curve, roofline_costs
 from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.plan.gpus import GPUS
+from flashdraft.components.plan.rates import decode_weight_bytes
 from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.components.train.summary import TrainSummary
 from flashdraft.config import RunConfig
@@ -85,6 +88,65 @@ def _geometry_rows(g: dict[str, Any], dtype: str) -> list[tuple[str, str]]:
     return rows
 
 
+def _drafter_params(g: dict[str, Any]) -> float:
+    """Weights one draft forward reads (modelled): its layers, the fusing projection of the target features and
+    the LM head rows it scores."""
+    h, q, kv = g["hidden_size"], g["num_heads"] * g["head_dim"], g["num_kv_heads"] * g["head_dim"]
+    layer = h * (2 * q + 2 * kv) + 3 * h * g["intermediate_size"]
+    head = (g.get("draft_vocab_size") or g["vocab_size"]) * h
+    return g["num_layers"] * layer + len(g["target_layer_ids"]) * h * h + head
+
+
+def _gpu_recommendations(cfg: RunConfig, g: dict[str, Any], acceptance: list[float]) -> list[dict[str, Any]]:
+    """Per GPU type the planner knows (components/plan/gpus.py): the k of the highest expected speedup when its
+    bf16 roofline, one sequence, prices every cycle (draft_length.roofline_costs). Modelled: none of these ran."""
+    from flashdraft.components.plan.planner import planning_target
+
+    try:
+        target = planning_target(cfg)[2]
+    except Exception:  # noqa: BLE001 - a target the planner cannot size: the card keeps the measured row
+        return []
+    step_bytes = decode_weight_bytes(target["params"], target["active_params"], target["experts"] or 0,
+                                     target["experts_per_token"] or 0, 1)
+    draft = _drafter_params(g)
+    rows = []
+    for gpu in GPUS.values():
+        costs = roofline_costs(step_bytes, 2 * target["active_params"], 2 * draft, 2 * draft, gpu.bandwidth_gbs,
+                               gpu.bf16_tflops, g["block_size"] - 1)
+        curve = draft_length_curve(costs, acceptance)
+        rows.append({"device": gpu.name, "num_speculative_tokens": best_num_drafts(curve),
+                     "basis": "modelled: planner roofline, bf16, one sequence"})
+    return rows
+
+
+def recommendations(cfg: RunConfig, g: dict[str, Any], ev: EvaluateSummary | None) -> list[dict[str, Any]]:
+    """num_speculative_tokens to serve with: on the device evaluate ran on (its measured choice) and, modelled,
+    on each GPU type the planner knows, both from the acceptance per position evaluate measured (the full-block
+    pass under eval.num_draft_tokens=auto; a fixed k measured none beyond k, so no row exceeds it)."""
+    dl = ev.draft_length if ev is not None else None
+    if dl is None:
+        return []
+    rows = [{"device": dl.device_name or getattr(ev, "device", "this device"), "num_speculative_tokens": dl.num_drafts,
+             "basis": f"measured by evaluate (eval.num_draft_tokens {dl.mode})"}]
+    acceptance = (dl.full_block or {}).get("acceptance_per_position") or (
+        ev.drafter.acceptance_per_position if ev.drafter else None) or []
+    return rows + (_gpu_recommendations(cfg, g, acceptance) if acceptance else [])
+
+
+def _recommendation_lines(recs: list[dict[str, Any]], block_size: int) -> list[str]:
+    """The card's table of recommendations, without the timings behind them (those are the run's report's: the
+    same evaluation gives the same card bytes); none without recommendations."""
+    if not recs:
+        return []
+    rows = [["device", "num_speculative_tokens", "basis"]]
+    rows += [[r["device"], str(r["num_speculative_tokens"]), r["basis"]] for r in recs]
+    return ["## Draft length", "",
+            f"The drafter drafts up to {block_size - 1} tokens a cycle; fewer can be faster where the verify "
+            "forward's cost grows with its width (CPUs). vLLM drafts a shorter block of num_speculative_tokens + 1 "
+            "slots, as flashdraft's evaluation did at the chosen k. Recommended `num_speculative_tokens`:", "",
+            *_table(rows), ""]
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     head, *body = rows
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
@@ -121,6 +183,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
     tokens = extracted_tokens(data)
     parent = (train.parent if train else None) or (ev.parent if ev else None)
     folder = local_folder(cfg.run_id, fmt)
+    recs = recommendations(cfg, g, ev)
     suites = {s.name: {k: v for k, v in (("tau", s.tau), ("prompts", s.prompts), ("lossless", s.lossless_passed))
                        if v is not None}
               for s in (ev.suites if ev else [])}
@@ -140,6 +203,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
             "training": {"step": step, "final": final, "tokens": train.tokens if train else None},
             "parent": parent.model_dump() if parent else None,
             "eval": {"suites": suites, "lossless": ev.lossless_line() if ev else "not evaluated"},
+            "num_speculative_tokens": recs,
         },
     }
     kind = "DFlash2" if g.get("kind") == "dflash2" else "DFlash"
@@ -157,6 +221,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
     if g.get("kind") == "dflash2":
         lines += ["vLLM serves DFlash2 on its GPU Model Runner V2 only.", ""]
     lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype)]]), ""]
+    lines += _recommendation_lines(recs, g["block_size"])
     if parent is not None:
         rev = f", revision `{parent.revision}`" if parent.revision else ""
         what = ("evaluated as is, not trained here" if cfg.evaluate_only

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from flashdraft.config.base import Section
+from flashdraft.config.errors import ConfigError
 from flashdraft.config.target import DataConfig
 
 BUILTIN_SUITES = ("heldout", "humaneval")
@@ -95,10 +96,34 @@ class EvalConfig(Section):
                                      "target alone, and its tau is ~1.0 on any prompt. A pretrained parent "
                                      "(drafter.init=pretrained, trained on) decodes every prompt unless 0: its tau "
                                      "is the 'before' beside the trained drafter's, on the same prompts")
+    num_draft_tokens: Literal["auto"] | int = Field(
+        default="auto", description="draft tokens per speculative cycle k (vLLM's num_speculative_tokens), 1 .. "
+                                    "drafter.block_size - 1; `auto`: the k with the highest expected tokens/s on "
+                                    "this device, from the measured verify cost of every k and the acceptance per "
+                                    "position of a full-block pass (docs/evaluation.md, 'Draft length')")
     lossless_tie_margin: float = Field(
         default=0.0, ge=0,
         description="lossless check: a divergence where the target's own top-2 logit gap is below this is a "
                     "numerical tie (bf16 block vs single-token kernels), reported but not failing; 0 = strict")
+
+    @field_validator("num_draft_tokens", mode="before")
+    @classmethod
+    def _draft_tokens(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        if isinstance(v, str) and v.isdigit() and int(v) >= 1:
+            return int(v)
+        raise ValueError(f"must be `auto` or an integer 1 .. drafter.block_size - 1, got {v!r}")
+
+    def draft_tokens(self, block_size: int) -> int | None:
+        """The fixed k for a drafter of `block_size` (None: auto). Raises ConfigError naming the field when k does
+        not fit the block (a block of B drafts at most B-1 tokens)."""
+        if self.num_draft_tokens == "auto":
+            return None
+        if self.num_draft_tokens > block_size - 1:
+            raise ConfigError(f"eval.num_draft_tokens={self.num_draft_tokens} exceeds drafter.block_size - 1 = "
+                             f"{block_size - 1} (a block of {block_size} drafts at most {block_size - 1} tokens)")
+        return self.num_draft_tokens
 
     @field_validator("suites", mode="before")
     @classmethod

@@ -27,9 +27,11 @@ class SessionDrafter(Protocol):
 
     def extend_context(self, cache: ContextCache | None, features: torch.Tensor) -> ContextCache: ...
 
-    def cached_draft_hidden(self, cache: ContextCache, last_token: int) -> torch.Tensor: ...
+    def cached_draft_hidden(self, cache: ContextCache, last_token: int,
+                            block_size: int | None = None) -> torch.Tensor: ...
 
-    def draft_hidden(self, context_features: torch.Tensor, last_token: int) -> torch.Tensor: ...
+    def draft_hidden(self, context_features: torch.Tensor, last_token: int,
+                     block_size: int | None = None) -> torch.Tensor: ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -37,9 +39,9 @@ class SessionDrafter(Protocol):
 
 
 class DraftSession:
-    """One sequence's drafting state: `extend` with the features of newly verified positions, `propose` the B-1
-    drafts after the newest verified token. cached=False recomputes the whole context every cycle (the reference
-    for the cache)."""
+    """One sequence's drafting state: `extend` with the features of newly verified positions, `propose` the drafts
+    after the newest verified token (B-1, or fewer: a shorter block). cached=False recomputes the whole context
+    every cycle (the reference for the cache)."""
 
     def __init__(self, drafter: SessionDrafter, cached: bool = True):
         self.drafter, self.cached = drafter, cached
@@ -55,11 +57,16 @@ class DraftSession:
     def logits(self, last_token: int) -> torch.Tensor:
         return self.drafter.logits(self.hidden(last_token))
 
-    def hidden(self, last_token: int) -> torch.Tensor:
+    def hidden(self, last_token: int, num_drafts: int | None = None) -> torch.Tensor:
+        block = None if num_drafts is None else num_drafts + 1
         if self.cached:
-            return self.drafter.cached_draft_hidden(self.cache, last_token)
-        return self.drafter.draft_hidden(self.features, last_token)
+            return self.drafter.cached_draft_hidden(self.cache, last_token, block)
+        return self.drafter.draft_hidden(self.features, last_token, block)
 
-    def propose(self, last_token: int) -> torch.Tensor:
-        """DFlash: the argmax of each slot. DFlash2: the selector's greedy walk over the top-k candidates."""
-        return self.drafter.propose_from_hidden(self.hidden(last_token), last_token)
+    def propose(self, last_token: int, num_drafts: int | None = None) -> torch.Tensor:
+        """DFlash: the argmax of each slot. DFlash2: the selector's greedy walk over the top-k candidates.
+
+        `num_drafts` k < B-1 drafts a shorter block, [last, MASK x k], as vLLM's DFlash proposer does with
+        num_speculative_tokens=k (its query is 1 + k tokens): the slots attend to each other, so the k drafts of a
+        short block are not the first k of a full one (docs/serving.md)."""
+        return self.drafter.propose_from_hidden(self.hidden(last_token, num_drafts), last_token)

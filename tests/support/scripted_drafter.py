@@ -24,11 +24,12 @@ class ScriptedDrafter:
         self.context_len += features.shape[0]
         self.feature_width = features.shape[1]
 
-    def propose(self, last_token: int) -> torch.Tensor:
+    def propose(self, last_token: int, num_drafts: int | None = None) -> torch.Tensor:
         done = self.context_len - self.prompt_len + 1      # tokens generated so far
         self.calls.append((self.context_len, last_token))
-        out = list(self.reference[done: done + self.block - 1])
-        out += [0] * (self.block - 1 - len(out))
-        if self.wrong_from is not None:
+        n = self.block - 1 if num_drafts is None else num_drafts
+        out = list(self.reference[done: done + n])
+        out += [0] * (n - len(out))
+        if self.wrong_from is not None and self.wrong_from < n:
             out[self.wrong_from] = (out[self.wrong_from] + 1) % 1000
         return torch.tensor(out)

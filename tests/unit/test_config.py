@@ -77,6 +77,8 @@ def test_yaml_file_replaces_mappings_whole(tmp_path):
     ("mode.kind=online", "mode.kind", "offline"),
     ("pools.trainer.accelerator_count=-8", "pools.trainer.accelerator_count", "greater than or equal to 0"),
     ("eval.num_prompts=0", "eval.num_prompts", "greater than or equal to 1"),
+    ("eval.num_draft_tokens=0", "eval.num_draft_tokens", "`auto` or an integer 1 .. drafter.block_size - 1"),
+    ("eval.num_draft_tokens=many", "eval.num_draft_tokens", "got 'many'"),
     ("plan.prefill_efficiency=2", "plan.prefill_efficiency", "less than or equal to 1"),
     ("training.typo=1", "training.typo", "Extra inputs"),
     ("run_id=bad/id", "run_id", "pattern"),
@@ -85,6 +87,18 @@ def test_invalid_values_name_the_field(override, field, why):
     with pytest.raises(ConfigError) as exc:
         load_config(preset="tiny", overrides=[override])
     assert field in str(exc.value) and why in str(exc.value)
+
+
+def test_num_draft_tokens_is_auto_or_fits_the_block():
+    """`auto` by default; an integer is kept, and one the drafter's block cannot hold is refused naming both
+    fields (evaluate checks it before loading any model)."""
+    cfg = load_config(preset="tiny")
+    assert cfg.eval.num_draft_tokens == "auto" and cfg.eval.draft_tokens(cfg.drafter.block_size) is None
+    fixed = load_config(preset="tiny", overrides=["eval.num_draft_tokens=3"])
+    assert fixed.eval.draft_tokens(fixed.drafter.block_size) == 3
+    too_many = load_config(preset="tiny", overrides=[f"eval.num_draft_tokens={cfg.drafter.block_size}"])
+    with pytest.raises(ConfigError, match=r"eval.num_draft_tokens=\d+ exceeds drafter.block_size - 1"):
+        too_many.eval.draft_tokens(too_many.drafter.block_size)
 
 
 def test_missing_inputs_are_clear(tmp_path):

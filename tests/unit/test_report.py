@@ -101,6 +101,7 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
                                                                                                     tmp_path):
     from flashdraft.components.evaluate.report_section import charted_published
     from flashdraft.run.provenance import current
+    from flashdraft.run.reporting import fmt
 
     cfg, evaluated = suites_run
     result = run_report(cfg, out_dir=tmp_path / "out")
@@ -111,6 +112,10 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
     held, he = evaluated.suites
     assert verdict.startswith(f"tau {held.name} {held.tau:.2f}, {he.name} {he.tau:.2f} | lossless passed on ")
     assert f"speedup {evaluated.drafter.speedup:.2f}x" in verdict and "wall time " in verdict
+    dl = evaluated.draft_length  # the draft length evaluate decoded with, its curve and which tau is which
+    assert f"{dl.num_drafts} of {cfg.drafter.block_size - 1} drafts a cycle" in verdict
+    assert f"{dl.num_drafts} (chosen)" in summary and f"tau at k={dl.num_drafts}: {fmt(dl.tau)}" in summary
+    assert "tau at the full block" in summary
     assert re.search(r"\| \d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC \|", verdict), verdict
     assert verdict.endswith(f"commit {current().short_commit}")
     # the scalar metrics (the report step's KFP Metrics) are committed beside the pages and written to out_dir
@@ -119,6 +124,7 @@ def test_the_report_opens_with_its_verdict_flags_the_heldout_gap_and_charts_only
     assert scalars["tau"] == pytest.approx(evaluated.drafter.tau)
     page = Path(result.html_path).read_text()
     assert page.index("<h2>Verdict</h2>") < page.index("<h2>Run</h2>") and "<p class='verdict'>tau " in page
+    assert "<img id='chart-draft_length' alt='speedup against draft length'" in page
     # the train metrics of the fixture: slot-1 accuracy 0.70 in training, 0.50 held out (71% < 75%)
     assert "held-out slot-1 accuracy 0.50 vs 0.70 in training (71%)" in summary.split("## Flags", 1)[1]
     # the shipped 5.94 is the 27B's drafter: in the table marked as another model's, and off the chart

@@ -119,6 +119,12 @@ def test_the_model_card_carries_the_run(exported):
     assert f"| heldout | {heldout.prompts} | default | {heldout.tau:.2f} | passed |" in card
     assert "speedup" not in card, "no timings: the same evaluation gives the same card bytes"
     assert "Lossless check: passed on" in card and "builtin:demo" in card and "license" in card.lower()
+    recs = fd["num_speculative_tokens"]  # the evaluated device's k first, then each GPU type's, modelled
+    assert recs[0]["num_speculative_tokens"] == evaluated.draft_length.num_drafts
+    assert recs[0]["device"] == evaluated.draft_length.device_name and recs[0]["basis"].startswith("measured")
+    assert all(1 <= r["num_speculative_tokens"] <= cfg.drafter.block_size - 1 for r in recs)
+    assert any(r["basis"].startswith("modelled") for r in recs[1:])
+    assert f"| {recs[0]['device']} | {recs[0]['num_speculative_tokens']} | measured" in card
     spec = card_meta((cwd / "exports" / cfg.run_id / "speculators" / "README.md").read_text())["flashdraft"]
     assert spec["format"] == "speculators"
 

@@ -76,6 +76,35 @@ def test_dflash_drafter_is_lossless_in_the_real_loop(tiny, cached):
     assert got.tokens == reference.tokens and got.block_size == cfg.drafter.block_size
 
 
+@pytest.mark.parametrize("num_drafts", [1, 3])
+def test_fewer_drafts_than_the_block_is_lossless_and_verifies_k_plus_one(tiny, num_drafts):
+    """At k < B-1 drafts (eval.num_draft_tokens, or auto's pick) every cycle verifies k + 1 tokens: an all-correct
+    drafter is accepted k per cycle, and the output is the target's own token for token."""
+    cfg, model, prompt, reference = tiny
+    drafter = ScriptedDrafter(reference.tokens, len(prompt), cfg.drafter.block_size)
+    got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set(), num_drafts=num_drafts)
+    assert got.tokens == reference.tokens and got.block_size == num_drafts + 1
+    assert got.accepted[:-1] and all(a == num_drafts for a in got.accepted[:-1])
+    assert len(summarize([got])["acceptance_per_position"]) == num_drafts
+
+
+def test_a_real_drafter_at_k_drafts_a_shorter_block_losslessly(tiny):
+    """The trained drafter's k drafts come from a block of k + 1 slots (as vLLM's DFlash proposer drafts with
+    num_speculative_tokens=k), cached context or not, and decoding with them stays lossless."""
+    cfg, model, prompt, reference = tiny
+    drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=3).eval()
+    with capture_layers(model, cfg.layer_ids()) as cap, torch.inference_mode():
+        model(input_ids=torch.tensor([prompt]), logits_to_keep=1)
+        feats = cap.features()[0]
+    session = drafter.new_session()
+    session.extend(feats)
+    short = session.propose(prompt[-1], 3)
+    assert short.shape == (3,)
+    assert torch.equal(short, drafter.propose_block(feats, prompt[-1], block_size=4))
+    got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set(), num_drafts=3)
+    assert got.tokens == reference.tokens and got.block_size == 4
+
+
 def test_cached_drafter_drafts_exactly_what_the_recomputing_drafter_drafts(tiny):
     """Cycle by cycle (context extended by 1..B verified positions, as acceptance varies), the drafter reading
     its cached context keys/values gives the logits of the one that recomputes the whole context: equal drafts,

@@ -3,7 +3,8 @@
 A tiny-target run (prep, generate, extract, train: a few epochs on a few samples, so the drafter's acceptance is
 well above zero) is exported (z-lab format, float32 so the drafter's weights are the checkpoint's bit for bit)
 and evaluated by flashdraft. vLLM then decodes the same prompts twice, with `speculative_config` method `dflash`
-(num_speculative_tokens = block - 1) and without speculation.
+(num_speculative_tokens = block - 1) and without speculation. The run evaluates at the full block
+(eval.num_draft_tokens pinned to block - 1); the draft-length test evaluates again at auto's k and at a short k.
 
 "Equal" here is exact, because both sides are greedy and deterministic (fp32, one prompt at a time in vLLM):
 * outputs: vLLM speculative == vLLM plain == flashdraft's target-alone decode, token for token;
@@ -42,7 +43,8 @@ def evaluated_run(tmp_path_factory):
     cfg = load_config(preset="tiny", overrides={
         "storage.root": f"file://{tmp}/runs", "data.max_samples": 16, "data.num_shards": 1, "data.eval_count": 4,
         "training.epochs": 12, "training.tokens_per_step": 1024, "training.lr": 3e-3,
-        "eval.num_prompts": 4, "eval.max_new_tokens": MAX_NEW, "export.dtype": "float32"})
+        "eval.num_prompts": 4, "eval.max_new_tokens": MAX_NEW, "export.dtype": "float32",
+        "eval.num_draft_tokens": 7})
     run_prep(cfg)
     run_generate(cfg, 0)
     run_extract(cfg, 0)
@@ -85,6 +87,27 @@ def test_vllm_serves_the_export_with_equal_outputs_and_equal_tau(vllm_python, ev
     assert spec["drafts"] == ours["cycles"] and spec["accepted"] == ours["accepted"]
     assert spec["tau"] == pytest.approx(ours["tau"], abs=1e-4)
     assert spec["acceptance_per_position"] == pytest.approx(ours["acceptance_per_position"], abs=1e-4)
+
+
+def test_vllm_accepts_at_fewer_speculative_tokens_what_flashdraft_measured(vllm_python, evaluated_run):
+    """At k < block - 1 vLLM drafts a shorter block ([bonus, MASK x k]; its DFlash proposer's query is 1 + k
+    tokens), and so does flashdraft's evaluation: served with num_speculative_tokens = the k evaluate chose on this
+    machine (auto), and a short k = 2, vLLM's drafts and accepted counts equal flashdraft's prompt by prompt (the
+    first k drafts of a full block are not those of a short one: the slots attend to each other)."""
+    cfg, tmp, export, metrics, prompts = evaluated_run
+    auto = run_evaluate(cfg.with_overrides({"eval.num_draft_tokens": "auto"}))
+    assert auto.draft_length.mode == "auto" and auto.draft_length.full_block["tau"] == pytest.approx(
+        metrics.drafter.tau, abs=1e-6), "auto's full-block pass is the full-block evaluation"
+    for k in sorted({auto.draft_length.num_drafts, 2}):
+        ours = auto if k == auto.draft_length.num_drafts else run_evaluate(
+            cfg.with_overrides({"eval.num_draft_tokens": k}))
+        assert ours.lossless.passed and ours.draft_length.num_drafts == k
+        spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"]["local"], prompts, k)
+        for p, row, got in zip(prompts, ours.prompts, spec["prompts"], strict=True):
+            assert (got["drafts"], got["accepted"]) == (row["drafter_cycles"], row["drafter_accepted"]), \
+                f"k={k}, prompt {p.prompt_id}: vLLM drafts/accepted {got['drafts']}/{got['accepted']}, " \
+                f"flashdraft {row['drafter_cycles']}/{row['drafter_accepted']}"
+        assert spec["tau"] == pytest.approx(ours.drafter.tau, abs=1e-4)
 
 
 def test_vllm_serves_a_re_exported_pretrained_drafter_like_its_source(vllm_python, evaluated_run):
