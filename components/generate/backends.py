@@ -54,6 +54,7 @@ class HFBackend:
         from flashdraft.target.model import load_causal_lm
 
         from .continuous import ContinuousDecoder, supports_slots
+        from .cost import ForwardCost
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = load_causal_lm(cfg.generation.target(cfg.target), self.device)
@@ -62,6 +63,8 @@ class HFBackend:
         self.max_new_tokens = cfg.data.max_response_tokens
         self.stop_ids = stop_token_ids(tok, _generation_config(cfg))
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_ids[0]
+        # FLOPs counted for the stage's share of this CPU's GEMM rate; none on a GPU (no figure invented there)
+        self.cost = ForwardCost.of(self.model) if self.device == "cpu" else None
         self.decoder = None
         if supports_slots(self.model):
             self.decoder = ContinuousDecoder(self.model, self.cfg.batch_size, self.max_new_tokens, self.stop_ids,

@@ -45,8 +45,9 @@ class Window:
     """The columns a decode step reads, shared by every layer: rows `[0, rows)` are live, `first[r]` is row r's
     first column, a step writes column `end`."""
 
+    slots: int
+    end: int
     rows: int = 0
-    end: int = 0
     first: list[int] = field(default_factory=list)
 
     @property
@@ -111,7 +112,7 @@ class SlotCache(Cache):
     column never drops below it (a prompt is placed in the columns just before `end`)."""
 
     def __init__(self, num_layers: int, slots: int, floor: int, max_new_tokens: int, margin: int = 64):
-        self.window = Window(end=floor, first=[0] * slots)
+        self.window = Window(slots, end=floor, first=[0] * slots)
         self.floor = floor
         # a live row spans at most floor + max_new_tokens columns; `margin` more are steps between two shifts
         self.columns = floor + max_new_tokens + margin
@@ -232,14 +233,14 @@ class ContinuousDecoder:
 
     def run(self, prompts: list[list[int]], seeds: list[int]) -> DecodeResult:
         longest = max(len(p) for p in prompts)
-        cache = SlotCache(self.num_layers, self.slots, longest, self.max_new)
+        cache = SlotCache(self.num_layers, min(self.slots, len(prompts)), longest, self.max_new)
         out: list[list[int] | None] = [None] * len(prompts)
         waiting = list(reversed(range(len(prompts))))
         rows: list[Row] = []
         steps = 0
         with torch.inference_mode():
             while waiting or rows:
-                while waiting and len(rows) < self.slots:
+                while waiting and len(rows) < cache.window.slots:
                     i = waiting.pop()
                     row = self._admit(cache, rows, i, prompts[i], seeds[i])
                     if self._done(row):

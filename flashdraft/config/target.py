@@ -117,7 +117,9 @@ class GenerationConfig(Section):
                                "tensor_parallel GPUs; prompts are dealt round-robin")
     enable_prefix_caching: bool = Field(default=True, description="vLLM prefix caching (shared system prompts "
                                         "are prefilled once)")
-    batch_size: int = Field(default=16, ge=1, description="hf backend: prompts per generate() call")
+    batch_size: int = Field(default=16, ge=1, description="hf backend: rows decoding at once (continuous "
+                            "batching: a finished reply's row takes the next prompt; a hybrid target's static "
+                            "batches: prompts per generate() call)")
     chunk_size: int = Field(default=64, ge=1, description="prompts per committed chunk within a shard")
     max_model_len: int | None = Field(
         default=None, ge=1, description="vLLM context length for generation and vLLM extraction; default: the "
