@@ -166,8 +166,8 @@ class DecodeResult:
 class ContinuousDecoder:
     """Answers a list of prompts with at most `slots` rows decoding at once (see the module docstring)."""
 
-    def __init__(self, model, slots: int, max_new_tokens: int, stop_ids: list[int], warpers=None):
-        self.model, self.slots, self.max_new = model, slots, max_new_tokens
+    def __init__(self, model, slots: int, max_new_tokens: int, stop_ids: list[int], warpers=None, margin: int = 64):
+        self.model, self.slots, self.max_new, self.margin = model, slots, max_new_tokens, margin
         self.stop_ids = set(stop_ids)
         self.warpers = warpers  # a transformers LogitsProcessorList when sampling, None for greedy
         self.num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
@@ -233,7 +233,7 @@ class ContinuousDecoder:
 
     def run(self, prompts: list[list[int]], seeds: list[int]) -> DecodeResult:
         longest = max(len(p) for p in prompts)
-        cache = SlotCache(self.num_layers, min(self.slots, len(prompts)), longest, self.max_new)
+        cache = SlotCache(self.num_layers, min(self.slots, len(prompts)), longest, self.max_new, self.margin)
         out: list[list[int] | None] = [None] * len(prompts)
         waiting = list(reversed(range(len(prompts))))
         rows: list[Row] = []
