@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -45,13 +46,19 @@ def _prompts(cfg, tok) -> list[list[int]]:
     return out
 
 
-def _timed(generate, prompts: list[list[int]], chunk: int) -> tuple[float, list[list[int]]]:
-    """Seconds and reply ids of answering `prompts` in calls of `chunk` prompts."""
-    t0, ids = time.perf_counter(), []
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(generate, prompts: list[list[int]], chunk: int) -> tuple[float, float, list[list[int]]]:
+    """Wall seconds, CPU seconds (all threads: the work done, what a busy machine's wall time hides) and reply ids
+    of answering `prompts` in calls of `chunk` prompts."""
+    t0, c0, ids = time.perf_counter(), _cpu_seconds(), []
     for start in range(0, len(prompts), chunk):
         part = prompts[start:start + chunk]
         ids += [r.ids for r in generate(part, list(range(start, start + len(part))))]
-    return time.perf_counter() - t0, ids
+    return time.perf_counter() - t0, _cpu_seconds() - c0, ids
 
 
 def _vllm(args, root: str) -> tuple[float, float]:
@@ -94,20 +101,23 @@ def main() -> None:
 
     print(f"\ngeneration: preset {args.preset}, {len(prompts)} prompts, <= {args.max_new_tokens} new tokens each, "
           f"{os.cpu_count()} CPUs, measured GEMM rate {gemm / 1e9:.0f} GFLOP/s")
-    print(f"{'path':12} {'rows':>5} {'chunk':>5} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'x static':>8}")
-    base = sum(map(len, rows["static"][1])) / rows["static"][0]
+    print(f"{'path':12} {'rows':>5} {'chunk':>5} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'x static':>8} "
+          f"{'cpu s':>7} {'tokens/cpu s':>12} {'x static':>8}")
+    static_tokens = sum(map(len, rows["static"][2]))
+    base, base_cpu = static_tokens / rows["static"][0], static_tokens / rows["static"][1]
     settings = {"static": STATIC, "continuous": {"batch_size": g.batch_size, "chunk_size": g.chunk_size}}
-    for name, (seconds, ids) in rows.items():
+    for name, (seconds, cpu, ids) in rows.items():
         tokens = sum(map(len, ids))
         print(f"{name:12} {settings[name]['batch_size']:5d} {settings[name]['chunk_size']:5d} {tokens:7d} "
-              f"{seconds:8.1f} {tokens / seconds:9.1f} {tokens / seconds / base:8.2f}")
+              f"{seconds:8.1f} {tokens / seconds:9.1f} {tokens / seconds / base:8.2f} {cpu:7.1f} "
+              f"{tokens / cpu:12.1f} {tokens / cpu / base_cpu:8.2f}")
     if vllm:
         print(f"{'vllm':12} {'':5} {'':5} {vllm[1]:7d} {vllm[0]:8.1f} {vllm[1] / vllm[0]:9.1f} "
               f"{vllm[1] / vllm[0] / base:8.2f}")
     else:
         print(f"vllm skipped: no interpreter at {vllm_python} (run `make vllm-venv`)")
     if g.temperature == 0:
-        same = sum(a == b for a, b in zip(rows["static"][1], rows["continuous"][1], strict=True))
+        same = sum(a == b for a, b in zip(rows["static"][2], rows["continuous"][2], strict=True))
         print(f"greedy replies identical (static vs continuous): {same}/{len(prompts)}")
     sys.stdout.flush()
 

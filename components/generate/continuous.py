@@ -166,8 +166,10 @@ class DecodeResult:
 class ContinuousDecoder:
     """Answers a list of prompts with at most `slots` rows decoding at once (see the module docstring)."""
 
-    def __init__(self, model, slots: int, max_new_tokens: int, stop_ids: list[int], warpers=None, margin: int = 64):
+    def __init__(self, model, slots: int, max_new_tokens: int, stop_ids: list[int], warpers=None, margin: int = 64,
+                 pack_tokens: int = 256):
         self.model, self.slots, self.max_new, self.margin = model, slots, max_new_tokens, margin
+        self.pack_tokens = pack_tokens
         self.stop_ids = set(stop_ids)
         self.warpers = warpers  # a transformers LogitsProcessorList when sampling, None for greedy
         self.num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
@@ -182,23 +184,34 @@ class ContinuousDecoder:
     def _done(self, row: Row) -> bool:
         return row.ids[-1] in self.stop_ids or len(row.ids) >= self.max_new
 
-    def _admit(self, cache: SlotCache, rows: list[Row], index: int, prompt: list[int], seed: int) -> Row:
-        """Prefill `prompt` alone, take its first token and (unless that ends it) put it in the next free slot."""
-        gen = None
-        if self.warpers is not None:
-            gen = torch.Generator(device=self.model.device).manual_seed(seed)
-        ids = torch.tensor([prompt], device=self.model.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        row = Row(index, len(prompt), [], gen)
-        row.ids.append(self._pick(out.logits[:, -1], [row])[0])
-        if not self._done(row):
-            w = cache.window
+    def _admit(self, cache: SlotCache, rows: list[Row], batch: list[tuple[int, list[int], int]]) -> list[Row]:
+        """Prefill the (index, prompt, seed) `batch` in one forward, packed end to end (each prompt attends to
+        itself only, positions from 0), take each one's first token and put every row that goes on in a free slot.
+        Returns the new rows (finished ones included)."""
+        device = self.model.device
+        lens = [len(p) for _, p, _ in batch]
+        ends = torch.tensor(lens, device=device).cumsum(0)
+        seg = torch.repeat_interleave(torch.arange(len(batch), device=device), torch.tensor(lens, device=device))
+        pos = torch.cat([torch.arange(n, device=device) for n in lens])
+        causal = pos[:, None] >= pos[None, :]
+        mask = (seg[:, None] == seg[None, :]) & causal
+        ids = torch.tensor([t for _, p, _ in batch for t in p], device=device)
+        out = self.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None],
+                         use_cache=True, logits_to_keep=ends - 1)
+        new = [Row(i, n, [], torch.Generator(device=device).manual_seed(seed) if self.warpers else None)
+               for (i, _, seed), n in zip(batch, lens, strict=True)]
+        w = cache.window
+        for row, token, end in zip(new, self._pick(out.logits[0], new), ends.tolist(), strict=True):
+            row.ids.append(token)
+            if self._done(row):
+                continue
             for layer, prefilled in zip(cache.layers, out.cache.layers, strict=True):
-                layer.place(w.rows, prefilled.keys[0], prefilled.values[0])
-            w.first[w.rows] = w.end - len(prompt)
+                layer.place(w.rows, prefilled.keys[0, :, end - row.prompt_len:end],
+                            prefilled.values[0, :, end - row.prompt_len:end])
+            w.first[w.rows] = w.end - row.prompt_len
             w.rows += 1
             rows.append(row)
-        return row
+        return new
 
     def _step(self, cache: SlotCache, rows: list[Row]) -> list[Row]:
         """One decode step over every live row; returns the rows it finished (already out of their slots)."""
@@ -231,6 +244,18 @@ class ContinuousDecoder:
         rows.pop()
         w.rows -= 1
 
+    def _next_pack(self, waiting: list[int], prompts: list[list[int]], seeds: list[int], free: int
+                   ) -> list[tuple[int, list[int], int]]:
+        """The next waiting prompts for one packed prefill: at most `free`, up to `pack_tokens` tokens (at least
+        one prompt). Why a budget: the packed forward's GEMMs run faster on more rows, but its attention covers
+        every pair of the pack (masked or not)."""
+        batch, tokens = [], 0
+        while waiting and len(batch) < free and (not batch or tokens + len(prompts[waiting[-1]]) <= self.pack_tokens):
+            i = waiting.pop()
+            batch.append((i, prompts[i], seeds[i]))
+            tokens += len(prompts[i])
+        return batch
+
     def run(self, prompts: list[list[int]], seeds: list[int]) -> DecodeResult:
         longest = max(len(p) for p in prompts)
         cache = SlotCache(self.num_layers, min(self.slots, len(prompts)), longest, self.max_new, self.margin)
@@ -241,10 +266,10 @@ class ContinuousDecoder:
         with torch.inference_mode():
             while waiting or rows:
                 while waiting and len(rows) < cache.window.slots:
-                    i = waiting.pop()
-                    row = self._admit(cache, rows, i, prompts[i], seeds[i])
-                    if self._done(row):
-                        out[i] = row.ids
+                    batch = self._next_pack(waiting, prompts, seeds, cache.window.slots - len(rows))
+                    for row in self._admit(cache, rows, batch):
+                        if self._done(row):
+                            out[row.index] = row.ids
                 cache.reserve(1)
                 if rows:
                     for row in self._step(cache, rows):

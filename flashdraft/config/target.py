@@ -103,8 +103,8 @@ class GenerationConfig(Section):
     max_model_len for its vLLM check)."""
 
     backend: Literal["vllm", "hf"] = Field(
-        default="vllm", description="vllm for GPU pools (batched, paged); hf = transformers generate(), the CPU "
-        "path of the local presets")
+        default="vllm", description="vllm for GPU pools (batched, paged); hf = transformers in this process with "
+        "continuous batching (components/generate/continuous.py), the CPU path of the local presets")
     temperature: float = Field(default=0.0, ge=0.0, description="sampling temperature of the replies; 0 = greedy "
                                "(the drafter then learns the target's greedy continuation, what it is judged on)")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass (temperature > 0 only)")
