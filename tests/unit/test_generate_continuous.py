@@ -13,6 +13,8 @@ from support.target_families import build_family
 
 from flashdraft.components.generate.backends import stop_token_ids
 from flashdraft.components.generate.continuous import ContinuousDecoder, supports_slots
+from flashdraft.components.generate.cost import ForwardCost
+from flashdraft.components.generate.summary import GenerateSummary
 from flashdraft.config import TargetConfig, load_config
 from flashdraft.target.model import load_causal_lm, load_tokenizer
 
@@ -95,3 +97,33 @@ def test_every_plain_attention_family_decodes_as_alone(families, family):
 def test_sliding_window_and_hybrid_targets_keep_static_batches(families, family):
     target = TargetConfig(model=str(families[family]), source="hf", dtype="float32")
     assert not supports_slots(load_causal_lm(target))
+
+
+def test_forward_cost_counts_the_gemms_torch_counts(smollm2):
+    """The linear layers and the LM head as torch's FlopCounterMode counts a 20-token prefill that takes one row of
+    logits (its CPU attention kernel has no FLOP formula: the attention term is the documented 4 x hd x heads)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, _, _ = smollm2
+    cost = ForwardCost.of(model)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.arange(100, 120)[None], logits_to_keep=1)
+    assert counter.get_total_flops() == cost.linear_per_token * 20 + cost.head_per_token
+    text = model.config
+    assert cost.attention_per_pair == 4 * text.head_dim * text.num_attention_heads * text.num_hidden_layers
+    # a reply of n tokens feeds the prompt and n - 1 of them, and takes n rows of logits
+    fed = 20 + 4
+    assert cost.reply(20, 5) == (cost.linear_per_token * fed + cost.head_per_token * 5
+                                 + cost.attention_per_pair * fed * (fed + 1) / 2)
+
+
+def test_gemm_share_sums_over_shards_and_is_absent_without_a_measurement():
+    shard = {"samples": 4, "generated_tokens": 400, "generation_seconds": 10.0}
+    cpu = [GenerateSummary.model_validate({**shard, "forward_flops": f, "gemm_share": s, "gemm_flops_per_s": 1e11})
+           for f, s in ((2e11, 0.2), (6e11, 0.6))]
+    figures = {k: cpu[0].figures()[k] + cpu[1].figures()[k] for k in cpu[0].figures()}
+    assert GenerateSummary.derive(figures)["gemm_share"] == 0.4  # 8e11 FLOPs of the 2e12 the CPU could do
+    assert GenerateSummary.headline(figures).endswith("40.0 tokens/s, gemm share 40%")
+    gpu = GenerateSummary.model_validate(shard).figures()
+    assert "gemm_share" not in GenerateSummary.derive(gpu)
+    assert GenerateSummary.headline(gpu).endswith("40.0 tokens/s")
