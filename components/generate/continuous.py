@@ -156,11 +156,10 @@ class Row:
 
 @dataclass
 class DecodeResult:
-    """Generated ids per prompt (in prompt order) and the decode steps and prefilled tokens it took."""
+    """Generated ids per prompt (in prompt order) and the decode steps it took."""
 
     ids: list[list[int]]
     steps: int
-    prefill_tokens: int
 
 
 class ContinuousDecoder:
@@ -257,6 +256,8 @@ class ContinuousDecoder:
         return batch
 
     def run(self, prompts: list[list[int]], seeds: list[int]) -> DecodeResult:
+        if not prompts:
+            return DecodeResult([], 0)
         longest = max(len(p) for p in prompts)
         cache = SlotCache(self.num_layers, min(self.slots, len(prompts)), longest, self.max_new, self.margin)
         out: list[list[int] | None] = [None] * len(prompts)
@@ -275,4 +276,4 @@ class ContinuousDecoder:
                     for row in self._step(cache, rows):
                         out[row.index] = row.ids
                     steps += 1
-        return DecodeResult(out, steps, sum(len(p) for p in prompts))  # type: ignore[arg-type]
+        return DecodeResult(out, steps)  # type: ignore[arg-type]
