@@ -4,11 +4,12 @@ Why: transformers `generate` over static batches keeps every row of a batch in e
 ends (finished rows and left padding keep costing GEMM rows), and its growing cache is re-concatenated each step.
 On a CPU the decode step is GEMM-bound, so the rows it spends on finished replies are the waste. Here:
 
-* each prompt is prefilled alone (no padding: its keys and values are the ones plain per-prompt decoding makes)
-  and copied into a free slot of a preallocated cache (`SlotCache`);
+* waiting prompts are prefilled together, packed end to end in one row (no padding; each attends to itself only,
+  positions from 0; up to `pack_tokens` tokens, so the GEMMs get many rows), and each one's keys and values are
+  copied into a free slot of a preallocated cache (`SlotCache`);
 * a decode step runs every occupied slot at once, each row at its own position, masked to its own columns;
 * a row that emits a stop token or reaches `max_new_tokens` leaves at once (the last slot moves into its place)
-  and the next waiting prompt is prefilled into the freed slot.
+  and waiting prompts are prefilled into the freed slots.
 
 All rows share one write column, so a step writes one new column for every row; a row's columns are the last
 (prompt + generated) before it. The window [start, end) spans the oldest live row; when the buffer runs out of
@@ -17,8 +18,10 @@ columns the live window moves back to column 0 (one copy every few dozen steps).
 Works for decoders whose every layer keeps a plain key/value cache (`supports_slots`); a hybrid (linear attention)
 or sliding-window target uses transformers `generate` over static batches instead (backends.py).
 
-Numerics: each row's prefill is bit-identical to decoding that prompt alone; a decode step's GEMMs run over many
-rows at once, and a batched fp32 GEMM may round differently from a one-row one, so a near-tie argmax can flip.
+Numerics: a packed prefill and a decode step run their GEMMs over many rows at once, and a batched fp32 GEMM may
+round differently from a one-row one, so a near-tie argmax could flip against decoding each prompt alone (greedy
+tokens were identical on every prompt tested: tests/unit/test_generate_continuous.py, and 128/128 demo prompts
+against static `generate` batches in benchmarks/bench_generate.py).
 Sampling draws each row from its own `torch.Generator` seeded with the prompt's seed, so a sampled reply depends
 on its prompt and seed only, not on which prompts shared its steps.
 """
