@@ -102,15 +102,18 @@ def main() -> None:
     print(f"\ngeneration: preset {args.preset}, {len(prompts)} prompts, <= {args.max_new_tokens} new tokens each, "
           f"{os.cpu_count()} CPUs, measured GEMM rate {gemm / 1e9:.0f} GFLOP/s")
     print(f"{'path':12} {'rows':>5} {'chunk':>5} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'x static':>8} "
-          f"{'cpu s':>7} {'tokens/cpu s':>12} {'x static':>8}")
+          f"{'cpu s':>7} {'tokens/cpu s':>12} {'x static':>8} {'gemm share':>10}")
     static_tokens = sum(map(len, rows["static"][2]))
     base, base_cpu = static_tokens / rows["static"][0], static_tokens / rows["static"][1]
     settings = {"static": STATIC, "continuous": {"batch_size": g.batch_size, "chunk_size": g.chunk_size}}
     for name, (seconds, cpu, ids) in rows.items():
         tokens = sum(map(len, ids))
+        flops = sum(backend.cost.reply(len(p), len(r)) for p, r in zip(prompts, ids, strict=True)) \
+            if backend.cost else None
         print(f"{name:12} {settings[name]['batch_size']:5d} {settings[name]['chunk_size']:5d} {tokens:7d} "
               f"{seconds:8.1f} {tokens / seconds:9.1f} {tokens / seconds / base:8.2f} {cpu:7.1f} "
-              f"{tokens / cpu:12.1f} {tokens / cpu / base_cpu:8.2f}")
+              f"{tokens / cpu:12.1f} {tokens / cpu / base_cpu:8.2f} "
+              f"{f'{flops / seconds / gemm:.0%}' if flops else '-':>10}")
     if vllm:
         print(f"{'vllm':12} {'':5} {'':5} {vllm[1]:7d} {vllm[0]:8.1f} {vllm[1] / vllm[0]:9.1f} "
               f"{vllm[1] / vllm[0] / base:8.2f}")
