@@ -1,6 +1,7 @@
 """Generation backends: one call turns a batch of prompt token ids into replies (`chat.Reply`).
 
-* `hf`: transformers `generate` in this process; length-sorted batches with left padding, greedy or sampling.
+* `hf`: transformers in this process: continuous batching (continuous.py: finished rows leave, waiting prompts
+  take their slots) or, for hybrid targets, `generate` over static length-sorted batches; greedy or sampling.
 * `vllm`: offline `vllm.LLM` in worker subprocesses (see vllm_worker.py), one per data-parallel replica, each
   with `tensor_parallel` GPUs. The interpreter is `$FLASHDRAFT_VLLM_PYTHON` (a separate venv on CPU machines) or
   this one.
@@ -18,6 +19,7 @@ import sys
 import time
 
 from flashdraft.config import RunConfig
+from flashdraft.config.target import GenerationConfig
 from flashdraft.target.chat import Reply
 
 log = logging.getLogger(__name__)
@@ -41,12 +43,18 @@ def _to_reply(ids: list[int], stop_ids: list[int]) -> Reply:
 
 
 class HFBackend:
+    """transformers in this process: continuous batching (continuous.py) for targets whose layers all keep a plain
+    key/value cache, static batches through `generate` for the others (hybrid or sliding-window targets)."""
+
     name = "hf"
 
     def __init__(self, cfg: RunConfig, tok):
         import torch
 
         from flashdraft.target.model import load_causal_lm
+
+        from .continuous import ContinuousDecoder, supports_slots
+        from .cost import ForwardCost
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = load_causal_lm(cfg.generation.target(cfg.target), self.device)
@@ -55,39 +63,70 @@ class HFBackend:
         self.max_new_tokens = cfg.data.max_response_tokens
         self.stop_ids = stop_token_ids(tok, _generation_config(cfg))
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_ids[0]
+        # FLOPs counted for the stage's share of this CPU's GEMM rate; none on a GPU (no figure invented there)
+        self.cost = ForwardCost.of(self.model) if self.device == "cpu" else None
+        self.decoder = None
+        if supports_slots(self.model):
+            self.decoder = ContinuousDecoder(self.model, self.cfg.batch_size, self.max_new_tokens, self.stop_ids,
+                                             _warpers(self.cfg))
 
     def generate(self, prompts: list[list[int]], seeds: list[int]) -> list[Reply]:
-        import torch
-        from transformers import GenerationConfig
-
-        g = self.cfg
-        sample = g.temperature > 0
-        gen_cfg = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=sample,
-                                   temperature=g.temperature if sample else None,
-                                   top_p=g.top_p if sample else None,
-                                   top_k=(g.top_k if g.top_k > 0 else 0) if sample else None,
-                                   eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-        replies: list[Reply | None] = [None] * len(prompts)
-        for start in range(0, len(order), g.batch_size):
-            batch = order[start:start + g.batch_size]
-            width = max(len(prompts[i]) for i in batch)
-            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):  # left padding: every prompt ends at the same column
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                mask[row, width - len(prompts[i]):] = 1
-            if sample:
-                torch.manual_seed(seeds[batch[0]])
-            with torch.inference_mode():
-                out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                          generation_config=gen_cfg)
-            for row, i in enumerate(batch):
-                replies[i] = _to_reply(out[row, width:].tolist(), self.stop_ids)
-        return replies  # type: ignore[return-value]
+        if self.decoder is None:
+            return generate_static(self.model, prompts, seeds, self.cfg, self.max_new_tokens, self.stop_ids,
+                                   self.pad_id)
+        return [_to_reply(ids, self.stop_ids) for ids in self.decoder.run(prompts, seeds).ids]
 
     def close(self) -> None:
-        self.model = None
+        self.model = self.decoder = None
+
+
+def _warpers(g: GenerationConfig):
+    """The sampling warpers transformers `generate` applies, in its order (temperature, top-k, top-p); None for
+    greedy."""
+    if g.temperature <= 0:
+        return None
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = [TemperatureLogitsWarper(g.temperature)]
+    if g.top_k > 0:
+        warpers.append(TopKLogitsWarper(g.top_k))
+    if g.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(g.top_p))
+    return LogitsProcessorList(warpers)
+
+
+def generate_static(model, prompts: list[list[int]], seeds: list[int], g: GenerationConfig, max_new_tokens: int,
+                    stop_ids: list[int], pad_id: int) -> list[Reply]:
+    """transformers `generate` over length-sorted static batches of `g.batch_size`, left-padded: every row of a
+    batch decodes until the batch's longest reply ends. The path for targets `ContinuousDecoder` cannot hold (and
+    the baseline of benchmarks/bench_generate.py). Sampling seeds each batch with its first prompt's seed."""
+    import torch
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    sample = g.temperature > 0
+    gen_cfg = HFGenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample,
+                                 temperature=g.temperature if sample else None,
+                                 top_p=g.top_p if sample else None,
+                                 top_k=(g.top_k if g.top_k > 0 else 0) if sample else None,
+                                 eos_token_id=stop_ids, pad_token_id=pad_id)
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    replies: list[Reply | None] = [None] * len(prompts)
+    for start in range(0, len(order), g.batch_size):
+        batch = order[start:start + g.batch_size]
+        width = max(len(prompts[i]) for i in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, i in enumerate(batch):  # left padding: every prompt ends at the same column
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        if sample:
+            torch.manual_seed(seeds[batch[0]])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 generation_config=gen_cfg)
+        for row, i in enumerate(batch):
+            replies[i] = _to_reply(out[row, width:].tolist(), stop_ids)
+    return replies  # type: ignore[return-value]
 
 
 class VLLMBackend:

@@ -51,7 +51,10 @@ def _finish_reason(replies: list[Reply]) -> str:
 
 def generate_chunk(backend, tok, rows: list[dict], seed: int, template_kwargs: dict[str, Any] | None = None
                    ) -> tuple[list[dict], dict[str, int]]:
-    """Answer every prompt of a chunk, turn by turn; returns RESPONSE_SCHEMA rows and token counts."""
+    """Answer every prompt of a chunk, turn by turn; returns RESPONSE_SCHEMA rows and token counts (and, for a
+    backend that counts them, the forward's FLOPs: `forward_flops`)."""
+    cost = getattr(backend, "cost", None)
+    flops = 0.0
     convs = [json.loads(r["messages"]) for r in rows]
     turns = [list(r["regenerate_turns"]) for r in rows]
     replies: list[dict[int, Reply]] = [{} for _ in rows]
@@ -61,8 +64,9 @@ def generate_chunk(backend, tok, rows: list[dict], seed: int, template_kwargs: d
         prompts = [build_turn(tok, convs[j], turns[j][t], replies[j], template_kwargs)[0] for j in active]
         prompt_tokens += sum(len(p) for p in prompts)
         outs = backend.generate(prompts, [_sample_seed(seed, rows[j]["sample_id"], t) for j in active])
-        for j, out in zip(active, outs, strict=True):
+        for j, prompt, out in zip(active, prompts, outs, strict=True):
             replies[j][turns[j][t]] = out
+            flops += cost.reply(len(prompt), len(out.ids)) if cost else 0.0
     records = []
     for j, row in enumerate(rows):
         last = turns[j][-1]
@@ -78,7 +82,21 @@ def generate_chunk(backend, tok, rows: list[dict], seed: int, template_kwargs: d
              "generated_tokens": sum(len(r.ids) for rep in replies for r in rep.values()),
              "empty": sum(r["finish_reason"] == "empty" for r in records),
              "truncated": sum(r["finish_reason"] == "length" for r in records)}
+    if cost:
+        stats["forward_flops"] = flops
     return records, stats
+
+
+def _gemm_share(chunks, gemm_rate: float | None) -> dict[str, float]:
+    """The forward's FLOPs over the chunks that counted them, and their share of what this CPU's measured GEMM
+    rate would have done in those chunks' seconds; {} on a GPU or the vllm backend (nothing measured)."""
+    counted = [m for m in chunks if "forward_flops" in m]
+    seconds = sum(m["seconds"] for m in counted)
+    if not gemm_rate or not counted or seconds <= 0:
+        return {}
+    flops = sum(m["forward_flops"] for m in counted)
+    return {"forward_flops": flops, "gemm_flops_per_s": round(gemm_rate),
+            "gemm_share": round(flops / (seconds * gemm_rate), 4)}
 
 
 def _load_prompts(store: ObjectStore, shard: int) -> list[dict]:
@@ -100,6 +118,7 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     io0 = io_counters()
     from tqdm import tqdm
 
+    from flashdraft.perf.cpu_gemm import measure_gemm_flops
     from flashdraft.run.runner import task_fingerprint
     from flashdraft.target.model import load_tokenizer, set_cpu_threads
 
@@ -122,13 +141,15 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     todo = [i for i in range(len(chunks)) if i not in chunk_meta]
     log.info("shard %d: %d prompts in %d chunks, %d already committed", shard, len(rows), len(chunks),
              len(chunks) - len(todo))
-    startup_s, device = 0.0, None
+    startup_s, device, gemm_rate = 0.0, None, None
     if todo:
         t0 = time.time()
         max_len = max(r["prompt_tokens"] + len(r["regenerate_turns"]) * cfg.data.max_response_tokens for r in rows)
         backend = make_backend(cfg, tok, max_model_len=max_len + 64)
         startup_s = round(time.time() - t0, 2)
         device = getattr(backend, "device", None)  # hf: cuda or cpu; vllm runs in its own worker
+        if getattr(backend, "cost", None):  # hf on a CPU: what this machine's GEMMs do at best
+            gemm_rate = measure_gemm_flops()
         try:
             for i in tqdm(todo, desc=f"generate shard {shard}", unit="chunk"):
                 t = time.time()
@@ -151,9 +172,9 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
             "generation_seconds": round(seconds, 3), "tokens_per_s": round(totals["generated_tokens"] /
                                                                            max(seconds, 1e-9), 2),
             "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint,
-            **({"device": str(device)} if device else {})}
+            **({"device": str(device)} if device else {}), **_gemm_share(chunk_meta.values(), gemm_rate)}
     store.commit_json(done_key, done)
-    log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated", shard,
+    log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated%s", shard,
              totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],
-             totals["truncated"])
+             totals["truncated"], f", gemm share {done['gemm_share']:.0%}" if "gemm_share" in done else "")
     return GenerateSummary.model_validate({**done, "store_io": io_counters(io0)})

@@ -115,8 +115,8 @@ class GenerationConfig(Section):
     max_model_len for its vLLM check)."""
 
     backend: Literal["vllm", "hf"] = Field(
-        default="vllm", description="vllm for GPU pools (batched, paged); hf = transformers generate(), the CPU "
-        "path of the local presets")
+        default="vllm", description="vllm for GPU pools (batched, paged); hf = transformers in this process with "
+        "continuous batching (components/generate/continuous.py), the CPU path of the local presets")
     temperature: float = Field(default=0.0, ge=0.0, description="sampling temperature of the replies; 0 = greedy "
                                "(the drafter then learns the target's greedy continuation, what it is judged on)")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass (temperature > 0 only)")
@@ -129,7 +129,9 @@ class GenerationConfig(Section):
                                "tensor_parallel GPUs; prompts are dealt round-robin")
     enable_prefix_caching: bool = Field(default=True, description="vLLM prefix caching (shared system prompts "
                                         "are prefilled once)")
-    batch_size: int = Field(default=16, ge=1, description="hf backend: prompts per generate() call")
+    batch_size: int = Field(default=16, ge=1, description="hf backend: rows decoding at once (continuous "
+                            "batching: a finished reply's row takes the next prompt; a hybrid target's static "
+                            "batches: prompts per generate() call)")
     chunk_size: int = Field(default=64, ge=1, description="prompts per committed chunk within a shard")
     max_model_len: int | None = Field(
         default=None, ge=1, description="vLLM context length for generation and vLLM extraction; default: the "

@@ -111,3 +111,19 @@ def upcast_for_cpu(model: torch.nn.Module) -> int:
             m.forward = _fp32_conv_forward(m)
             switched += 1
     return switched
+
+
+def measure_gemm_flops(rows: int = 512, width: int = 1024, repeats: int = 8) -> float:
+    """This machine's fp32 GEMM rate in FLOP/s with torch's current thread count: the best of `repeats`
+    [rows x width] @ [width x width] products after one warm-up. Why: a stage's achieved FLOP/s says how far from
+    the machine's limit it runs only against what this CPU does at best (the generate stage's `gemm_share`)."""
+    import time
+
+    x, w = torch.randn(rows, width), torch.randn(width, width)
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * rows * width * width / best
