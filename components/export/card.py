@@ -106,12 +106,12 @@ def _gpu_recommendations(cfg: RunConfig, g: dict[str, Any], acceptance: list[flo
         target = planning_target(cfg)[2]
     except Exception:  # noqa: BLE001 - a target the planner cannot size: the card keeps the measured row
         return []
-    step_bytes = decode_weight_bytes(target["params"], target["active_params"], target["experts"] or 0,
-                                     target["experts_per_token"] or 0, 1)
+    step_bytes = decode_weight_bytes(target.params, target.active_params, target.experts or 0,
+                                     target.experts_per_token or 0, 1)
     draft = _drafter_params(g)
     rows = []
     for gpu in GPUS.values():
-        costs = roofline_costs(step_bytes, 2 * target["active_params"], 2 * draft, 2 * draft, gpu.bandwidth_gbs,
+        costs = roofline_costs(step_bytes, 2 * target.active_params, 2 * draft, 2 * draft, gpu.bandwidth_gbs,
                                gpu.bf16_tflops, g["block_size"] - 1)
         curve = draft_length_curve(costs, acceptance)
         rows.append({"device": gpu.name, "num_speculative_tokens": best_num_drafts(curve),
@@ -272,7 +272,9 @@ def _finish_card(lines: list[str], cfg: RunConfig, g: dict[str, Any], ev: Evalua
     lines += ["## Files", "", *_table([["file", "bytes"], *[[f"`{n}`", f"{len(d):,}"] for n, d in files.items()],
                                         [f"`{CARD_FILE}`", "this card"]]), "",
               "## License", "",
-              f"flashdraft is Apache-2.0. These weights were trained on `{target}`'s own outputs and hidden states"
+              f"flashdraft is Apache-2.0. These weights were trained on `{target}`'s "
+              + ("hidden states over the dataset's own replies" if cfg.data.responses == "dataset"
+                 else "own outputs and hidden states")
               + (" and carry rows of its LM head" if g.get("draft_vocab_size") else "")
               + f": use and redistribute them under `{target}`'s license.", ""]
     return "\n".join(lines)
