@@ -85,24 +85,25 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
     return kept, quarantine, per_source
 
 
-def _markdown(summary: dict[str, Any]) -> str:
-    tokens = summary["prompt_tokens"]
+def _markdown(summary: PrepSummary) -> str:
+    """The prep table the console, the report and the manifest show."""
+    tokens = summary.prompt_tokens
     lines = ["| prompts | count |", "|---|---:|",
-             f"| rows read | {summary['rows_read']} |",
-             f"| kept (unique, valid, within length) | {summary['kept']} |",
-             f"| exact duplicates removed | {summary['duplicates']} |",
-             f"| quarantined | {summary['quarantined']} |"]
-    lines += [f"| &nbsp;&nbsp;{reason} | {n} |" for reason, n in summary["bad_rows"].items() if n]
-    lines += [f"| used (after max_samples) | {summary['num_train'] + summary['num_eval']} |",
-              f"| train / eval | {summary['num_train']} / {summary['num_eval']} |",
-              f"| train shards | {summary['num_shards']} |",
+             f"| rows read | {summary.rows_read} |",
+             f"| kept (unique, valid, within length) | {summary.kept} |",
+             f"| exact duplicates removed | {summary.duplicates} |",
+             f"| quarantined | {summary.quarantined} |"]
+    lines += [f"| &nbsp;&nbsp;{reason} | {n} |" for reason, n in summary.bad_rows.items() if n]
+    lines += [f"| used (after max_samples) | {summary.num_train + summary.num_eval} |",
+              f"| train / eval | {summary.num_train} / {summary.num_eval} |",
+              f"| train shards | {summary.num_shards} |",
               f"| prompt tokens min / p50 / mean / p95 / max | {tokens.get('min')} / {tokens.get('p50')} / "
               f"{tokens.get('mean')} / {tokens.get('p95')} / {tokens.get('max')} |",
-              f"| multi-turn prompts | {summary['multi_turn']} |",
-              f"| responses | {RESPONSES_SOURCE[summary['responses']]} |",
-              f"| tokenizer / chat template sha | {summary['tokenizer_sha']} / {summary['chat_template_sha']} |",
+              f"| multi-turn prompts | {summary.multi_turn} |",
+              f"| responses | {RESPONSES_SOURCE[summary.responses]} |",
+              f"| tokenizer / chat template sha | {summary.tokenizer_sha} / {summary.chat_template_sha} |",
               "", "| source | read | kept |", "|---|---:|---:|"]
-    lines += [f"| {uri} | {c.get('read', 0)} | {c.get('kept', 0)} |" for uri, c in summary["sources"].items()]
+    lines += [f"| {uri} | {c.get('read', 0)} | {c.get('kept', 0)} |" for uri, c in summary.sources.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -140,22 +141,20 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
                  {"rows": len(quarantine)})
 
     bad = {reason: sum(c.get(reason, 0) for c in per_source.values()) for reason in BAD_REASONS}
-    summary: dict[str, Any] = {
-        "num_shards": n_shards, "num_train": len(train_rows), "num_eval": len(eval_rows),
-        "shard_rows": [len(rows) for rows in shards], "rows_read": sum(c.get("read", 0) for c in per_source.values()),
-        "kept": len(kept), "duplicates": sum(c.get("duplicate", 0) for c in per_source.values()),
-        "quarantined": len(quarantine), "bad_rows": bad,
-        "multi_turn": sum(len(r["regenerate_turns"]) > 1 for r in used),
-        "prompt_tokens": _token_stats([r["prompt_tokens"] for r in used]),
-        "sources": per_source, **tok_fp, "seed": cfg.data.seed, "seconds": round(time.time() - t0, 2),
-        "shard_keys": [layout.prompt_shard_key(i) for i in range(n_shards)], "eval_key": layout.EVAL_PROMPTS,
-        "quarantine_key": layout.PROMPTS_QUARANTINE, "responses": cfg.data.responses,
-        "reply_tokens": sum(r.reply_tokens for r in replies) if replies is not None else None,
-    }
-    summary["markdown"] = _markdown(summary)
-    store.commit_json(layout.PROMPTS_MANIFEST, {"summary": summary,
-                                                "target": cfg.target.model, "max_prompt_tokens":
-                                                cfg.data.max_prompt_tokens})
+    summary = PrepSummary(
+        num_shards=n_shards, num_train=len(train_rows), num_eval=len(eval_rows),
+        shard_rows=[len(rows) for rows in shards], rows_read=sum(c.get("read", 0) for c in per_source.values()),
+        kept=len(kept), duplicates=sum(c.get("duplicate", 0) for c in per_source.values()),
+        quarantined=len(quarantine), bad_rows=bad, multi_turn=sum(len(r["regenerate_turns"]) > 1 for r in used),
+        prompt_tokens=_token_stats([r["prompt_tokens"] for r in used]), sources=per_source,
+        tokenizer_sha=tok_fp["tokenizer_sha"], chat_template_sha=tok_fp["chat_template_sha"], seed=cfg.data.seed,
+        seconds=round(time.time() - t0, 2), shard_keys=[layout.prompt_shard_key(i) for i in range(n_shards)],
+        eval_key=layout.EVAL_PROMPTS, quarantine_key=layout.PROMPTS_QUARANTINE, responses=cfg.data.responses,
+        reply_tokens=sum(r.reply_tokens for r in replies) if replies is not None else None)
+    summary.markdown = _markdown(summary)
+    store.commit_json(layout.PROMPTS_MANIFEST, {"summary": summary.dump(), "target": cfg.target.model,
+                                                "max_prompt_tokens": cfg.data.max_prompt_tokens})
     log.info("prep: %d train prompts in %d shards, %d eval, %d quarantined, %d duplicates (%.1f s)",
-             len(train_rows), n_shards, len(eval_rows), len(quarantine), summary["duplicates"], summary["seconds"])
-    return PrepSummary.model_validate({**summary, "store_io": io_counters(io0)})
+             len(train_rows), n_shards, len(eval_rows), len(quarantine), summary.duplicates, summary.seconds)
+    summary.store_io = io_counters(io0)  # after the manifest, which keeps the prompts' summary only
+    return summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from flashdraft.run.stage import StageSummary, numbers
 
@@ -16,7 +16,10 @@ RESPONSES_SOURCE = {
 
 
 class PrepSummary(StageSummary):
-    """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json)."""
+    """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json);
+    built field by field, so an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "prompts_kept",
