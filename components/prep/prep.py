@@ -15,9 +15,8 @@ import random
 import statistics
 import time
 from collections import Counter
-from typing import Any
 
-from flashdraft.components.prep.summary import RESPONSES_SOURCE, PrepSummary
+from flashdraft.components.prep.summary import RESPONSES_SOURCE, PrepSummary, TokenStats
 from flashdraft.config import RunConfig
 from flashdraft.run.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.storage import layout
@@ -31,22 +30,22 @@ from .sources import SourceError, iter_source
 log = logging.getLogger(__name__)
 
 
-def _token_stats(counts: list[int]) -> dict[str, float]:
+def _token_stats(counts: list[int]) -> TokenStats:
     if not counts:
-        return {}
+        return TokenStats()
     ordered = sorted(counts)
-    return {"min": ordered[0], "mean": round(statistics.fmean(ordered), 1), "p50": ordered[len(ordered) // 2],
-            "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], "max": ordered[-1],
-            "total": sum(ordered)}
+    return TokenStats(min=ordered[0], mean=round(statistics.fmean(ordered), 1), p50=ordered[len(ordered) // 2],
+                      p95=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], max=ordered[-1],
+                      total=sum(ordered))
 
 
-def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str, Any]]:
+def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str, dict[str, int]]]:
     """(kept rows, quarantine entries, per-source counts); every read row ends up in exactly one of kept,
     quarantined or duplicate."""
     kept: list[dict] = []
     quarantine: list[dict] = []
     seen: set[str] = set()
-    per_source: dict[str, Any] = {}
+    per_source: dict[str, dict[str, int]] = {}
     dataset = cfg.data.responses == "dataset"
     for spec in cfg.data.sources:
         counts = Counter()
@@ -97,8 +96,8 @@ def _markdown(summary: PrepSummary) -> str:
     lines += [f"| used (after max_samples) | {summary.num_train + summary.num_eval} |",
               f"| train / eval | {summary.num_train} / {summary.num_eval} |",
               f"| train shards | {summary.num_shards} |",
-              f"| prompt tokens min / p50 / mean / p95 / max | {tokens.get('min')} / {tokens.get('p50')} / "
-              f"{tokens.get('mean')} / {tokens.get('p95')} / {tokens.get('max')} |",
+              f"| prompt tokens min / p50 / mean / p95 / max | {tokens.min} / {tokens.p50} / {tokens.mean} / "
+              f"{tokens.p95} / {tokens.max} |",
               f"| multi-turn prompts | {summary.multi_turn} |",
               f"| responses | {RESPONSES_SOURCE[summary.responses]} |",
               f"| tokenizer / chat template sha | {summary.tokenizer_sha} / {summary.chat_template_sha} |",
