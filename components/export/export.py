@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from safetensors.torch import save as save_bytes
 
 from flashdraft.components.export.card import CARD_FILE, render_card
-from flashdraft.components.export.summary import ExportSummary
+from flashdraft.components.export.summary import ExportedFormat, ExportSummary
 from flashdraft.config import RunConfig
 from flashdraft.drafter.zlab import (
     MASK_PT,
@@ -143,7 +143,7 @@ def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
         summary = ExportSummary.model_validate(store.get_json_verified(key))
         formats = summary.formats or {}
         for fmt, folder in folders.items():
-            formats.setdefault(fmt, {})["local"] = str(folder)
+            formats.setdefault(fmt, ExportedFormat()).local = str(folder)
         store.commit_json(key, summary.model_copy(update={"formats": formats}).dump())
     return folders
 
@@ -226,18 +226,18 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     for name, files in formats.items():
         files[CARD_FILE] = render_card(cfg, store, g, name, dtype, latest["step"], latest["final"], dict(files),
                                        provenance).encode()
-    summary = {"checkpoint": latest["prefix"], "step": latest["step"], "final": latest["final"], "dtype": dtype,
-               "mask_token_id": drafter.geometry.mask_token_id, "trainable_mask": drafter.geometry.trainable_mask,
-               "target_layer_ids": drafter.geometry.target_layer_ids, "formats": {},
-               "provenance": provenance.model_dump(mode="json")}
+    summary = ExportSummary(
+        checkpoint=latest["prefix"], step=latest["step"], final=latest["final"], dtype=dtype,
+        mask_token_id=drafter.geometry.mask_token_id, trainable_mask=drafter.geometry.trainable_mask,
+        target_layer_ids=drafter.geometry.target_layer_ids, formats={}, provenance=provenance)
     for name, files in formats.items():
         folder = write_folder(Path(out_dir) / name, files) if out_dir is not None else None
         commit_export(store, name, files)
-        summary["formats"][name] = {"local": str(folder) if folder else None,
-                                    "store": store.url(layout.export_prefix(name)),
-                                    "manifest": store.url(layout.export_manifest_key(name)),
-                                    "bytes": {f: len(d) for f, d in files.items()}}
+        summary.formats[name] = ExportedFormat(local=str(folder) if folder else None,
+                                               store=store.url(layout.export_prefix(name)),
+                                               manifest=store.url(layout.export_manifest_key(name)),
+                                               bytes={f: len(d) for f, d in files.items()})
         log.info("exported %s to %s%s", name, store.url(layout.export_prefix(name)),
                  f" and {folder}" if folder else "")
-    summary["store_io"] = io_counters(io0)
-    return ExportSummary.model_validate(summary)
+    summary.store_io = io_counters(io0)
+    return summary

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from flashdraft.run.provenance import Provenance
 from flashdraft.run.stage import StageSummary, numbers
 
 
+class ExportedFormat(BaseModel):
+    """One serving format the export wrote (`download_export` may later fill in only `local`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    local: str | None = Field(None, description="the local folder it was written to (None: the store only)")
+    store: str | None = Field(None, description="store URI of export/<format>/")
+    manifest: str | None = Field(None, description="store URI of its manifest")
+    bytes: dict[str, int] | None = Field(None, description="size of each file")
+
+
 class ExportSummary(StageSummary):
-    """components/export/export.py: metrics/export.json."""
+    """components/export/export.py: metrics/export.json, built field by field (an unknown key is an error)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "step",
@@ -24,7 +37,7 @@ class ExportSummary(StageSummary):
     mask_token_id: int | None = Field(None, description="the drafter's mask token")
     trainable_mask: bool | None = Field(None, description="the mask embedding is trained")
     target_layer_ids: list[int] | None = Field(None, description="target layers the drafter reads")
-    formats: dict[str, dict[str, Any]] | None = Field(None, description="per format: local folder, store URI, "
+    formats: dict[str, ExportedFormat] | None = Field(None, description="per format: local folder, store URI, "
                                                       "manifest URI, sizes")
     provenance: Provenance | None = Field(None, description="flashdraft version and commit, library versions")
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import torch
 
 from flashdraft.components.extract.source import ExtractionError, FeatureSource, Row
-from flashdraft.components.extract.summary import ExtractSummary
+from flashdraft.components.extract.summary import ExtractSummary, PartStats
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
 from flashdraft.features.manifest import (
@@ -305,22 +305,25 @@ def _extract(cfg: RunConfig, shard: int, window: WindowProducer | None) -> Extra
         raise ExtractionError(f"shard writer failed: {writer.error}") from writer.error
     elapsed = time.perf_counter() - t0
 
-    parts = [{"key": k, **stats} for k, stats in _part_stats(store, shard, writer.part)]
-    summary = {"shard": shard, "backend": cfg.features.backend, "device": device, "codec": codec_from_config(
-        cfg).params(), "layer_ids": layer_ids, "samples": sum(p["samples"] for p in parts),
-        "tokens": sum(p["tokens"] for p in parts), "bytes": sum(p["bytes"] for p in parts), "parts": parts,
-        "skipped_empty_samples": empty, "resumed_from_sample": skip, "new_tokens": tokens,
-        "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None}
-    summary["bytes_per_token"] = round(summary["bytes"] / max(summary["tokens"], 1), 2)
-    store.commit_json(layout.features_done_key(shard), summary)
+    parts = _part_stats(store, shard, writer.part)
+    samples, stored_tokens, stored_bytes = (sum(p.samples for p in parts), sum(p.tokens for p in parts),
+                                            sum(p.bytes for p in parts))
+    summary = ExtractSummary(
+        shard=shard, backend=cfg.features.backend, device=device, codec=codec_from_config(cfg).params(),
+        layer_ids=layer_ids, samples=samples, tokens=stored_tokens, bytes=stored_bytes, parts=parts,
+        skipped_empty_samples=empty, resumed_from_sample=skip, new_tokens=tokens, elapsed_s=round(elapsed, 3),
+        tokens_per_s=round(tokens / elapsed, 1) if elapsed > 0 else None,
+        bytes_per_token=round(stored_bytes / max(stored_tokens, 1), 2))
+    store.commit_json(layout.features_done_key(shard), summary.dump())  # the DONE record: without store_io
     build_manifest(store)
-    log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary["samples"],
-             summary["tokens"], summary["bytes_per_token"], summary["tokens_per_s"] or 0)
-    return ExtractSummary.model_validate({**summary, "store_io": io_counters(io0)})
+    log.info("extract shard %d: %d samples, %d tokens, %.2f bytes/token, %.0f tok/s", shard, summary.samples,
+             summary.tokens, summary.bytes_per_token, summary.tokens_per_s or 0)
+    summary.store_io = io_counters(io0)
+    return summary
 
 
-def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[str, dict]]:
-    """(key, {samples, tokens, bytes, sha256}) of parts 0..num_parts-1, stored or (streaming) released."""
+def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[PartStats]:
+    """The stats of parts 0..num_parts-1, stored or (streaming) released."""
     out = []
     for p in range(num_parts):
         key = layout.feature_part_key(shard, p)
@@ -329,7 +332,8 @@ def _part_stats(store: ObjectStore, shard: int, num_parts: int) -> list[tuple[st
         if stats is None:
             raise ExtractionError(f"{store.url(key)} vanished before the shard completed (neither committed nor "
                                   "released by the streaming consumer)")
-        out.append((key, stats))
+        out.append(PartStats(key=key, samples=stats["samples"], tokens=stats["tokens"], bytes=stats["bytes"],
+                             sha256=stats["sha256"]))
     return out
 
 

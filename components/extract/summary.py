@@ -12,7 +12,7 @@ from flashdraft.run.stage import StageSummary, numbers
 class PartStats(BaseModel):
     """One committed feature part (from its commit record, or a streamed part's tombstone)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     key: str = Field(description="store key of the part")
     samples: int | None = Field(description="samples in the part")
@@ -22,7 +22,10 @@ class PartStats(BaseModel):
 
 
 class ExtractSummary(StageSummary):
-    """components/extract/extract.py: one shard's DONE record (features/shard-K/DONE)."""
+    """components/extract/extract.py: one shard's DONE record (features/shard-K/DONE), with `store_io` added to
+    what the stage returns; built field by field, so an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "samples",

@@ -15,9 +15,8 @@ import random
 import statistics
 import time
 from collections import Counter
-from typing import Any
 
-from flashdraft.components.prep.summary import RESPONSES_SOURCE, PrepSummary
+from flashdraft.components.prep.summary import RESPONSES_SOURCE, PrepSummary, TokenStats
 from flashdraft.config import RunConfig
 from flashdraft.run.records import PROMPT_SCHEMA, rows_to_table, table_to_parquet_bytes
 from flashdraft.storage import layout
@@ -31,22 +30,22 @@ from .sources import SourceError, iter_source
 log = logging.getLogger(__name__)
 
 
-def _token_stats(counts: list[int]) -> dict[str, float]:
+def _token_stats(counts: list[int]) -> TokenStats:
     if not counts:
-        return {}
+        return TokenStats()
     ordered = sorted(counts)
-    return {"min": ordered[0], "mean": round(statistics.fmean(ordered), 1), "p50": ordered[len(ordered) // 2],
-            "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], "max": ordered[-1],
-            "total": sum(ordered)}
+    return TokenStats(min=ordered[0], mean=round(statistics.fmean(ordered), 1), p50=ordered[len(ordered) // 2],
+                      p95=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], max=ordered[-1],
+                      total=sum(ordered))
 
 
-def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str, Any]]:
+def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str, dict[str, int]]]:
     """(kept rows, quarantine entries, per-source counts); every read row ends up in exactly one of kept,
     quarantined or duplicate."""
     kept: list[dict] = []
     quarantine: list[dict] = []
     seen: set[str] = set()
-    per_source: dict[str, Any] = {}
+    per_source: dict[str, dict[str, int]] = {}
     dataset = cfg.data.responses == "dataset"
     for spec in cfg.data.sources:
         counts = Counter()
@@ -85,24 +84,25 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
     return kept, quarantine, per_source
 
 
-def _markdown(summary: dict[str, Any]) -> str:
-    tokens = summary["prompt_tokens"]
+def _markdown(summary: PrepSummary) -> str:
+    """The prep table the console, the report and the manifest show."""
+    tokens = summary.prompt_tokens
     lines = ["| prompts | count |", "|---|---:|",
-             f"| rows read | {summary['rows_read']} |",
-             f"| kept (unique, valid, within length) | {summary['kept']} |",
-             f"| exact duplicates removed | {summary['duplicates']} |",
-             f"| quarantined | {summary['quarantined']} |"]
-    lines += [f"| &nbsp;&nbsp;{reason} | {n} |" for reason, n in summary["bad_rows"].items() if n]
-    lines += [f"| used (after max_samples) | {summary['num_train'] + summary['num_eval']} |",
-              f"| train / eval | {summary['num_train']} / {summary['num_eval']} |",
-              f"| train shards | {summary['num_shards']} |",
-              f"| prompt tokens min / p50 / mean / p95 / max | {tokens.get('min')} / {tokens.get('p50')} / "
-              f"{tokens.get('mean')} / {tokens.get('p95')} / {tokens.get('max')} |",
-              f"| multi-turn prompts | {summary['multi_turn']} |",
-              f"| responses | {RESPONSES_SOURCE[summary['responses']]} |",
-              f"| tokenizer / chat template sha | {summary['tokenizer_sha']} / {summary['chat_template_sha']} |",
+             f"| rows read | {summary.rows_read} |",
+             f"| kept (unique, valid, within length) | {summary.kept} |",
+             f"| exact duplicates removed | {summary.duplicates} |",
+             f"| quarantined | {summary.quarantined} |"]
+    lines += [f"| &nbsp;&nbsp;{reason} | {n} |" for reason, n in summary.bad_rows.items() if n]
+    lines += [f"| used (after max_samples) | {summary.num_train + summary.num_eval} |",
+              f"| train / eval | {summary.num_train} / {summary.num_eval} |",
+              f"| train shards | {summary.num_shards} |",
+              f"| prompt tokens min / p50 / mean / p95 / max | {tokens.min} / {tokens.p50} / {tokens.mean} / "
+              f"{tokens.p95} / {tokens.max} |",
+              f"| multi-turn prompts | {summary.multi_turn} |",
+              f"| responses | {RESPONSES_SOURCE[summary.responses]} |",
+              f"| tokenizer / chat template sha | {summary.tokenizer_sha} / {summary.chat_template_sha} |",
               "", "| source | read | kept |", "|---|---:|---:|"]
-    lines += [f"| {uri} | {c.get('read', 0)} | {c.get('kept', 0)} |" for uri, c in summary["sources"].items()]
+    lines += [f"| {uri} | {c.get('read', 0)} | {c.get('kept', 0)} |" for uri, c in summary.sources.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -140,22 +140,20 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
                  {"rows": len(quarantine)})
 
     bad = {reason: sum(c.get(reason, 0) for c in per_source.values()) for reason in BAD_REASONS}
-    summary: dict[str, Any] = {
-        "num_shards": n_shards, "num_train": len(train_rows), "num_eval": len(eval_rows),
-        "shard_rows": [len(rows) for rows in shards], "rows_read": sum(c.get("read", 0) for c in per_source.values()),
-        "kept": len(kept), "duplicates": sum(c.get("duplicate", 0) for c in per_source.values()),
-        "quarantined": len(quarantine), "bad_rows": bad,
-        "multi_turn": sum(len(r["regenerate_turns"]) > 1 for r in used),
-        "prompt_tokens": _token_stats([r["prompt_tokens"] for r in used]),
-        "sources": per_source, **tok_fp, "seed": cfg.data.seed, "seconds": round(time.time() - t0, 2),
-        "shard_keys": [layout.prompt_shard_key(i) for i in range(n_shards)], "eval_key": layout.EVAL_PROMPTS,
-        "quarantine_key": layout.PROMPTS_QUARANTINE, "responses": cfg.data.responses,
-        "reply_tokens": sum(r.reply_tokens for r in replies) if replies is not None else None,
-    }
-    summary["markdown"] = _markdown(summary)
-    store.commit_json(layout.PROMPTS_MANIFEST, {"summary": summary,
-                                                "target": cfg.target.model, "max_prompt_tokens":
-                                                cfg.data.max_prompt_tokens})
+    summary = PrepSummary(
+        num_shards=n_shards, num_train=len(train_rows), num_eval=len(eval_rows),
+        shard_rows=[len(rows) for rows in shards], rows_read=sum(c.get("read", 0) for c in per_source.values()),
+        kept=len(kept), duplicates=sum(c.get("duplicate", 0) for c in per_source.values()),
+        quarantined=len(quarantine), bad_rows=bad, multi_turn=sum(len(r["regenerate_turns"]) > 1 for r in used),
+        prompt_tokens=_token_stats([r["prompt_tokens"] for r in used]), sources=per_source,
+        tokenizer_sha=tok_fp["tokenizer_sha"], chat_template_sha=tok_fp["chat_template_sha"], seed=cfg.data.seed,
+        seconds=round(time.time() - t0, 2), shard_keys=[layout.prompt_shard_key(i) for i in range(n_shards)],
+        eval_key=layout.EVAL_PROMPTS, quarantine_key=layout.PROMPTS_QUARANTINE, responses=cfg.data.responses,
+        reply_tokens=sum(r.reply_tokens for r in replies) if replies is not None else None)
+    summary.markdown = _markdown(summary)
+    store.commit_json(layout.PROMPTS_MANIFEST, {"summary": summary.dump(), "target": cfg.target.model,
+                                                "max_prompt_tokens": cfg.data.max_prompt_tokens})
     log.info("prep: %d train prompts in %d shards, %d eval, %d quarantined, %d duplicates (%.1f s)",
-             len(train_rows), n_shards, len(eval_rows), len(quarantine), summary["duplicates"], summary["seconds"])
-    return PrepSummary.model_validate({**summary, "store_io": io_counters(io0)})
+             len(train_rows), n_shards, len(eval_rows), len(quarantine), summary.duplicates, summary.seconds)
+    summary.store_io = io_counters(io0)  # after the manifest, which keeps the prompts' summary only
+    return summary

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from flashdraft.run.stage import StageSummary, numbers
 
@@ -15,8 +15,24 @@ RESPONSES_SOURCE = {
                "target did not write, so its tau on the target's own outputs may be lower than a target-trained one's"}
 
 
+class TokenStats(BaseModel):
+    """Token counts of the used prompts (no field set when no prompt was used)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: int | None = Field(None, description="fewest tokens")
+    mean: float | None = Field(None, description="mean, to 0.1")
+    p50: int | None = Field(None, description="median")
+    p95: int | None = Field(None, description="95th percentile")
+    max: int | None = Field(None, description="most tokens")
+    total: int | None = Field(None, description="sum")
+
+
 class PrepSummary(StageSummary):
-    """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json)."""
+    """components/prep/prep.py: prompts read, filtered, split into shards (also stored in prompts/manifest.json);
+    built field by field, so an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
 
     HEADLINE: ClassVar[tuple[str, str] | None] = (
         "prompts_kept",
@@ -33,8 +49,8 @@ class PrepSummary(StageSummary):
     quarantined: int | None = Field(None, description="rejected rows (prompts/quarantine.jsonl)")
     bad_rows: dict[str, int] | None = Field(None, description="quarantined rows by reason")
     multi_turn: int | None = Field(None, description="prompts with more than one turn to regenerate")
-    prompt_tokens: dict[str, Any] | None = Field(None, description="token count statistics of the used prompts")
-    sources: dict[str, dict[str, Any]] | None = Field(None, description="per source: rows read, kept, rejected")
+    prompt_tokens: TokenStats | None = Field(None, description="token count statistics of the used prompts")
+    sources: dict[str, dict[str, int]] | None = Field(None, description="per source: rows read, kept, rejected")
     tokenizer_sha: str | None = Field(None, description="tokenizer fingerprint")
     chat_template_sha: str | None = Field(None, description="chat template fingerprint")
     seed: int | None = Field(None, description="data.seed of the shuffle")

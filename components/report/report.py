@@ -264,18 +264,17 @@ def build_report(store: ObjectStore, config: dict[str, Any] | None = None,
     store.commit(layout.REPORT_HTML, page.encode())
     store.commit(layout.REPORT_MARKDOWN, summary.encode())
     store.commit_json(layout.REPORT_SCALARS, scalars)
-    result: dict[str, Any] = {"report_html": store.url(layout.REPORT_HTML),
-                              "summary_md": store.url(layout.REPORT_MARKDOWN), "metrics": scalars,
-                              "stages": {s.stage: status.describe(s) for s in report.run.statuses}}
+    result = ReportSummary(report_html=store.url(layout.REPORT_HTML), summary_md=store.url(layout.REPORT_MARKDOWN),
+                           metrics=scalars, stages={s.stage: status.describe(s) for s in report.run.statuses})
     if out_dir is not None:
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "report.html").write_text(page)
         (folder / "summary.md").write_text(summary)
         (folder / "metrics.json").write_text(json.dumps(scalars, indent=2))
-        result.update(html_path=str(folder / "report.html"), markdown_path=str(folder / "summary.md"))
-    log.info("report: %s", result["report_html"])
-    return ReportSummary.model_validate(result)
+        result.html_path, result.markdown_path = str(folder / "report.html"), str(folder / "summary.md")
+    log.info("report: %s", result.report_html)
+    return result
 
 
 def run_report(cfg: RunConfig, out_dir: str | Path | None = None, run_over: bool = False) -> ReportSummary:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from flashdraft.run.stage import StageSummary
 
 
 class ReportSummary(StageSummary):
-    """components/report/report.py: where the report went and its flat scalars."""
+    """components/report/report.py: where the report went and its flat scalars; built field by field, so an
+    unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
 
     report_html: str | None = Field(None, description="store URI of report.html")
     summary_md: str | None = Field(None, description="store URI of summary.md")

@@ -60,6 +60,8 @@ class StageSummary(BaseModel):
     skipped: bool = Field(False, description="the work was already committed: this is the stored summary")
     device: str | None = Field(None, description="where the stage's model work ran (cuda:0, cpu; training: rank 0's; "
                                "generate: the hf backend's, this attempt's); None for a stage without model work")
+    store_io: dict[str, int] | None = Field(None, description="this attempt's store operations and retries "
+                                            "(storage.store.io_counters)")
 
     def dump(self) -> dict[str, Any]:
         """The JSON object, with exactly the keys the stage set (defaults it did not set are left out)."""

@@ -100,7 +100,7 @@ def test_export_without_local_folder_writes_only_the_store(tiny_cfg, tmp_path, m
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     summary = run_export(tiny_cfg)
-    assert summary.formats["zlab"]["local"] is None and list(cwd.iterdir()) == []
+    assert summary.formats["zlab"].local is None and list(cwd.iterdir()) == []
     assert "model.safetensors" in read_export(open_store(tiny_cfg.storage, tiny_cfg.run_id), "zlab")
 
 

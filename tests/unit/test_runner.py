@@ -167,8 +167,10 @@ def test_a_field_added_to_a_section_later_is_unchanged_while_it_keeps_its_defaul
 
 
 def test_from_clears_the_stage_and_everything_after_it_only(cfg):
-    for name, shard in (("prep", None), ("generate", 0), ("extract", 0), ("train", None), ("evaluate", None)):
-        run_task(cfg, name, shard, body=Body(samples=1))
+    for name, shard, result in (("prep", None, {"kept": 1}), ("generate", 0, {"samples": 1}),
+                                ("extract", 0, {"samples": 1}), ("train", None, {"steps": 1}),
+                                ("evaluate", None, {"num_prompts": 1})):
+        run_task(cfg, name, shard, body=Body(**result))
     store = open_store(cfg.storage, cfg.run_id)
     store.commit_json(f"{layout.CHECKPOINTS}/latest.json", {"step": 1})
     store.commit_json(layout.EVAL_PROMPTS + ".keep", {})  # a prep output
