@@ -168,13 +168,14 @@ def run_generate(cfg: RunConfig, shard: int) -> GenerateSummary:
     totals = {k: sum(m[k] for m in chunk_meta.values())
               for k in ("samples", "turns", "prompt_tokens", "generated_tokens", "empty", "truncated")}
     seconds = sum(m["seconds"] for m in chunk_meta.values())
-    done = {"shard": shard, "num_chunks": len(chunks), "chunks_generated_now": len(todo), **totals,
-            "generation_seconds": round(seconds, 3), "tokens_per_s": round(totals["generated_tokens"] /
-                                                                           max(seconds, 1e-9), 2),
-            "backend_startup_s": startup_s, "backend": cfg.generation.backend, "fingerprint": fingerprint,
-            **({"device": str(device)} if device else {}), **_gemm_share(chunk_meta.values(), gemm_rate)}
-    store.commit_json(done_key, done)
+    summary = GenerateSummary(
+        shard=shard, num_chunks=len(chunks), chunks_generated_now=len(todo), **totals,
+        generation_seconds=round(seconds, 3), tokens_per_s=round(totals["generated_tokens"] / max(seconds, 1e-9), 2),
+        backend_startup_s=startup_s, backend=cfg.generation.backend, fingerprint=fingerprint,
+        **({"device": str(device)} if device else {}), **_gemm_share(chunk_meta.values(), gemm_rate))
+    store.commit_json(done_key, summary.dump())  # the DONE record: the summary before this attempt's store I/O
     log.info("shard %d done: %d samples, %d generated tokens, %.1f tokens/s, %d empty, %d truncated%s", shard,
-             totals["samples"], totals["generated_tokens"], done["tokens_per_s"], totals["empty"],
-             totals["truncated"], f", gemm share {done['gemm_share']:.0%}" if "gemm_share" in done else "")
-    return GenerateSummary.model_validate({**done, "store_io": io_counters(io0)})
+             totals["samples"], totals["generated_tokens"], summary.tokens_per_s, totals["empty"],
+             totals["truncated"], f", gemm share {summary.gemm_share:.0%}" if summary.gemm_share is not None else "")
+    summary.store_io = io_counters(io0)
+    return summary
