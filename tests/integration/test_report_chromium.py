@@ -21,7 +21,7 @@ def test_report_renders_charts_and_numbers_in_chromium(evaluated_run, tmp_path):
     dom = chromium_dom(Path(result.html_path), tmp_path)
     images = re.findall(r"<img [^>]*>", dom)
     ids = {re.search(r"id=\"chart-(\w+)\"", i).group(1) for i in images}
-    assert ids == {"acceptance", "tau", "suite_tau"}  # no training metrics in this run, so no training charts
+    assert ids == {"acceptance", "tau", "suite_tau", "draft_length"}  # no training metrics: no training charts
     assert all('src="data:image/png;base64,' in i and 'data-decoded="yes"' in i for i in images)
     text = re.sub(r"<[^>]+>", " ", dom)
     assert f"{metrics.drafter.tau:g}" in text and f"{metrics.baseline.tau:g}" in text
