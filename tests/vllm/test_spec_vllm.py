@@ -74,7 +74,7 @@ def test_vllm_serves_the_export_with_equal_outputs_and_equal_tau(vllm_python, ev
     assert metrics.lossless.passed
     ours = metrics.drafter.model_dump()
     assert ours["accepted"] > 0 and ours["tau"] > 1.2, f"the drafter should draft: {ours}"
-    spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"]["local"], prompts, cfg.drafter.block_size - 1)
+    spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"].local, prompts, cfg.drafter.block_size - 1)
     plain = _vllm(vllm_python, cfg, tmp, None, prompts, 0)
     assert plain["drafts"] == 0 and not plain["speculative"]
     for p, row, ref, got in zip(prompts, metrics.prompts, plain["prompts"], spec["prompts"], strict=True):
@@ -102,7 +102,7 @@ def test_vllm_accepts_at_fewer_speculative_tokens_what_flashdraft_measured(vllm_
         ours = auto if k == auto.draft_length.num_drafts else run_evaluate(
             cfg.with_overrides({"eval.num_draft_tokens": k}))
         assert ours.lossless.passed and ours.draft_length.num_drafts == k
-        spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"]["local"], prompts, k)
+        spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"].local, prompts, k)
         for p, row, got in zip(prompts, ours.prompts, spec["prompts"], strict=True):
             assert (got["drafts"], got["accepted"]) == (row["drafter_cycles"], row["drafter_accepted"]), \
                 f"k={k}, prompt {p.prompt_id}: vLLM drafts/accepted {got['drafts']}/{got['accepted']}, " \
@@ -116,7 +116,7 @@ def test_vllm_serves_a_re_exported_pretrained_drafter_like_its_source(vllm_pytho
     source, so a loaded drafter drafts what its source drafts in vLLM's own code too."""
     cfg, tmp, export, metrics, prompts = evaluated_run
     child = cfg.with_overrides({"run_id": "child", "drafter.init": "pretrained",
-                                "drafter.init_from": export.formats["zlab"]["local"], "training.max_steps": 0})
+                                "drafter.init_from": export.formats["zlab"].local, "training.max_steps": 0})
     run_prep(child)
     child_metrics = run_evaluate(child)
     child_export = run_export(child, out_dir=tmp / "child-export")
@@ -124,7 +124,7 @@ def test_vllm_serves_a_re_exported_pretrained_drafter_like_its_source(vllm_pytho
     assert [p["id"] for p in child_metrics.prompts] == [p["id"] for p in metrics.prompts], "same held-out prompts"
     ours = metrics.drafter.model_dump()
     assert child_metrics.drafter.model_dump()["tau"] == pytest.approx(ours["tau"], abs=1e-6)
-    spec = _vllm(vllm_python, cfg, tmp, child_export.formats["zlab"]["local"], prompts, cfg.drafter.block_size - 1)
+    spec = _vllm(vllm_python, cfg, tmp, child_export.formats["zlab"].local, prompts, cfg.drafter.block_size - 1)
     assert spec["drafts"] == ours["cycles"] and spec["accepted"] == ours["accepted"]
     assert spec["tau"] == pytest.approx(ours["tau"], abs=1e-4)
 
@@ -147,7 +147,7 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     from flashdraft.target.model import load_causal_lm
 
     cfg, tmp, export, metrics, prompts = evaluated_run
-    geometry, weights = read_zlab(export.formats["zlab"]["local"])
+    geometry, weights = read_zlab(export.formats["zlab"].local)
     geometry.update(layer_types=["sliding_attention"] * geometry["num_layers"], sliding_window=WINDOW)
     drafter = drafter_from_parts(geometry, weights, target=cfg.target, attn_impl="sdpa")
     folder = tmp / "export-window"
