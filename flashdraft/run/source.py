@@ -103,13 +103,7 @@ def register_reader(cfg: RunConfig, store: ObjectStore, found: dict[str, str]) -
 
 def readers(store: ObjectStore) -> list[SourceRecord]:
     """The runs that recorded reading this run's results (readers/), unreadable records skipped."""
-    out = []
-    for key in store.list_committed(layout.READERS + "/"):
-        try:
-            out.append(SourceRecord.model_validate(store.get_json_verified(key)))
-        except Exception:  # noqa: BLE001 - one bad record must not hide the others
-            continue
-    return out
+    return status.read_committed(store, layout.READERS + "/", SourceRecord)
 
 
 def read_source(store: ObjectStore) -> SourceRecord | None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
 from flashdraft.storage import layout
 from flashdraft.storage.store import ObjectStore
+
+M = TypeVar("M", bound=BaseModel)
 
 NOT_RUN = "not run"
 REUSED = "reused: fingerprint matches"
@@ -127,15 +129,21 @@ def combine(per_task: Iterable[dict[str, float]]) -> dict[str, float]:
 # -- reading ------------------------------------------------------------------------------------------------
 
 
-def read_records(store: ObjectStore) -> list[StageRecord]:
-    """Every committed task record of the run (unreadable ones are skipped: the metrics still show the stage)."""
+def read_committed(store: ObjectStore, prefix: str, model: type[M]) -> list[M]:
+    """Every committed JSON record under `prefix` as `model`; an unreadable one is skipped, so one bad record
+    cannot hide the others."""
     out = []
-    for key in store.list_committed(layout.STATUS + "/"):
+    for key in store.list_committed(prefix):
         try:
-            out.append(StageRecord.model_validate(store.get_json_verified(key)))
+            out.append(model.model_validate(store.get_json_verified(key)))
         except Exception:  # noqa: BLE001 - one bad record must not hide the others
             continue
     return out
+
+
+def read_records(store: ObjectStore) -> list[StageRecord]:
+    """Every committed task record of the run (unreadable ones are skipped: the metrics still show the stage)."""
+    return read_committed(store, layout.STATUS + "/", StageRecord)
 
 
 def metrics_names(store: ObjectStore) -> list[str]:
