@@ -194,8 +194,10 @@ def test_tiny_dag_in_the_image_equals_an_in_process_run(docker_env, base_image, 
     results = {}
     for runner in ("subprocess", "docker"):
         store = tmp_path / runner / "runs"
+        # a fixed draft length: `auto` picks k from timings measured in each process, which two runs need not share
         args = [FLASHDRAFT, "run-local", "--preset", "tiny", "--workdir", str(tmp_path / runner / "kfp"),
-                "--set", f"storage.root=file://{store}", "--set", "run_id=containers"]
+                "--set", f"storage.root=file://{store}", "--set", "run_id=containers",
+                "--set", "eval.num_draft_tokens=7"]
         if runner == "docker":
             args += ["--runner", "docker", "--image", base_image]
         t0 = time.monotonic()
