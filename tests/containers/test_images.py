@@ -153,7 +153,7 @@ def _committed(root: Path, run_id: str) -> tuple[dict, dict, dict]:
 
 
 TIMING = re.compile(r"(^|_)(s|seconds|time|wall|elapsed|started|ended|at|per_s|per_second|throughput|rss|peak_memory"
-                    r"|date|provenance|commit|python|libraries|log|device_name|mfu|speedup|load|ms)($|_)")
+                    r"|date|provenance|commit|python|libraries|log|device_name|mfu|share|speedup|load|ms)($|_)")
 
 
 def _untimed(value):
