@@ -13,6 +13,8 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,9 +140,7 @@ class MlflowSink:
             self.client.log_batch(self.run_id, metrics=items[start:start + MLFLOW_BATCH])
 
     def artifact(self, name: str, data: bytes) -> None:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / Path(name).name
-            path.write_bytes(data)
+        with _as_file(name, data) as path:
             parent = str(Path(name).parent)
             self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)
 
@@ -149,6 +149,15 @@ class MlflowSink:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")
+
+
+@contextmanager
+def _as_file(name: str, data: bytes) -> Iterator[Path]:
+    """`data` as a temporary file named like `name`'s last part: MLflow and W&B upload files, not bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_bytes(data)
+        yield path
 
 
 def _mlflow_key(tag: str) -> str:
@@ -180,9 +189,7 @@ class WandbSink:
     def artifact(self, name: str, data: bytes) -> None:
         import wandb
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / Path(name).name
-            path.write_bytes(data)
+        with _as_file(name, data) as path:
             art = wandb.Artifact(re.sub(r"[^A-Za-z0-9_.-]", "-", f"{self.run.id}-{Path(name).stem}"), type="report")
             art.add_file(str(path), name=Path(name).name)
             self.run.log_artifact(art)
