@@ -18,8 +18,13 @@ def test_an_evaluate_only_run_evaluates_the_pretrained_drafter_and_trains_nothin
     assert tiny_streaming_run["result"]["state"] == "SUCCEEDED"
     source_store = open_store(source.storage, source.run_id)
     checkpoints = source_store.url(layout.CHECKPOINTS + "/")
+    from flashdraft.components.evaluate.summary import EvaluateSummary
+
+    theirs = EvaluateSummary.model_validate(source_store.get_json_verified(layout.metrics_key("evaluate")))
+    # the source's draft length: `auto` picks k from timings, which two processes need not share
     cfg = source.with_overrides({"run_id": "evaluate-only", "mode.kind": "offline", "drafter.init": "pretrained",
                                  "drafter.init_from": checkpoints, "training.max_steps": 0,
+                                 "eval.num_draft_tokens": theirs.draft_length.num_drafts,
                                  "storage.root": f"file://{tmp_path}/runs"})
     result = run_local(cfg, str(tmp_path / "kfp"), exports_dir=tmp_path / "exports")
     assert result["state"] == "SUCCEEDED", result["error"]
@@ -30,10 +35,7 @@ def test_an_evaluate_only_run_evaluates_the_pretrained_drafter_and_trains_nothin
     assert not store.list(f"{layout.RESPONSES}/") and not store.list(f"{layout.CHECKPOINTS}/")
     assert not store.list(f"{layout.STATUS}/generate") and not store.list(f"{layout.STATUS}/train")
 
-    from flashdraft.components.evaluate.summary import EvaluateSummary
-
     mine = EvaluateSummary.model_validate(store.get_json_verified(layout.metrics_key("evaluate")))
-    theirs = EvaluateSummary.model_validate(source_store.get_json_verified(layout.metrics_key("evaluate")))
     assert mine.evaluate_only and mine.parent.source == checkpoints and mine.parent.format == "flashdraft"
     assert mine.baseline is None and mine.lossless.passed
     assert [(s.name, s.prompts, s.tau) for s in mine.suites] == [(s.name, s.prompts, s.tau) for s in theirs.suites]
