@@ -29,6 +29,7 @@ import torch
 from flashdraft.components.evaluate.evaluate import _eos_ids, summarize
 from flashdraft.components.evaluate.prompts import encode_chat
 from flashdraft.components.evaluate.spec import speculative_generate, target_generate
+from flashdraft.components.evaluate.summary import DecodeStats
 from flashdraft.components.generate.backends import VLLM_PYTHON_ENV
 from flashdraft.components.prep.demo import demo_rows
 from flashdraft.config import load_config
@@ -62,7 +63,7 @@ def overfit(cfg, model, samples: list[Sample], steps: int, lr: float):
     return drafter.eval()
 
 
-def vllm_half(args, cfg, drafter, prompts: list[list[int]], ours: dict) -> None:
+def vllm_half(args, cfg, drafter, prompts: list[list[int]], ours: DecodeStats) -> None:
     from flashdraft.components.export.export import _files_zlab
 
     python = os.environ.get(VLLM_PYTHON_ENV) or str(ROOT / ".venv-vllm" / "bin" / "python")
@@ -87,7 +88,7 @@ def vllm_half(args, cfg, drafter, prompts: list[list[int]], ours: dict) -> None:
     same = [a["ids"] == b["ids"] for a, b in zip(plain["prompts"], spec["prompts"], strict=True)]
     print(f"vLLM plain {plain['tokens_per_s']} tok/s, DFlash {spec['tokens_per_s']} tok/s; outputs equal "
           f"{sum(same)}/{len(same)}; tau vLLM {spec['tau']} ({spec['drafts']} drafts, {spec['accepted']} accepted) "
-          f"vs flashdraft {ours['tau']} ({ours['cycles']} cycles, {ours['accepted']} accepted)")
+          f"vs flashdraft {ours.tau} ({ours.cycles} cycles, {ours.accepted} accepted)")
 
 
 def main() -> None:
@@ -134,14 +135,14 @@ def main() -> None:
                               speculative_generate(model, d, p, layer_ids, args.max_new_tokens, eos))
     load_after = os.getloadavg()[0]
     ref = [g.tokens for g in runs["target"]]
-    base = summarize(runs["target"])["tokens_per_s"]
+    base = summarize(runs["target"]).tokens_per_s
     print(f"\n{args.preset}: {len(prompts)} prompts x {args.max_new_tokens} new tokens, {torch.get_num_threads()} "
           f"threads, host load (1 min) {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs")
     print(f"{'decoder':26s} {'tok/s':>8s} {'speedup':>8s} {'tau':>6s} {'lossless':>9s}")
     for name in decoders:
         s = summarize(runs[name])
         lossless = all(g.tokens == r for g, r in zip(runs[name], ref, strict=True))
-        print(f"{name:26s} {s['tokens_per_s']:8.2f} {s['tokens_per_s'] / base:8.2f} {s.get('tau', 1.0):6.2f} "
+        print(f"{name:26s} {s.tokens_per_s:8.2f} {s.tokens_per_s / base:8.2f} {s.tau or 1.0:6.2f} "
               f"{str(lossless):>9s}")
     if args.vllm:
         vllm_half(args, cfg, drafter, prompts, summarize(runs["dflash (cached ctx)"]))

@@ -214,7 +214,7 @@ def evaluate(cfg, model, rows, device: str, max_new_tokens: int):
     spec = [speculative_generate(target, drafter, p.input_ids, cfg.layer_ids(), max_new_tokens, eos)
             for p in prompts]
     bad = lossless_mismatches(prompts, ref, spec, "trained", tie_margin=TIE_MARGIN)
-    return [b for b in bad if not b["tie"]], [b for b in bad if b["tie"]], summarize(spec).get("tau")
+    return [b for b in bad if not b.tie], [b for b in bad if b.tie], summarize(spec).tau
 
 
 # -- 6. codecs -------------------------------------------------------------------------------------------------

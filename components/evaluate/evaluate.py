@@ -17,10 +17,19 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
 
-from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.evaluate.summary import (
+    DecodeStats,
+    DraftLength,
+    DraftLengthPoint,
+    EvaluateSummary,
+    FullBlock,
+    LosslessCheck,
+    Mismatch,
+    PromptResult,
+    SuiteResult,
+)
 from flashdraft.config import RunConfig
 from flashdraft.storage import layout
 from flashdraft.storage.source import data_store
@@ -48,25 +57,24 @@ class LosslessError(RuntimeError):
     """Greedy speculative output differs from the target's own greedy output."""
 
 
-def summarize(gens: Sequence[Generation]) -> dict[str, Any]:
-    """tau, per-position acceptance and throughput over a set of generations (speculative or plain)."""
+def summarize(gens: Sequence[Generation]) -> DecodeStats:
+    """tau, per-position acceptance and throughput over a set of generations (speculative or plain; a plain
+    decode has no cycles, so no tau)."""
     tokens = sum(len(g.tokens) for g in gens)
     seconds = sum(g.seconds for g in gens)
-    out: dict[str, Any] = {"tokens": tokens, "seconds": round(seconds, 4),
-                           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None}
+    tokens_per_s = round(tokens / seconds, 3) if seconds > 0 else None
     cycles = [a for g in gens for a in g.accepted]
-    if cycles:
-        out["cycles"] = len(cycles)
-        out["accepted"] = sum(cycles)  # draft tokens accepted (vLLM's vllm:spec_decode_num_accepted_tokens)
-        out["tau"] = round(sum(a + 1 for a in cycles) / len(cycles), 4)
-        out["block_size"] = max(g.block_size for g in gens)
-        out["acceptance_per_position"] = [round(sum(a > k for a in cycles) / len(cycles), 4)
-                                          for k in range(out["block_size"] - 1)]
-    return out
+    if not cycles:
+        return DecodeStats(tokens=tokens, seconds=round(seconds, 4), tokens_per_s=tokens_per_s)
+    block = max(g.block_size for g in gens)
+    return DecodeStats(tokens=tokens, seconds=round(seconds, 4), tokens_per_s=tokens_per_s, cycles=len(cycles),
+                       accepted=sum(cycles), tau=round(sum(a + 1 for a in cycles) / len(cycles), 4), block_size=block,
+                       acceptance_per_position=[round(sum(a > k for a in cycles) / len(cycles), 4)
+                                                for k in range(block - 1)])
 
 
 def lossless_mismatches(prompts: Sequence[EvalPrompt], reference: Sequence[Generation],
-                        candidate: Sequence[Generation], label: str, tie_margin: float = 0.0) -> list[dict[str, Any]]:
+                        candidate: Sequence[Generation], label: str, tie_margin: float = 0.0) -> list[Mismatch]:
     """One entry per prompt whose candidate tokens differ from the reference: the first differing index, the
     target's top-2 logit gap there, and `tie` when that gap is below `tie_margin` (numerical noise can flip it)."""
     bad = []
@@ -75,11 +83,27 @@ def lossless_mismatches(prompts: Sequence[EvalPrompt], reference: Sequence[Gener
             first = next((i for i, (a, b) in enumerate(zip(ref.tokens, got.tokens, strict=False)) if a != b),
                          min(len(ref.tokens), len(got.tokens)))
             margin = ref.margins[first] if first < len(ref.margins) else None
-            bad.append({"drafter": label, "prompt_id": p.prompt_id, "first_mismatch": first,
-                        "reference_len": len(ref.tokens), "speculative_len": len(got.tokens),
-                        "margin": None if margin is None else round(margin, 6),
-                        "tie": margin is not None and margin < tie_margin})
+            bad.append(Mismatch(drafter=label, prompt_id=p.prompt_id, first_mismatch=first,
+                                reference_len=len(ref.tokens), speculative_len=len(got.tokens),
+                                margin=None if margin is None else round(margin, 6),
+                                tie=margin is not None and margin < tie_margin))
     return bad
+
+
+@dataclass
+class SuiteRun:
+    """One suite decoded by the target alone and by each drafter (`evaluate_prompts`)."""
+
+    max_new_tokens: int
+    target: DecodeStats
+    decoders: dict[str, DecodeStats]   # drafter, and baseline where it ran
+    lossless: LosslessCheck
+    prompts: list[PromptResult]
+    wall_seconds: float | None = None  # what the suite added to the stage, warm-up included
+
+    @property
+    def drafter(self) -> DecodeStats:
+        return self.decoders["drafter"]
 
 
 def _device() -> str:
@@ -135,8 +159,8 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
                      layer_ids: Sequence[int], accept: Callable = greedy_accept,
                      prompt_limits: dict[str, int] | None = None, max_new_tokens: int | None = None,
-                     num_drafts: int | None = None) -> dict[str, Any]:
-    """Decode every prompt with the target alone and with each drafter; returns the metrics dict (no I/O).
+                     num_drafts: int | None = None) -> SuiteRun:
+    """Decode every prompt with the target alone and with each drafter; returns their figures (no I/O).
 
     `prompt_limits[name] = n`: that drafter decodes only the first n prompts (the untrained baseline); its
     speedup and lossless check compare it with the target on those same prompts. `max_new_tokens`: the suite's
@@ -161,7 +185,7 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
         gen_for(name, prompts[0], tokens=warmup_tokens)
     limits = {name: len(prompts) for name in ["target", *drafters]} | (prompt_limits or {})
     runs: dict[str, list[Generation]] = {name: [] for name in ["target", *drafters]}
-    per_prompt: dict[str, list[dict[str, Any]]] = {name: [] for name in drafters}  # summarize() of each run
+    per_prompt: dict[str, list[DecodeStats]] = {name: [] for name in drafters}  # summarize() of each prompt
     for i, p in enumerate(prompts):
         for name in runs:
             if i < limits[name]:
@@ -170,41 +194,46 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
                     per_prompt[name].append(summarize([runs[name][-1]]))
         log.info("prompt %s: %d prompt tokens, %d new; tau %s", p.prompt_id, len(p.input_ids),
                  len(runs["target"][-1].tokens),
-                 {n: round(per_prompt[n][i].get("tau", 0), 2) for n in drafters if i < limits[n]})
-    metrics: dict[str, Any] = {
-        "num_prompts": len(prompts), "max_new_tokens": max_new, "temperature": temp,
-        "device": str(next(model.parameters()).device), "threads": torch.get_num_threads(),
-        "layer_ids": list(layer_ids), "target": summarize(runs["target"]),
-    }
-    for name in drafters:
-        n = len(runs[name])
-        metrics[name] = summarize(runs[name]) | {"prompts": n}
-        same = summarize(runs["target"][:n])  # the target on the same prompts
-        if same["tokens_per_s"] and metrics[name]["tokens_per_s"]:
-            metrics[name]["speedup"] = round(metrics[name]["tokens_per_s"] / same["tokens_per_s"], 3)
-    diffs: list[dict[str, Any]] = []
-    if temp == 0:
-        for name in drafters:
-            n = len(runs[name])
-            diffs += lossless_mismatches(prompts[:n], runs["target"][:n], runs[name], name,
-                                         cfg.eval.lossless_tie_margin)
-    mismatches = [d for d in diffs if not d["tie"]]
-    metrics["lossless"] = {"checked": temp == 0, "passed": temp == 0 and not mismatches,
-                           "prompts": len(prompts), "mismatches": mismatches,
-                           "ties": [d for d in diffs if d["tie"]], "tie_margin": cfg.eval.lossless_tie_margin}
-    metrics["prompts"] = [
-        {"id": p.prompt_id, "source": p.source, "prompt_tokens": len(p.input_ids),
-         "new_tokens": len(runs["target"][i].tokens),
-         **{f"{n}_{k}": per_prompt[n][i].get(k) if i < len(per_prompt[n]) else None
-            for n in drafters for k in ("tau", "cycles", "accepted")}}
-        for i, p in enumerate(prompts)
-    ]
-    return metrics
+                 {n: round(per_prompt[n][i].tau or 0, 2) for n in drafters if i < limits[n]})
+    return SuiteRun(max_new_tokens=max_new, target=summarize(runs["target"]),
+                    decoders={name: decoder_stats(runs[name], runs["target"]) for name in drafters},
+                    lossless=lossless_check(cfg, prompts, runs),
+                    prompts=[prompt_result(p, len(runs["target"][i].tokens), per_prompt, i)
+                             for i, p in enumerate(prompts)])
+
+
+def decoder_stats(gens: Sequence[Generation], target: Sequence[Generation]) -> DecodeStats:
+    """A speculative decoder's figures, with its speedup over the target alone on the same (first) prompts."""
+    stats = summarize(gens)
+    same = summarize(target[: len(gens)])
+    speedup = round(stats.tokens_per_s / same.tokens_per_s, 3) if same.tokens_per_s and stats.tokens_per_s else None
+    return stats.model_copy(update={"prompts": len(gens), "speedup": speedup})
+
+
+def lossless_check(cfg: RunConfig, prompts: Sequence[EvalPrompt], runs: dict[str, list[Generation]]) -> LosslessCheck:
+    """Greedy decoding: every speculative output against the target's own, ties (a top-2 logit gap below
+    eval.lossless_tie_margin) apart; sampling: not checked."""
+    greedy, margin = cfg.eval.temperature == 0, cfg.eval.lossless_tie_margin
+    diffs: list[Mismatch] = []
+    for name, gens in runs.items():
+        if greedy and name != "target":
+            n = len(gens)
+            diffs += lossless_mismatches(prompts[:n], runs["target"][:n], gens, name, margin)
+    mismatches = [d for d in diffs if not d.tie]
+    return LosslessCheck(checked=greedy, passed=greedy and not mismatches, prompts=len(prompts),
+                         mismatches=mismatches, ties=[d for d in diffs if d.tie], tie_margin=margin)
+
+
+def prompt_result(p: EvalPrompt, new_tokens: int, per_prompt: dict[str, list[DecodeStats]], i: int) -> PromptResult:
+    """Prompt i's row: its size, and each drafter's tau, cycles and accepted drafts where it decoded it."""
+    per = {f"{n}_{k}": getattr(stats[i], k) if i < len(stats) else None
+           for n, stats in per_prompt.items() for k in ("tau", "cycles", "accepted")}
+    return PromptResult(id=p.prompt_id, source=p.source, prompt_tokens=len(p.input_ids), new_tokens=new_tokens, **per)
 
 
 def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequence[EvalPrompt], eos: set[int],
                       layer_ids: Sequence[int], block_size: int, max_new: int
-                      ) -> tuple[int, CycleCosts, dict[str, Any] | None]:
+                      ) -> tuple[int, CycleCosts, DecodeStats | None]:
     """(k to decode every suite with, this device's measured cycle costs, the full-block pass's `summarize`).
 
     The costs of every k are measured on the first prompt (draft_length.measure_cycle_costs). A fixed
@@ -222,60 +251,58 @@ def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequenc
         generator = torch.Generator().manual_seed(cfg.generation.seed) if temp > 0 else None
         gens.append(speculative_generate(model, drafter, p.input_ids, layer_ids, max_new, eos, temp, generator))
     full = summarize(gens)
-    acceptance = full.get("acceptance_per_position") or []
+    acceptance = full.acceptance_per_position or []
     k = best_num_drafts(draft_length_curve(costs, acceptance)) if acceptance else block_size - 1
     log.info("evaluate: draft length %d of %d on %s (full-block tau %s, acceptance %s; expected speedup %s)", k,
-             block_size - 1, device_name(next(model.parameters()).device), full.get("tau"), acceptance,
+             block_size - 1, device_name(next(model.parameters()).device), full.tau, acceptance,
              [p.expected_speedup for p in draft_length_curve(costs, acceptance)])
     return k, costs, full
 
 
-def draft_length_record(k: int, block_size: int, costs: CycleCosts, full: dict[str, Any] | None,
-                        headline: dict[str, Any], device: str) -> dict[str, Any]:
-    """metrics["draft_length"] (summary.DraftLength): the curve of every k with its measured costs, expected
-    speedup (from the full-block pass's acceptance, or under a fixed k from that run's, so only up to k) and
-    measured speedup where one was decoded (the chosen k on the headline suite; under auto also the full block)."""
-    acceptance = ((full or headline["drafter"]).get("acceptance_per_position")) or []
-    curve = [{**asdict(p), "measured_speedup": None} for p in draft_length_curve(costs, acceptance)]
-    target_tps = headline["target"].get("tokens_per_s")
-    if full is not None and target_tps and full.get("tokens_per_s"):
-        curve[-1]["measured_speedup"] = round(full["tokens_per_s"] / target_tps, 3)
-        full = {key: full.get(key) for key in ("tau", "acceptance_per_position", "tokens_per_s", "cycles")}
-        full["speedup"] = curve[-1]["measured_speedup"]
-    curve[k - 1]["measured_speedup"] = headline["drafter"].get("speedup")
-    return {"mode": "auto" if full is not None else "fixed", "num_drafts": k, "block_size": block_size,
-            "device_name": device_name(device), "step_ms": round(costs.step_ms, 3), "curve": curve,
-            "tau": headline["drafter"].get("tau"), "speedup": headline["drafter"].get("speedup"),
-            "expected_tokens": round(expected_tokens(acceptance, k), 4) if acceptance else None,
-            "full_block": full}
+def draft_length_record(k: int, block_size: int, costs: CycleCosts, full: DecodeStats | None,
+                        headline: SuiteRun, device: str) -> DraftLength:
+    """The curve of every k with its measured costs, expected speedup (from the full-block pass's acceptance, or
+    under a fixed k from that run's, so only up to k) and measured speedup where one was decoded (the chosen k on
+    the headline suite; under auto also the full block)."""
+    acceptance = (full or headline.drafter).acceptance_per_position or []
+    curve = [DraftLengthPoint(**asdict(p)) for p in draft_length_curve(costs, acceptance)]
+    full_block = None
+    if full is not None:
+        target_tps = headline.target.tokens_per_s
+        speedup = round(full.tokens_per_s / target_tps, 3) if target_tps and full.tokens_per_s else None
+        curve[-1].measured_speedup = speedup
+        full_block = FullBlock(tau=full.tau, acceptance_per_position=full.acceptance_per_position,
+                               tokens_per_s=full.tokens_per_s, cycles=full.cycles, speedup=speedup)
+    curve[k - 1].measured_speedup = headline.drafter.speedup
+    return DraftLength(mode="auto" if full is not None else "fixed", num_drafts=k, block_size=block_size,
+                       device_name=device_name(device), step_ms=round(costs.step_ms, 3), curve=curve,
+                       tau=headline.drafter.tau, speedup=headline.drafter.speedup,
+                       expected_tokens=round(expected_tokens(acceptance, k), 4) if acceptance else None,
+                       full_block=full_block)
 
 
-def suite_row(suite: Suite, metrics: dict[str, Any], reference: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row of the paper-layout table (summaries.SuiteResult) from one suite's `evaluate_prompts` metrics."""
-    drafter, target = metrics["drafter"], metrics["target"]
-    return {"name": suite.name, "source": suite.source, "prompts": len(suite.prompts), "thinking": suite.thinking,
-            "max_new_tokens": suite.max_new_tokens, "tau": drafter.get("tau"),
-            "acceptance_per_position": drafter.get("acceptance_per_position"), "speedup": drafter.get("speedup"),
-            "target_tokens_per_s": target["tokens_per_s"], "drafter_tokens_per_s": drafter["tokens_per_s"],
-            "new_tokens": target["tokens"], "wall_seconds": metrics.get("wall_seconds"),
-            "lossless_passed": metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else None,
-            "published": published_for(reference, suite.name)}
+def suite_row(suite: Suite, run: SuiteRun, reference: list[dict]) -> SuiteResult:
+    """One row of the paper-layout table from one suite's `evaluate_prompts` figures."""
+    drafter = run.drafter
+    return SuiteResult(name=suite.name, source=suite.source, prompts=len(suite.prompts), thinking=suite.thinking,
+                       max_new_tokens=suite.max_new_tokens, tau=drafter.tau,
+                       acceptance_per_position=drafter.acceptance_per_position, speedup=drafter.speedup,
+                       target_tokens_per_s=run.target.tokens_per_s, drafter_tokens_per_s=drafter.tokens_per_s,
+                       new_tokens=run.target.tokens, wall_seconds=run.wall_seconds,
+                       lossless_passed=run.lossless.passed if run.lossless.checked else None,
+                       published=published_for(reference, suite.name))
 
 
-def combine_suites(suites: Sequence[Suite], results: Sequence[dict[str, Any]],
-                   reference: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first suite's metrics as the top level (the headline), every suite's row under `suites`, every
-    suite's prompts (tagged with their suite) and one lossless verdict over all of them."""
-    metrics = {k: v for k, v in results[0].items() if k != "wall_seconds"}
-    metrics["suites"] = [suite_row(s, r, reference) for s, r in zip(suites, results, strict=True)]
-    metrics["prompts"] = [{"suite": s.name, **p} for s, r in zip(suites, results, strict=True) for p in r["prompts"]]
-    lossless = [r["lossless"] for r in results]
-    mismatches = [{"suite": s.name, **m} for s, ll in zip(suites, lossless, strict=True) for m in ll["mismatches"]]
-    metrics["lossless"] = {**lossless[0], "passed": all(ll["passed"] for ll in lossless),
-                           "prompts": sum(ll["prompts"] for ll in lossless), "mismatches": mismatches,
-                           "ties": [{"suite": s.name, **t} for s, ll in zip(suites, lossless, strict=True)
-                                    for t in ll["ties"]]}
-    return metrics
+def combined_lossless(suites: Sequence[Suite], runs: Sequence[SuiteRun]) -> LosslessCheck:
+    """One lossless verdict over every suite: each mismatch and tie tagged with its suite."""
+    def tagged(attr: str) -> list[Mismatch]:
+        return [m.model_copy(update={"suite": s.name}) for s, r in zip(suites, runs, strict=True)
+                for m in getattr(r.lossless, attr)]
+
+    first = runs[0].lossless
+    return LosslessCheck(checked=first.checked, passed=all(r.lossless.passed for r in runs),
+                         prompts=sum(r.lossless.prompts for r in runs), mismatches=tagged("mismatches"),
+                         ties=tagged("ties"), tie_margin=first.tie_margin)
 
 
 def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
@@ -317,39 +344,43 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     log.info("evaluate: suites %s, drafter %s, device %s, %d threads",
              ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri, device,
              torch.get_num_threads())
-    results = []
+    runs = []
     for i, suite in enumerate(suites):
         n_base = 0 if i else n_base0  # the untrained baseline decodes the first suite only
         drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
         t0 = time.perf_counter()
-        results.append(evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
-                                        prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens,
-                                        num_drafts=k))
-        results[-1]["wall_seconds"] = round(time.perf_counter() - t0, 2)  # what this suite added to the stage
-        row = results[-1]["drafter"]
-        log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, row.get("tau", 0), row.get("speedup"))
-    metrics = combine_suites(suites, results, reference)
-    metrics["draft_length"] = draft_length_record(k, block, costs, full, results[0], device)
+        run = evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
+                               prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens, num_drafts=k)
+        run.wall_seconds = round(time.perf_counter() - t0, 2)
+        runs.append(run)
+        log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, run.drafter.tau or 0, run.drafter.speedup)
+    headline = runs[0]
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     parent = getattr(baseline if baseline is not None else trained, "parent", None)
-    metrics.update(stage="evaluate", run_id=cfg.run_id, target_model=cfg.target.model, drafter_uri=trained_uri,
-                   baseline_init=None if baseline is None else cfg.drafter.init, host_cpus=os.cpu_count(),
-                   host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0), target_kernels=kernels,
-                   parent=parent.model_dump() if parent is not None else None,
-                   evaluate_only=cfg.evaluate_only)
-    summary = EvaluateSummary.model_validate(metrics)
+    summary = EvaluateSummary(
+        num_prompts=len(first), max_new_tokens=headline.max_new_tokens, temperature=cfg.eval.temperature,
+        device=str(next(model.parameters()).device), threads=torch.get_num_threads(), layer_ids=layer_ids,
+        target=headline.target, drafter=headline.drafter, baseline=headline.decoders.get("baseline"),
+        lossless=combined_lossless(suites, runs),
+        suites=[suite_row(s, r, reference) for s, r in zip(suites, runs, strict=True)],
+        prompts=[p.model_copy(update={"suite": s.name}) for s, r in zip(suites, runs, strict=True) for p in r.prompts],
+        draft_length=draft_length_record(k, block, costs, full, headline, device), run_id=cfg.run_id,
+        target_model=cfg.target.model, drafter_uri=trained_uri,
+        baseline_init=None if baseline is None else cfg.drafter.init, host_cpus=os.cpu_count(),
+        host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0), target_kernels=kernels,
+        parent=parent, evaluate_only=cfg.evaluate_only)
+    ll = summary.lossless
     log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s\n%s",
-             metrics["drafter"].get("tau", 0), metrics.get("baseline", {}).get("tau", 0),
-             metrics["target"]["tokens_per_s"] or 0, metrics["drafter"]["tokens_per_s"] or 0,
-             metrics["lossless"]["passed"] if metrics["lossless"]["checked"] else "not checked (sampling)",
-             summary.suite_table_text())
-    if metrics["lossless"]["mismatches"]:
-        store.commit_json(METRICS_KEY, metrics)
-        first = metrics["lossless"]["mismatches"][0]
-        ids = sorted({m["prompt_id"] for m in metrics["lossless"]["mismatches"]})
-        raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {first['drafter']} "
+             summary.drafter.tau or 0, summary.baseline.tau or 0 if summary.baseline else 0,
+             summary.target.tokens_per_s or 0, summary.drafter.tokens_per_s or 0,
+             ll.passed if ll.checked else "not checked (sampling)", summary.suite_table_text())
+    if ll.mismatches:
+        store.commit_json(METRICS_KEY, summary.dump())
+        bad = ll.mismatches[0]
+        ids = sorted({m.prompt_id for m in ll.mismatches})
+        raise LosslessError(f"lossless check failed on prompt(s) {', '.join(ids)}: the {bad.drafter} "
                             f"speculative output diverges from the target's greedy output at token "
-                            f"{first['first_mismatch']} of prompt {first['prompt_id']} (suite {first['suite']}); "
-                            f"the target's top-2 logit gap there is {first['margin']}, not below "
+                            f"{bad.first_mismatch} of prompt {bad.prompt_id} (suite {bad.suite}); "
+                            f"the target's top-2 logit gap there is {bad.margin}, not below "
                             f"eval.lossless_tie_margin={cfg.eval.lossless_tie_margin}")
     return summary

@@ -45,12 +45,12 @@ def lossless_note(ev: EvaluateSummary) -> str:
     if lossless is None or not lossless.checked:
         return "not checked (sampling, temperature > 0)"
     if not lossless.passed:
-        return "FAILED on " + ", ".join(f"{m['prompt_id']} ({m['drafter']}, token {m['first_mismatch']})"
+        return "FAILED on " + ", ".join(f"{m.prompt_id} ({m.drafter}, token {m.first_mismatch})"
                                        for m in lossless.mismatches)
     note = f"PASSED: speculative greedy output equals the target's greedy output on all {lossless.prompts} prompts"
     if lossless.ties:
         note += (f" (except {len(lossless.ties)} divergence(s) at numerical ties, top-2 logit gap < "
-                 f"{lossless.tie_margin}: " + ", ".join(t["prompt_id"] for t in lossless.ties) + ")")
+                 f"{lossless.tie_margin}: " + ", ".join(t.prompt_id for t in lossless.ties) + ")")
     return note
 
 
@@ -87,7 +87,6 @@ def draft_length_table(ev: EvaluateSummary) -> list[list[str]]:
     """The curve evaluate chose k from (draft_length.py): every k's measured costs, expected and measured
     speedup, and which tau is which."""
     dl = ev.draft_length
-    full = dl.full_block or {}
     rows = [["k drafts", "verify ms (k + 1 tokens)", "draft ms", "expected tokens/cycle", "expected speedup",
              "measured speedup"]]
     for p in dl.curve:
@@ -95,7 +94,7 @@ def draft_length_table(ev: EvaluateSummary) -> list[list[str]]:
                      fmt(p.draft_ms), fmt(p.expected_tokens), fmt(p.expected_speedup), fmt(p.measured_speedup)])
     rows.append([f"{dl.mode}: measured on {dl.device_name}; target step {fmt(dl.step_ms)} ms",
                  f"tau at k={dl.num_drafts}: {fmt(dl.tau)}",
-                 f"tau at the full block ({dl.block_size - 1} drafts): {fmt(full.get('tau'))}", "", "", ""])
+                 f"tau at the full block ({dl.block_size - 1} drafts): {fmt(dl.full_block_tau)}", "", "", ""])
     return rows
 
 

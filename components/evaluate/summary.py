@@ -12,16 +12,35 @@ from flashdraft.target.model import same_model
 
 
 class DecodeStats(BaseModel):
-    """One decoder's figures over the held-out prompts (components/evaluate/spec.py summarize)."""
+    """One decoder's figures over a suite's prompts (components/evaluate/evaluate.py summarize)."""
 
     model_config = ConfigDict(extra="allow")
 
-    tau: float | None = Field(None, description="tokens per verification cycle (speculative decoders)")
+    tokens: int = Field(0, description="tokens decoded")
+    seconds: float = Field(0.0, description="decode seconds, summed over the prompts")
     tokens_per_s: float | None = Field(None, description="decode throughput")
-    speedup: float | None = Field(None, description="tokens_per_s over the target alone's")
+    cycles: int | None = Field(None, description="verification cycles (speculative decoders)")
+    accepted: int | None = Field(None, description="draft tokens accepted (vLLM's spec_decode_num_accepted_tokens)")
+    tau: float | None = Field(None, description="tokens per verification cycle (speculative decoders)")
+    block_size: int | None = Field(None, description="tokens verified per cycle (drafts + 1)")
     acceptance_per_position: list[float] | None = Field(None, description="fraction accepted per draft position")
-    block_size: int | None = Field(None, description="the drafter's block size")
     prompts: int | None = Field(None, description="prompts this decoder ran (the baseline: eval.baseline_prompts)")
+    speedup: float | None = Field(None, description="tokens_per_s over the target alone's, same prompts")
+
+
+class Mismatch(BaseModel):
+    """A prompt whose speculative output differs from the target's own greedy output."""
+
+    model_config = ConfigDict(extra="allow")
+
+    drafter: str = Field(description="which decoder diverged: drafter or baseline")
+    prompt_id: str = Field(description="the prompt")
+    first_mismatch: int = Field(description="index of the first differing new token")
+    reference_len: int = Field(description="new tokens of the target alone")
+    speculative_len: int = Field(description="new tokens of the speculative decode")
+    margin: float | None = Field(None, description="the target's top-1 minus top-2 logit at that token")
+    tie: bool = Field(False, description="margin below eval.lossless_tie_margin: numerical noise can flip it")
+    suite: str | None = Field(None, description="the eval suite of the prompt")
 
 
 class LosslessCheck(BaseModel):
@@ -30,9 +49,27 @@ class LosslessCheck(BaseModel):
     checked: bool = Field(description="greedy decoding, so the check ran")
     passed: bool = Field(description="speculative output equals the target's greedy output")
     prompts: int = Field(0, description="prompts compared")
-    mismatches: list[dict[str, Any]] = Field(default_factory=list, description="divergences beyond ties")
-    ties: list[dict[str, Any]] = Field(default_factory=list, description="divergences at numerical ties")
+    mismatches: list[Mismatch] = Field(default_factory=list, description="divergences beyond ties")
+    ties: list[Mismatch] = Field(default_factory=list, description="divergences at numerical ties")
     tie_margin: float | None = Field(None, description="eval.lossless_tie_margin")
+
+
+class PromptResult(BaseModel):
+    """One decoded prompt: its size and each speculative decoder's tau on it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(description="the prompt's id")
+    source: str | None = Field(None, description="where the prompt came from")
+    suite: str | None = Field(None, description="its eval suite")
+    prompt_tokens: int = Field(description="prompt length")
+    new_tokens: int = Field(description="tokens the target decoded")
+    drafter_tau: float | None = None
+    drafter_cycles: int | None = None
+    drafter_accepted: int | None = None
+    baseline_tau: float | None = Field(None, description="None where the baseline did not decode this prompt")
+    baseline_cycles: int | None = None
+    baseline_accepted: int | None = None
 
 
 class PublishedFigure(BaseModel):
@@ -64,6 +101,7 @@ class SuiteResult(BaseModel):
     target_tokens_per_s: float | None = Field(None, description="the target alone")
     drafter_tokens_per_s: float | None = Field(None, description="speculative decoding")
     lossless_passed: bool | None = Field(None, description="greedy outputs equal (None: sampling, not checked)")
+    new_tokens: int | None = Field(None, description="tokens the target decoded over the suite")
     wall_seconds: float | None = Field(None, description="the suite's decoding wall time (all decoders, warm-up)")
     published: list[PublishedFigure] = Field(default_factory=list, description="published figures, same suite")
 
@@ -77,6 +115,19 @@ class DraftLengthPoint(BaseModel):
     expected_tokens: float | None = Field(None, description="1 + sum of the first k acceptance rates")
     expected_speedup: float | None = Field(None, description="expected_tokens x step_ms / (draft + verify)")
     measured_speedup: float | None = Field(None, description="decoded at this k: tokens/s over the target's")
+
+
+class FullBlock(BaseModel):
+    """eval.num_draft_tokens=auto: the headline suite decoded drafting the whole block, whose acceptance per
+    position gives every k its expected tokens per cycle."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tau: float | None = Field(None, description="tau drafting the whole block")
+    acceptance_per_position: list[float] | None = Field(None, description="fraction accepted per draft position")
+    tokens_per_s: float | None = Field(None, description="decode throughput drafting the whole block")
+    cycles: int | None = Field(None, description="verification cycles")
+    speedup: float | None = Field(None, description="tokens_per_s over the target alone's")
 
 
 class DraftLength(BaseModel):
@@ -93,12 +144,11 @@ class DraftLength(BaseModel):
     tau: float | None = Field(None, description="headline suite's tau at k (the drafter row's)")
     speedup: float | None = Field(None, description="headline suite's measured speedup at k")
     expected_tokens: float | None = Field(None, description="the tokens per cycle the curve expected at k")
-    full_block: dict[str, Any] | None = Field(None, description="auto: the full-block pass over the headline "
-                                              "suite (tau, acceptance_per_position, tokens_per_s, speedup)")
+    full_block: FullBlock | None = Field(None, description="auto: the full-block pass over the headline suite")
 
     @property
     def full_block_tau(self) -> float | None:
-        return (self.full_block or {}).get("tau")
+        return self.full_block.tau if self.full_block else None
 
 
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
@@ -122,7 +172,8 @@ class EvaluateSummary(StageSummary):
     drafter: DecodeStats | None = Field(None, description="the trained drafter")
     baseline: DecodeStats | None = Field(None, description="an untrained drafter of the same shape")
     lossless: LosslessCheck | None = Field(None, description="the lossless check")
-    prompts: list[dict[str, Any]] = Field(default_factory=list, description="per-prompt figures")
+    prompts: list[PromptResult] = Field(default_factory=list, description="per-prompt figures, every suite")
+    run_id: str | None = Field(None, description="the evaluated run")
     drafter_uri: str | None = Field(None, description="the evaluated checkpoint")
     baseline_init: str | None = Field(None, description="how the baseline was initialised (drafter.init): random "
                                       "or target (untrained), pretrained (the parent a run trained on from)")
@@ -152,7 +203,7 @@ class EvaluateSummary(StageSummary):
         dl = self.draft_length
         if dl is not None:
             out.update(numbers({"num_draft_tokens": dl.num_drafts, "tau_full_block": dl.full_block_tau,
-                                "speedup_full_block": (dl.full_block or {}).get("speedup")}))
+                                "speedup_full_block": dl.full_block.speedup if dl.full_block else None}))
         for s in self.suites:
             key = s.name.replace("-", "_").replace(".", "_")
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))

@@ -128,7 +128,7 @@ def recommendations(cfg: RunConfig, g: dict[str, Any], ev: EvaluateSummary | Non
         return []
     rows = [{"device": dl.device_name or getattr(ev, "device", "this device"), "num_speculative_tokens": dl.num_drafts,
              "basis": f"measured by evaluate (eval.num_draft_tokens {dl.mode})"}]
-    acceptance = (dl.full_block or {}).get("acceptance_per_position") or (
+    acceptance = (dl.full_block.acceptance_per_position if dl.full_block else None) or (
         ev.drafter.acceptance_per_position if ev.drafter else None) or []
     return rows + (_gpu_recommendations(cfg, g, acceptance) if acceptance else [])
 

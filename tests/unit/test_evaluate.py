@@ -31,16 +31,16 @@ def test_evaluate_commits_metrics_and_passes_the_lossless_check(evaluated):
     assert metrics.drafter_uri == uri
     assert metrics.lossless.model_dump() == {"checked": True, "passed": True, "prompts": 4, "mismatches": [],
                                              "ties": [], "tie_margin": 0.0}
-    ids = [p["id"] for p in metrics.prompts]
+    ids = [p.id for p in metrics.prompts]
     assert ids[1:] == ["user-1", "extra-3", "HumanEval/0"] and ids[0] not in ids[1:]
     for name in ("drafter", "baseline"):
-        m = getattr(metrics, name).model_dump()
-        assert 1.0 <= m["tau"] <= cfg.drafter.block_size
-        assert len(m["acceptance_per_position"]) == metrics.draft_length.num_drafts  # k drafts a cycle
-        assert m["tokens"] == metrics.target.tokens > 0
-        assert m["tokens_per_s"] > 0 and m["speedup"] > 0
+        m = getattr(metrics, name)
+        assert 1.0 <= m.tau <= cfg.drafter.block_size
+        assert len(m.acceptance_per_position) == metrics.draft_length.num_drafts  # k drafts a cycle
+        assert m.tokens == metrics.target.tokens > 0
+        assert m.tokens_per_s > 0 and m.speedup > 0
     # the headline figures are the first suite's (held-out)
-    assert metrics.target.tokens == sum(p["new_tokens"] for p in metrics.prompts if p["suite"] == "heldout")
+    assert metrics.target.tokens == sum(p.new_tokens for p in metrics.prompts if p.suite == "heldout")
 
 
 def test_evaluate_rerun_is_reused_and_changed_eval_settings_evaluate_again(tiny_evaluated, tmp_path):
@@ -89,8 +89,8 @@ def test_a_broken_acceptance_rule_fails_the_evaluation_naming_the_prompts(evalua
         return min(draft.numel(), greedy_accept(draft, choice) + 1)
 
     metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": drafter}, cfg.layer_ids(), accept=one_too_many)
-    assert metrics["lossless"]["checked"] and not metrics["lossless"]["passed"]
-    assert sorted(m["prompt_id"] for m in metrics["lossless"]["mismatches"]) == sorted(p.prompt_id for p in prompts)
+    assert metrics.lossless.checked and not metrics.lossless.passed
+    assert sorted(m.prompt_id for m in metrics.lossless.mismatches) == sorted(p.prompt_id for p in prompts)
 
 
 def test_the_baseline_decodes_only_its_prompt_limit_and_is_compared_on_those_prompts(evaluated):
@@ -105,10 +105,11 @@ def test_the_baseline_decodes_only_its_prompt_limit_and_is_compared_on_those_pro
     drafter = build_drafter(cfg, load_hf_config(cfg.target), seed=5, tokenizer=tok)
     metrics = evaluate_prompts(cfg, model, tok, prompts, {"drafter": drafter, "baseline": drafter}, cfg.layer_ids(),
                                prompt_limits={"baseline": 1})
-    assert metrics["drafter"]["prompts"] == len(prompts) == 3 and metrics["baseline"]["prompts"] == 1
-    assert metrics["baseline"]["tokens"] == metrics["prompts"][0]["new_tokens"] < metrics["target"]["tokens"]
-    assert [p["baseline_tau"] is None for p in metrics["prompts"]] == [False, True, True]
-    assert metrics["lossless"]["passed"] and metrics["baseline"]["speedup"] > 0
+    baseline = metrics.decoders["baseline"]
+    assert metrics.drafter.prompts == len(prompts) == 3 and baseline.prompts == 1
+    assert baseline.tokens == metrics.prompts[0].new_tokens < metrics.target.tokens
+    assert [p.baseline_tau is None for p in metrics.prompts] == [False, True, True]
+    assert metrics.lossless.passed and baseline.speedup > 0
 
 
 def test_baseline_prompts_zero_skips_the_baseline(tmp_path):
@@ -138,4 +139,4 @@ def test_a_pretrained_parent_is_the_baseline_on_every_prompt_the_drafter_decodes
     metrics = run_evaluate(cfg)
     assert metrics.baseline_init == "pretrained" and metrics.parent.format == "zlab"
     assert metrics.baseline.prompts == metrics.drafter.prompts == 3
-    assert all(p["baseline_tau"] is not None for p in metrics.prompts)
+    assert all(p.baseline_tau is not None for p in metrics.prompts)

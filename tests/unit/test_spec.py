@@ -57,8 +57,8 @@ def test_speculative_greedy_is_lossless_and_accepts_what_matches(tiny, wrong_fro
     full_cycles = got.accepted[:-1]  # the last cycle may run past max_new_tokens
     assert full_cycles and all(a == expected_accept for a in full_cycles)
     stats = summarize([got])
-    assert stats["tau"] == pytest.approx(sum(a + 1 for a in got.accepted) / len(got.accepted), abs=1e-4)
-    assert len(stats["acceptance_per_position"]) == block - 1
+    assert stats.tau == pytest.approx(sum(a + 1 for a in got.accepted) / len(got.accepted), abs=1e-4)
+    assert len(stats.acceptance_per_position) == block - 1
 
 
 @pytest.mark.parametrize("cached", [True, False])
@@ -85,7 +85,7 @@ def test_fewer_drafts_than_the_block_is_lossless_and_verifies_k_plus_one(tiny, n
     got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set(), num_drafts=num_drafts)
     assert got.tokens == reference.tokens and got.block_size == num_drafts + 1
     assert got.accepted[:-1] and all(a == num_drafts for a in got.accepted[:-1])
-    assert len(summarize([got])["acceptance_per_position"]) == num_drafts
+    assert len(summarize([got]).acceptance_per_position) == num_drafts
 
 
 def test_a_real_drafter_at_k_drafts_a_shorter_block_losslessly(tiny):
@@ -141,8 +141,8 @@ def test_broken_acceptance_rule_fails_the_lossless_check(tiny):
 
     got = speculative_generate(model, drafter, prompt, cfg.layer_ids(), MAX_NEW, set(), accept=off_by_one)
     bad = lossless_mismatches([EvalPrompt("p-broken", list(prompt), "test")], [reference], [got], "drafter")
-    assert [m["prompt_id"] for m in bad] == ["p-broken"]
-    assert bad[0]["first_mismatch"] == 2  # slot 1 (the corrupted one) is the first wrongly accepted token
+    assert [m.prompt_id for m in bad] == ["p-broken"]
+    assert bad[0].first_mismatch == 2  # slot 1 (the corrupted one) is the first wrongly accepted token
 
 
 def test_divergence_at_a_numerical_tie_is_reported_but_only_a_tie_below_the_margin(tiny):
@@ -152,9 +152,9 @@ def test_divergence_at_a_numerical_tie_is_reported_but_only_a_tie_below_the_marg
     ref = Generation(tokens=[1, 2, 3], seconds=1.0, margins=[5.0, 0.001, 4.0])
     at_tie, at_confident = Generation(tokens=[1, 9, 3], seconds=1.0), Generation(tokens=[7, 2, 3], seconds=1.0)
     strict = lossless_mismatches(prompt, [ref], [at_tie], "drafter")
-    assert strict[0]["first_mismatch"] == 1 and strict[0]["margin"] == 0.001 and not strict[0]["tie"]
-    assert lossless_mismatches(prompt, [ref], [at_tie], "drafter", tie_margin=0.01)[0]["tie"]
-    assert not lossless_mismatches(prompt, [ref], [at_confident], "drafter", tie_margin=0.01)[0]["tie"]
+    assert strict[0].first_mismatch == 1 and strict[0].margin == 0.001 and not strict[0].tie
+    assert lossless_mismatches(prompt, [ref], [at_tie], "drafter", tie_margin=0.01)[0].tie
+    assert not lossless_mismatches(prompt, [ref], [at_confident], "drafter", tie_margin=0.01)[0].tie
 
 
 def test_rejection_sampling_preserves_the_target_distribution():

@@ -96,7 +96,7 @@ def test_vllm_accepts_at_fewer_speculative_tokens_what_flashdraft_measured(vllm_
     first k drafts of a full block are not those of a short one: the slots attend to each other)."""
     cfg, tmp, export, metrics, prompts = evaluated_run
     auto = run_evaluate(cfg.with_overrides({"eval.num_draft_tokens": "auto"}))
-    assert auto.draft_length.mode == "auto" and auto.draft_length.full_block["tau"] == pytest.approx(
+    assert auto.draft_length.mode == "auto" and auto.draft_length.full_block.tau == pytest.approx(
         metrics.drafter.tau, abs=1e-6), "auto's full-block pass is the full-block evaluation"
     for k in sorted({auto.draft_length.num_drafts, 2}):
         ours = auto if k == auto.draft_length.num_drafts else run_evaluate(
