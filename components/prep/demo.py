@@ -9,6 +9,7 @@ target regenerates. Rows are in the `messages` format with the final assistant t
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterator
 
 SYSTEMS = [
@@ -155,4 +156,74 @@ def demo_rows() -> list[dict]:
     rows: list[dict] = []
     for group in itertools.zip_longest(*per_category):
         rows.extend(r for r in group if r is not None)
+    return rows
+
+
+# `builtin:demo-code`: Python functions to complete from their signature and docstring, the shape of a code
+# benchmark's request (HumanEval's among them): the reply repeats the stub and adds the body, so a drafter trained
+# on these learns to copy the prompt's code, which most of such a reply is. Written for this project.
+STUBS = [
+    ("running_max", "values: list[int]", "list[int]", "Return the largest value seen so far at each position.",
+     "running_max([1, 3, 2, 5]) == [1, 3, 3, 5]"),
+    ("count_words", "text: str", "dict[str, int]", "Count how often each lower-cased word occurs in text.",
+     "count_words('a b A') == {'a': 2, 'b': 1}"),
+    ("is_palindrome", "text: str", "bool", "Check whether text reads the same backwards, ignoring case and spaces.",
+     "is_palindrome('Never odd or even') is True"),
+    ("chunk", "items: list, size: int", "list[list]", "Split items into consecutive chunks of at most size items.",
+     "chunk([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]"),
+    ("flatten", "nested: list[list[int]]", "list[int]", "Flatten a list of lists into one list, keeping order.",
+     "flatten([[1, 2], [], [3]]) == [1, 2, 3]"),
+    ("second_largest", "numbers: list[int]", "int | None",
+     "Return the second largest distinct number, or None when there is none.", "second_largest([4, 1, 4, 3]) == 3"),
+    ("caesar_shift", "text: str, shift: int", "str",
+     "Shift every lower-case letter of text by shift places in the alphabet, wrapping around.",
+     "caesar_shift('xyz', 2) == 'zab'"),
+    ("digit_sum", "n: int", "int", "Return the sum of the decimal digits of a non-negative integer.",
+     "digit_sum(4096) == 19"),
+    ("merge_intervals", "intervals: list[tuple[int, int]]", "list[tuple[int, int]]",
+     "Merge overlapping closed intervals and return them sorted by start.",
+     "merge_intervals([(1, 3), (2, 6), (8, 9)]) == [(1, 6), (8, 9)]"),
+    ("rotate_left", "items: list, k: int", "list", "Rotate items k places to the left.",
+     "rotate_left([1, 2, 3, 4], 1) == [2, 3, 4, 1]"),
+    ("common_prefix", "words: list[str]", "str", "Return the longest prefix shared by every word.",
+     "common_prefix(['flow', 'flower', 'flight']) == 'fl'"),
+    ("count_vowels", "text: str", "int", "Count the vowels (a, e, i, o, u) in text, ignoring case.",
+     "count_vowels('Banana') == 3"),
+    ("pairs_with_sum", "numbers: list[int], target: int", "list[tuple[int, int]]",
+     "Return every pair (i, j) with i < j whose numbers add up to target.",
+     "pairs_with_sum([1, 2, 3, 4], 5) == [(0, 3), (1, 2)]"),
+    ("to_snake_case", "name: str", "str", "Convert a CamelCase name to snake_case.",
+     "to_snake_case('HttpRequestCount') == 'http_request_count'"),
+    ("balanced", "text: str", "bool", "Check that the brackets (), [] and {} in text are balanced.",
+     "balanced('(a[b]{c})') is True"),
+    ("moving_average", "values: list[float], window: int", "list[float]",
+     "Return the mean of every window of consecutive values.", "moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]"),
+    ("gcd_all", "numbers: list[int]", "int", "Return the greatest common divisor of all the numbers.",
+     "gcd_all([12, 18, 30]) == 6"),
+    ("dedupe_sorted", "items: list[int]", "list[int]", "Remove repeated items from a sorted list.",
+     "dedupe_sorted([1, 1, 2, 3, 3]) == [1, 2, 3]"),
+    ("histogram", "values: list[int]", "str", "Draw one line of '*' per value, as many stars as the value.",
+     "histogram([2, 1]) == '**\\n*'"),
+    ("binary_search", "items: list[int], target: int", "int",
+     "Return the index of target in the sorted list items, or -1 when it is absent.",
+     "binary_search([1, 3, 5, 7], 5) == 2"),
+]
+COMPLETION_REQUESTS = [
+    "Complete this Python function. Reply with the whole function in one code block.\n\n{stub}",
+    "Finish the implementation below and return the complete function.\n\n{stub}",
+    "Write the body of this function. Show the full function in a Python code block.\n\n{stub}",
+]
+
+
+def code_completion_rows() -> list[dict]:
+    """Every `builtin:demo-code` row: each stub once per request wording, typed or untyped in turn."""
+    rows = []
+    for i, ((name, args, returns, doc, example), request) in enumerate(
+            itertools.product(STUBS, COMPLETION_REQUESTS)):
+        typed = i % 2 == 0
+        names = ", ".join(re.findall(r"(\w+):", args))
+        signature = f"def {name}({args}) -> {returns}:" if typed else f"def {name}({names}):"
+        stub = f'{signature}\n    """{doc}\n\n    >>> {example}\n    """\n'
+        rows.append({"messages": [{"role": "user", "content": request.format(stub=stub)}],
+                     "category": "code_completion"})
     return rows

@@ -18,7 +18,11 @@ from flashdraft.config import SourceSpec, StorageConfig
 from flashdraft.config.features import split_uri
 from flashdraft.storage.store import ObjectStore
 
+from .demo import code_completion_rows, demo_rows
 from .formats import BadRow
+
+# The prompt sets the package writes itself (demo.py): offline, deterministic.
+BUILTIN_SOURCES = {"builtin:demo": demo_rows, "builtin:demo-code": code_completion_rows}
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
 
@@ -121,13 +125,11 @@ def _hf_rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
 
 def iter_source(spec: SourceSpec, storage: StorageConfig) -> Iterator[tuple[int, Any]]:
     """`(row_number, raw row or BadRow)` for every row of one source."""
-    if spec.uri == "builtin:demo":
-        from .demo import demo_rows
-
-        yield from enumerate(demo_rows(), start=1)
+    if spec.uri in BUILTIN_SOURCES:
+        yield from enumerate(BUILTIN_SOURCES[spec.uri](), start=1)
         return
     if spec.uri.startswith("builtin:"):
-        raise SourceError(f"source {spec.uri}: the only builtin source is builtin:demo")
+        raise SourceError(f"source {spec.uri}: the builtin sources are {', '.join(BUILTIN_SOURCES)}")
     if spec.uri.startswith("hf:"):
         yield from _hf_rows(spec)
         return

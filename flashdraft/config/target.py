@@ -54,10 +54,11 @@ class TargetConfig(Section):
 
 
 class SourceSpec(Section):
-    """One prompt source: a file/object URI (JSONL, JSON, Parquet), `hf:<dataset id>`, or `builtin:demo`."""
+    """One prompt source: a file/object URI (JSONL, JSON, Parquet), `hf:<dataset id>`, or a builtin set."""
 
     uri: str = Field(description="file path, file://, s3:// (the run's storage credentials) or hf:<dataset id>; "
-                     "builtin:demo = the packaged demo prompts")
+                     "builtin:demo = the packaged demo prompts, builtin:demo-code = packaged Python functions to "
+                     "complete from their signature and docstring")
     format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = Field(
         default="auto", description="row schema; auto detects it per row from the keys present (messages, "
         "conversations, instruction, prompt)")

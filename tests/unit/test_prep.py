@@ -131,7 +131,7 @@ def test_unreadable_or_empty_sources_are_clear_errors(tmp_path):
     all_bad.write_bytes(b"{oops\n[]\n")
     cases = [(str(tmp_path / "missing.jsonl"), "file not found"), (str(broken), "not a readable Parquet"),
              (str(all_bad), "zero valid rows"), (str(tmp_path / "x.csv"), "unknown file type"),
-             ("builtin:nope", "only builtin source")]
+             ("builtin:nope", "the builtin sources are builtin:demo, builtin:demo-code")]
     for uri, message in cases:
         with pytest.raises(SourceError, match=message):
             run_prep(_cfg(tmp_path, [{"uri": uri}]))
