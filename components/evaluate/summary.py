@@ -148,7 +148,10 @@ class DraftLength(BaseModel):
 
     @property
     def full_block_tau(self) -> float | None:
-        return self.full_block.tau if self.full_block else None
+        """tau drafting the whole block: auto's full-block pass, or the decode itself when k is B-1."""
+        if self.full_block is not None:
+            return self.full_block.tau
+        return self.tau if self.num_drafts == self.block_size - 1 else None
 
 
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",

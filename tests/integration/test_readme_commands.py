@@ -75,7 +75,8 @@ NOT_HERE = {
                                                                           "test_dataset_responses_run.py)",
     "flashdraft run-local --preset smollm2-local --set run_id=tau-": "issue 49's SmolLM2 measurement: three "
                                                                       "real-model runs on a dataset with reference "
-                                                                      "replies (run by hand; not measured yet)",
+                                                                      "replies, ~15 min (benchmarks/"
+                                                                      "bench_responses.py runs them)",
     "flashdraft run-local --preset tiny --set run_id=base": "two whole tiny runs, the second reading the first's "
                                                             "features: tests/integration/test_features_from_run.py "
                                                             "runs exactly this",
