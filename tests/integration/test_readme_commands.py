@@ -27,7 +27,7 @@ from flashdraft.storage.store import open_store
 
 # Command prefix -> why this suite does not run it.
 NOT_HERE = {
-    "make run-local": "the real 135M chat model end to end, 9.8 min on a quiet 2-core machine (run by hand; "
+    "make run-local": "the real 135M chat model end to end, 7 min on a quiet 2-core machine (run by hand; "
                       "the tiny run-local below takes the same path)",
     "make test": "the test suite itself",
     ".venv/bin/flashdraft run-local --preset smollm2-quality": "the real 135M chat model on all demo prompts, ~16 min "
