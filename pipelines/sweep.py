@@ -34,9 +34,11 @@ class Sweep:
 
 
 def variant_overrides(base: RunConfig, variant: Variant) -> dict[str, Any]:
-    """A variant's overrides of the base config: its own, its run_id, the base run as its source."""
+    """A variant's overrides of the base config: its own, its run_id, the base run as its source, and one training
+    to plan (the base run's plan prices all of them: plan.train_variants)."""
     source = f"{base.storage.root.rstrip('/')}/{base.run_id}"
-    return {**variant.overrides, "run_id": f"{base.run_id}-{variant.name}", "data.features_from": source}
+    return {"plan.train_variants": 1, **variant.overrides, "run_id": f"{base.run_id}-{variant.name}",
+            "data.features_from": source}
 
 
 def variant_config(base: RunConfig, variant: Variant) -> RunConfig:

@@ -195,6 +195,15 @@ def throughput(cfg: RunConfig, target: Target, section: TargetSection, tokens: i
     return Throughput(cost, gpus, step_flops, train_flops_per_token, cal, gpu_hours, stream_bw, ratio)
 
 
+def with_variants(gpu_hours: dict[str, StageEstimate], variants: int) -> dict[str, StageEstimate]:
+    """The stages' work with `plan.train_variants` trainings of the same features: generate and extract once, train
+    N times (what a sweep runs; `plan --compare` prices the same per topology)."""
+    one = gpu_hours["train"]
+    trains = one.model_copy(update={"tokens": one.tokens * variants,
+                                    "gpu_hours": None if one.gpu_hours is None else round(one.gpu_hours * variants, 1)})
+    return {**gpu_hours, "train": trains}
+
+
 def make_plan(cfg: RunConfig) -> PlanSummary:
     """The whole estimate, typed (the `--json` output and metrics/plan.json), its gate included."""
     cfg, target, section = planning_target(cfg)
@@ -216,7 +225,8 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
         codecs=codecs, codec=cfg.features.codec, total_bytes_at_rest=at_rest, peak_bytes_streaming=int(window),
         objects=2 * shard_count + 1, shards=shard_count, tokens_to_generate=work.gpu_hours["generate"].tokens,
         responses=cfg.data.responses,
-        tokens_to_extract=tokens, gpu_hours=work.gpu_hours,
+        tokens_to_extract=tokens, gpu_hours=with_variants(work.gpu_hours, cfg.plan.train_variants),
+        train_variants=cfg.plan.train_variants,
         streaming_bandwidth_bytes_per_s=_r(work.streaming_bandwidth),
         inference_per_trainer_gpu=work.inference_per_trainer_gpu, trainer_gpus=cfg.training.world_size,
         mode=cfg.mode.kind,
@@ -291,6 +301,8 @@ def plan_markdown(plan: PlanSummary) -> str:
                      f"{v.bytes_per_token / plan.bytes_per_token:.3f} | {_fmt_bytes(v.total_bytes)} |")
     lines += ["", "| stage | GPU | tokens | tokens/s/GPU | GPU-hours |", "|---|---|---:|---:|---:|"]
     for stage, v in plan.gpu_hours.items():
+        if stage == "train" and plan.train_variants > 1:
+            stage = f"train ({plan.train_variants} variants, plan.train_variants)"
         lines.append(f"| {stage} | {v.gpu or '-'} | {v.tokens:,} | {v.tokens_per_s_per_gpu or '-'} | "
                      f"{v.gpu_hours if v.gpu_hours is not None else '-'} |")
     bw, ratio = plan.streaming_bandwidth_bytes_per_s, plan.inference_per_trainer_gpu

@@ -36,6 +36,8 @@ class PlanSummary(StageSummary):
     shards: int | None = Field(None, description="feature shards")
     tokens_to_generate: int | None = Field(None, description="response tokens the target generates")
     responses: str | None = Field(None, description="data.responses: target (generated) or dataset (no generation)")
+    train_variants: int = Field(1, description="plan.train_variants: trainings of the same features; gpu_hours' "
+                                "train row counts all of them")
     tokens_to_extract: int | None = Field(None, description="tokens extraction runs through the target")
     gpu_hours: dict[str, StageEstimate] | None = Field(None, description="per GPU stage: gpu, tokens, rate, GPU-hours")
     streaming_bandwidth_bytes_per_s: float | None = Field(None, description="streaming: store bandwidth needed")

@@ -38,6 +38,7 @@ def test_a_sweep_compiles_one_extraction_and_a_loop_of_variant_runs_on_the_train
     for v in variants:
         assert v["overrides"]["run_id"] == f"{base['run_id']}-{v['name']}"
         assert v["overrides"]["data.features_from"] == f"{base['storage']['root']}/{base['run_id']}"
+        assert v["overrides"]["plan.train_variants"] == 1, "a variant run is one of the trainings the base planned"
     train = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
     assert train["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("trainer_node_selector")
 

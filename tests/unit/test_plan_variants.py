@@ -68,3 +68,19 @@ def test_compare_shows_offline_against_streaming_at_1_3_and_10_variants_and_wher
     text = CliRunner().invoke(app, ["plan", "--preset", "qwen3.6-27b", "--compare",
                                     *[a for s in FIXED for a in ("--set", s)]]).output
     assert "Variants: trainings of the same features" in text
+
+
+def test_the_default_plan_table_trains_every_variant_and_generates_and_extracts_once():
+    from flashdraft.components.plan.planner import make_plan, plan_markdown
+    from flashdraft.config import load_config
+
+    one = make_plan(load_config(preset="qwen3.6-27b", overrides=FIXED))
+    three = make_plan(load_config(preset="qwen3.6-27b", overrides=[*FIXED, "plan.train_variants=3"]))
+    for stage in ("generate", "extract"):
+        assert three.gpu_hours[stage] == one.gpu_hours[stage], stage
+    assert three.gpu_hours["train"].tokens == 3 * one.gpu_hours["train"].tokens
+    assert abs(three.gpu_hours["train"].gpu_hours - 3 * one.gpu_hours["train"].gpu_hours) <= 0.15
+    assert "| train (3 variants, plan.train_variants) |" in plan_markdown(three)
+    assert "| train |" in plan_markdown(one)
+    # --compare prices from one training's tokens: the same rows as before, N applied once
+    assert three.comparison.train_variants == 3
