@@ -181,8 +181,8 @@ def test_run_evaluate_reports_one_row_per_suite(two_suites):
         assert 1.0 <= row.tau <= cfg.drafter.block_size and row.speedup > 0 and row.lossless_passed
         assert len(row.acceptance_per_position) == summary.draft_length.num_drafts
     assert [p.label for p in he.published] == ["paper"] and heldout.published == []
-    assert [p["suite"] for p in summary.prompts] == ["heldout", "heldout", "humaneval"]
-    assert summary.prompts[2]["id"] == "HumanEval/0" and summary.prompts[2]["new_tokens"] <= 6
+    assert [p.suite for p in summary.prompts] == ["heldout", "heldout", "humaneval"]
+    assert summary.prompts[2].id == "HumanEval/0" and summary.prompts[2].new_tokens <= 6
     assert summary.lossless.passed and summary.lossless.prompts == 3
     assert summary.baseline.prompts == 1  # the baseline decodes the first suite only
 

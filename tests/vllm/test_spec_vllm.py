@@ -78,12 +78,12 @@ def test_vllm_serves_the_export_with_equal_outputs_and_equal_tau(vllm_python, ev
     plain = _vllm(vllm_python, cfg, tmp, None, prompts, 0)
     assert plain["drafts"] == 0 and not plain["speculative"]
     for p, row, ref, got in zip(prompts, metrics.prompts, plain["prompts"], spec["prompts"], strict=True):
-        assert row["id"] == p.prompt_id
+        assert row.id == p.prompt_id
         assert got["ids"] == ref["ids"], f"prompt {p.prompt_id}: vLLM with DFlash changed the greedy output"
-        assert len(ref["ids"]) == row["new_tokens"]
-        assert (got["drafts"], got["accepted"]) == (row["drafter_cycles"], row["drafter_accepted"]), \
+        assert len(ref["ids"]) == row.new_tokens
+        assert (got["drafts"], got["accepted"]) == (row.drafter_cycles, row.drafter_accepted), \
             f"prompt {p.prompt_id}: vLLM drafts/accepted {got['drafts']}/{got['accepted']}, flashdraft " \
-            f"{row['drafter_cycles']}/{row['drafter_accepted']}"
+            f"{row.drafter_cycles}/{row.drafter_accepted}"
     assert spec["drafts"] == ours["cycles"] and spec["accepted"] == ours["accepted"]
     assert spec["tau"] == pytest.approx(ours["tau"], abs=1e-4)
     assert spec["acceptance_per_position"] == pytest.approx(ours["acceptance_per_position"], abs=1e-4)
@@ -104,9 +104,9 @@ def test_vllm_accepts_at_fewer_speculative_tokens_what_flashdraft_measured(vllm_
         assert ours.lossless.passed and ours.draft_length.num_drafts == k
         spec = _vllm(vllm_python, cfg, tmp, export.formats["zlab"].local, prompts, k)
         for p, row, got in zip(prompts, ours.prompts, spec["prompts"], strict=True):
-            assert (got["drafts"], got["accepted"]) == (row["drafter_cycles"], row["drafter_accepted"]), \
+            assert (got["drafts"], got["accepted"]) == (row.drafter_cycles, row.drafter_accepted), \
                 f"k={k}, prompt {p.prompt_id}: vLLM drafts/accepted {got['drafts']}/{got['accepted']}, " \
-                f"flashdraft {row['drafter_cycles']}/{row['drafter_accepted']}"
+                f"flashdraft {row.drafter_cycles}/{row.drafter_accepted}"
         assert spec["tau"] == pytest.approx(ours.drafter.tau, abs=1e-4)
 
 
@@ -121,7 +121,7 @@ def test_vllm_serves_a_re_exported_pretrained_drafter_like_its_source(vllm_pytho
     child_metrics = run_evaluate(child)
     child_export = run_export(child, out_dir=tmp / "child-export")
     assert child_metrics.lossless.passed
-    assert [p["id"] for p in child_metrics.prompts] == [p["id"] for p in metrics.prompts], "same held-out prompts"
+    assert [p.id for p in child_metrics.prompts] == [p.id for p in metrics.prompts], "same held-out prompts"
     ours = metrics.drafter.model_dump()
     assert child_metrics.drafter.model_dump()["tau"] == pytest.approx(ours["tau"], abs=1e-6)
     spec = _vllm(vllm_python, cfg, tmp, child_export.formats["zlab"].local, prompts, cfg.drafter.block_size - 1)
@@ -162,7 +162,7 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     spec = _vllm(vllm_python, cfg, tmp, str(folder), prompts, cfg.drafter.block_size - 1)
     assert spec["drafts"] > 0
     for p, g, got, row in zip(prompts, ours, spec["prompts"], metrics.prompts, strict=True):
-        assert len(got["ids"]) == row["new_tokens"], f"prompt {p.prompt_id}: vLLM stopped early"
+        assert len(got["ids"]) == row.new_tokens, f"prompt {p.prompt_id}: vLLM stopped early"
         assert got["ids"] == g.tokens, f"prompt {p.prompt_id}: outputs differ"
         assert (got["drafts"], got["accepted"]) == (len(g.accepted), sum(g.accepted)), \
             f"prompt {p.prompt_id}: vLLM drafts/accepted {got['drafts']}/{got['accepted']}, flashdraft " \
