@@ -65,11 +65,6 @@ def held_out_rows(work: Path, run_id: str) -> list[int]:
     return table.column("source_row").to_pylist()
 
 
-def prep_counts(work: Path, run_id: str) -> dict[str, float]:
-    """Prep's figures of a run: prompts kept, quarantined, train and eval."""
-    return stage_figures(work / "runs", run_id, "prep")
-
-
 def table(rows: list[tuple[str, str, RunFigures, float]], steps: int, prep: dict[str, float]) -> str:
     lines = ["| run | replies | steps | held-out tau (full block) | speedup | lossless | wall s | generation s |"
              " extract s | train s |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
@@ -103,7 +98,7 @@ def main() -> None:
     rows = []
     fig, wall = run(work, "tau-a", common)
     rows.append(("(a)", "target", fig, wall))
-    prep = prep_counts(work, "tau-a")
+    prep = stage_figures(work / "runs", "tau-a", "prep")  # prompts kept, quarantined, train, eval
     quarter = NUM_EVAL + math.ceil(prep["prompts_train"] / 4)
     fig, wall = run(work, "tau-b", {**common, "data.responses": "dataset",
                                     "data.max_response_tokens": str(DATASET_MAX_REPLY)})

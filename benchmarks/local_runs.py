@@ -19,7 +19,7 @@ from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.config import StorageConfig
 from flashdraft.run import status
 from flashdraft.storage import layout
-from flashdraft.storage.store import open_store
+from flashdraft.storage.store import ObjectStore, open_store
 
 
 def flashdraft(args: list[str], cwd: Path) -> float:
@@ -51,10 +51,15 @@ class RunFigures:
         return round(sum(self.stage_s.get(s, 0.0) for s in stages), 1)
 
 
+def run_store(runs_root: Path, run_id: str) -> ObjectStore:
+    """Run `run_id`'s store under the local runs/ folder `runs_root`, read only."""
+    return open_store(StorageConfig(root=f"file://{runs_root.resolve()}"), run_id, read_only=True)
+
+
 def run_figures(runs_root: Path, run_id: str, *, evaluated: bool = True) -> RunFigures:
     """The figures of run `run_id` under the local store `runs_root` (the runs/ folder a run-local writes);
     `evaluated=False` for a run without an evaluate task (a sweep's base run): its stage seconds only."""
-    store = open_store(StorageConfig(root=f"file://{runs_root.resolve()}"), run_id, read_only=True)
+    store = run_store(runs_root, run_id)
     stage_s: dict[str, float] = {}
     for record in status.read_records(store):
         if record.state == "done" and record.duration_s is not None and not record.reused:
@@ -71,7 +76,7 @@ def run_figures(runs_root: Path, run_id: str, *, evaluated: bool = True) -> RunF
 
 def stage_figures(runs_root: Path, run_id: str, stage: str) -> dict[str, float]:
     """The figures of a run's (unsharded) stage task, as its status record holds them."""
-    store = open_store(StorageConfig(root=f"file://{runs_root.resolve()}"), run_id, read_only=True)
+    store = run_store(runs_root, run_id)
     record = status.read_record(store, stage)
     if record is None:
         raise SystemExit(f"run {run_id}: no {stage} record under {runs_root}")
