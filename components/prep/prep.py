@@ -2,9 +2,10 @@
 
 Pipeline: read every source row -> normalise to chat messages (bad rows to quarantine with source, row number
 and reason) -> exact dedupe on normalised content -> length filter with the target's tokenizer and chat template
--> deterministic shuffle by `data.seed` -> cap at `data.max_samples` -> eval split (`data.eval_count`) -> N train
-shards. Everything is committed through the store; the manifest goes last. Whether prep runs again is the
-runner's decision (flashdraft/run/runner.py): the same data config is reused, a different one refused.
+-> deterministic shuffle by `data.seed` -> cap at `data.max_samples` -> eval split (`data.eval_count`, from the
+sources that may be held out) -> N train shards. Everything is committed through the store; the manifest goes last.
+Whether prep runs again is the runner's decision (flashdraft/run/runner.py): the same data config is reused, a
+different one refused.
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ def _read_sources(cfg: RunConfig, tok) -> tuple[list[dict], list[dict], dict[str
     return kept, quarantine, per_source
 
 
+def _split_eval(used: list[dict], cfg: RunConfig) -> tuple[list[dict], list[dict]]:
+    """(eval rows, train rows): the first `data.eval_count` shuffled rows of sources that may be held out
+    (`SourceSpec.heldout`), and every other row in its shuffled order."""
+    train_only = {spec.uri for spec in cfg.data.sources if not spec.heldout}
+    eligible = [i for i, row in enumerate(used) if row["source"] not in train_only]
+    held = set(eligible[: cfg.data.eval_count])
+    return [used[i] for i in sorted(held)], [row for i, row in enumerate(used) if i not in held]
+
+
 def _markdown(summary: PrepSummary) -> str:
     """The prep table the console, the report and the manifest show."""
     tokens = summary.prompt_tokens
@@ -118,7 +128,7 @@ def run_prep(cfg: RunConfig) -> PrepSummary:
     kept, quarantine, per_source = _read_sources(cfg, tok)
     random.Random(cfg.data.seed).shuffle(kept)
     used = kept[: cfg.data.max_samples] if cfg.data.max_samples else kept
-    eval_rows, train_rows = used[: cfg.data.eval_count], used[cfg.data.eval_count:]
+    eval_rows, train_rows = _split_eval(used, cfg)
     n_shards = cfg.data.num_shards
     if len(train_rows) < n_shards:
         raise SourceError(f"only {len(train_rows)} train prompts for data.num_shards={n_shards} "

@@ -65,6 +65,9 @@ class SourceSpec(Section):
     split: str = Field(default="train", description="dataset split for hf: sources (ignored for files)")
     max_rows: int | None = Field(default=None, ge=1, description="read at most this many rows of this source "
                                  "(before filtering); None = all")
+    heldout: bool = Field(default=True, description="false: this source's rows are only trained on, never held "
+                          "out (data.eval_count takes the eval split from the other sources), so a source added to "
+                          "widen training (e.g. builtin:demo-code) leaves what the held-out suite measures unchanged")
 
 
 class DataConfig(Section):

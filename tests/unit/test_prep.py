@@ -106,6 +106,27 @@ def test_demo_prep_shards_split_and_manifest(tiny_cfg):
     assert manifest["summary"]["sources"] == {"builtin:demo": {"read": 302, "kept": 302}}
 
 
+def test_a_train_only_source_is_never_held_out_and_the_other_sources_split_as_before(tiny_cfg):
+    base = tiny_cfg.with_overrides({"data.max_samples": None, "data.eval_count": 12, "data.num_shards": 1})
+    chat = run_prep(base)
+    both = base.with_overrides({"run_id": "both", "data.sources": [
+        {"uri": "builtin:demo"}, {"uri": "builtin:demo-code", "heldout": False}]})
+    summary = run_prep(both)
+    store = open_store(both.storage, both.run_id)
+    eval_rows = parquet_bytes_to_table(store.get_verified(layout.EVAL_PROMPTS), PROMPT_SCHEMA).to_pylist()
+    train_rows = parquet_bytes_to_table(store.get_verified(layout.prompt_shard_key(0)), PROMPT_SCHEMA).to_pylist()
+    code = summary.sources["builtin:demo-code"]["kept"]
+    assert code > 0 and summary.num_eval == 12 and summary.num_train == chat.num_train + code
+    assert {r["source"] for r in eval_rows} == {"builtin:demo"}
+    assert sum(r["source"] == "builtin:demo-code" for r in train_rows) == code
+    # held out by default: the same two sources without the flag put code prompts in the eval split
+    mixed = run_prep(both.with_overrides({"run_id": "mixed", "data.sources": [
+        {"uri": "builtin:demo"}, {"uri": "builtin:demo-code"}]}))
+    mixed_eval = parquet_bytes_to_table(open_store(both.storage, "mixed").get_verified(layout.EVAL_PROMPTS),
+                                        PROMPT_SCHEMA).to_pylist()
+    assert mixed.num_eval == 12 and "builtin:demo-code" in {r["source"] for r in mixed_eval}
+
+
 def test_shuffle_is_deterministic_and_rerun_is_reused_but_changed_config_is_refused(tmp_path):
     from flashdraft.run.runner import StageInputsChanged, run_task
 
