@@ -24,9 +24,10 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from flashdraft.config import ConfigError, RunConfig
@@ -87,18 +88,35 @@ def config_inputs(stage: Stage, cfg: RunConfig) -> dict[str, Any]:
 PARENT_WEIGHTS = "drafter.init_from@sha256"
 
 
+def _config_field(path: str) -> FieldInfo | None:
+    """The RunConfig field at a dotted path (None for a name that is not one, such as PARENT_WEIGHTS)."""
+    model: Any = RunConfig
+    field = None
+    for part in path.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        field = model.model_fields[part]
+        model = field.annotation
+    return field
+
+
 def _field_default(path: str) -> Any:
     """A config field's default (for a field that a record made before the field existed does not hold)."""
-    model: Any = RunConfig
-    parts = path.split(".")
-    for i, part in enumerate(parts):
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        if i == len(parts) - 1:
-            return to_jsonable_python(field.get_default(call_default_factory=True))
-        model = field.annotation
-    return None
+    field = _config_field(path)
+    return None if field is None else to_jsonable_python(field.get_default(call_default_factory=True))
+
+
+def _recorded(path: str, value: Any) -> Any:
+    """A recorded value in today's shape: the items of a list of sections (data.sources) gain, at their defaults,
+    the fields added to flashdraft since the record was made, so an upgrade alone changes nothing."""
+    field = _config_field(path)
+    item = next(iter(get_args(field.annotation)), None) if field is not None else None
+    if not (isinstance(value, list) and isinstance(item, type) and issubclass(item, BaseModel)):
+        return value
+    try:
+        return [to_jsonable_python(item.model_validate(v)) for v in value]
+    except ValidationError:
+        return value
 
 
 def _digest(obj: Any) -> str:
@@ -159,14 +177,24 @@ def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
     for key, now in inputs.items():
         if key not in record.inputs and _ignored(key, ignorable):
             continue
-        before = record.inputs[key] if key in record.inputs else _field_default(key)
+        before = _recorded(key, record.inputs[key]) if key in record.inputs else _field_default(key)
         if before != now:
-            out[key] = (before, now)
+            out.update(_item_changes(key, before, now))
     for name, now in (upstream or {}).items():
         before = record.upstream.get(name)
         if before is not None and now is not None and before != now:  # None: not recorded (run outside the runner)
             out[f"upstream {name}"] = (before, now)
     return out
+
+
+def _item_changes(key: str, before: Any, now: Any) -> dict[str, tuple[Any, Any]]:
+    """A changed list of sections of the same length by item and field (`data.sources[1].heldout`), so the refusal
+    names what changed; any other value as a whole."""
+    items = isinstance(before, list) and isinstance(now, list) and len(before) == len(now)
+    if not (items and all(isinstance(v, dict) for v in before + now)):
+        return {key: (before, now)}
+    return {f"{key}[{i}].{name}": (b.get(name), n.get(name)) for i, (b, n) in enumerate(zip(before, now, strict=True))
+            for name in sorted(b.keys() | n.keys()) if b.get(name) != n.get(name)}
 
 
 def _continues(stage: Stage, cfg: RunConfig, change: str) -> bool:

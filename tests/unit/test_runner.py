@@ -166,6 +166,20 @@ def test_a_field_added_to_a_section_later_is_unchanged_while_it_keeps_its_defaul
         check_run(cfg.with_overrides({"data.seed": 3}))
 
 
+def test_a_field_added_to_a_source_later_is_unchanged_while_it_keeps_its_default(cfg):
+    run_task(cfg, "prep", body=Body(kept=1))
+    store = open_store(cfg.storage, cfg.run_id)
+    record = status.read_record(store, "prep")
+    older = [{k: v for k, v in src.items() if k != "heldout"} for src in record.inputs["data.sources"]]
+    assert older != record.inputs["data.sources"]  # the record held the field: removing it makes an older record
+    store.commit_json(status.status_key("prep"), record.model_copy(
+        update={"inputs": {**record.inputs, "data.sources": older}}).model_dump())
+    assert run_task(cfg, "prep", body=Body(kept=1)).skipped is True
+    train_only = [{**src, "heldout": False} for src in older]
+    with pytest.raises(StageInputsChanged, match=r"^prep: .*data.sources\[0\]\.heldout true -> false"):
+        check_run(cfg.with_overrides({"data.sources": train_only}))
+
+
 def test_from_clears_the_stage_and_everything_after_it_only(cfg):
     for name, shard, result in (("prep", None, {"kept": 1}), ("generate", 0, {"samples": 1}),
                                 ("extract", 0, {"samples": 1}), ("train", None, {"steps": 1}),
