@@ -89,7 +89,8 @@ def _kfp_output_to(path: Path) -> Iterator[None]:
 
 def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: bool = False,
               from_stage: str | None = None, exports_dir: str | Path = "exports",
-              container: ContainerRun | None = None, confirm_readers: bool = False) -> dict[str, Any]:
+              container: ContainerRun | None = None, confirm_readers: bool = False,
+              variants: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run the pipeline with kfp.local; returns state, error, the failed task, stage states, report path, tau,
     planned vs stored bytes, the local export folders and the log folder. Raises StageInputsChanged before anything
     runs when a committed stage cannot carry on from the changed settings (flashdraft/run/runner.py).
@@ -99,7 +100,8 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     from_stage: recompute that stage and every later one (their committed results are deleted first; results
     other runs read need confirm_readers). container:
     run every task in its pool's image under kfp.local's DockerRunner (pipelines/containers.py), engine, images
-    and versions checked first."""
+    and versions checked first. variants: the sweep pipeline a cluster runs (pipelines/sweep.py
+    `pipeline_variants`), one kfp.local run (`flashdraft sweep` runs the variants as runs of their own instead)."""
     _hide_shadowing_docker()
     from kfp import local
 
@@ -122,7 +124,8 @@ def run_local(cfg: RunConfig, workdir: str, *, console: Any = None, verbose: boo
     env = {LOG_DIR_ENV: str(log_dir), TASK_LOGS_ENV: "0" if verbose else "1"}
     runner = local.SubprocessRunner(use_venv=False) if container is None else container.kfp_runner(cfg, root, env)
     local.init(runner=runner, pipeline_root=str(root), raise_on_error=True)
-    pipeline = build_pipeline(cfg, local=True, parallelism=1, images=container.images if container else None)
+    pipeline = build_pipeline(cfg, local=True, parallelism=1, images=container.images if container else None,
+                              variants=variants)
     if console is not None:
         console.print(f"flashdraft run-local: run {cfg.run_id}, mode {cfg.mode.kind}, store {cfg.storage.root}",
                       highlight=False, markup=False, soft_wrap=True)
@@ -167,7 +170,7 @@ def local_exports(cfg: RunConfig, folder: Path) -> dict[str, str]:
 def outcome(cfg: RunConfig) -> dict[str, Any]:
     """What a finished run left in the store: stage states and the first failed task, report path, tau, planned vs
     stored feature bytes."""
-    from flashdraft.components.report.report import stage_metrics
+    from flashdraft.components.report.gather import stage_metrics
     from flashdraft.features.manifest import committed_parts
     from flashdraft.run.overview import stage_statuses
     from flashdraft.run.status import first_failure, read_records

@@ -59,7 +59,8 @@ OWN_BODIES = {"plan": stages.plan_gate, "prep": stages.prep, "train": stages.tra
 def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
     """One KFP component per declared stage (its own body, else the generic one named after the stage, so its
     task and executor are `<stage>` / `exec-<stage>` as for a body of its own), in its pool's image; plus the
-    multi-node launcher, which only talks to the Kubernetes API (the TrainJob's pods use the trainer image)."""
+    multi-node launcher, which only talks to the Kubernetes API (the TrainJob's pods use the trainer image), and a
+    sweep variant's report."""
     def comp(func: Any, pool: str) -> Any:
         return dsl.component(func, base_image=images[pool], install_kfp_package=False)
 
@@ -70,6 +71,9 @@ def _components(images: dict[str, str], cfg: RunConfig) -> dict[str, Any]:
         if stage.name not in OWN_BODIES:
             out[stage.name].component_spec.name = stage.name
     out["train-launcher"] = comp(stages.train_multinode, "cpu")
+    # a sweep variant's own report, through the generic body (the report's own body is the exit handler's)
+    out["variant-report"] = comp(stages.stage_task, stage_registry.current().pool_name(cfg.pools, "report"))
+    out["variant-report"].component_spec.name = "variant-report"
     return out
 
 
@@ -142,11 +146,15 @@ class _Wiring:
     def sweep_tasks(self, prep: Any) -> None:
         """A sweep (offline): generate and extract once, then a ParallelFor over the variants, each its own run
         (its overrides: run_id `<base>-<variant>`, data.features_from the base run) with its train (on the
-        trainer pool), evaluate and export tasks."""
+        trainer pool), evaluate and export tasks, and its report whatever became of them. The base run's report,
+        the exit handler, ends with the variants side by side (components/report/compare.py)."""
         tasks, extracted = self.feature_tasks(prep)
         with dsl.ParallelFor(self.variants, parallelism=self.parallelism, name="variants") as variant:
             args = {"config_yaml": self.cfg_args["config_yaml"], "overrides": variant.overrides}
-            self.later_tasks({"train": self.train_task(extracted, args)}, args)
+            ran = {"train": self.train_task(extracted, args)}
+            self.later_tasks(ran, args)
+            report = self.components["variant-report"](**args, stage="report", shard=-1)
+            self.placed("report", report).after(*ran.values()).ignore_upstream_failure()
 
     def feature_tasks(self, prep: Any) -> tuple[dict[str, Any], Any]:
         """generate and extract per shard (streaming: and stream-end); the extract outputs train's offline

@@ -4,7 +4,8 @@ The base run (the base config's run_id) passes the plan gate (priced for every v
 makes the prompts, responses and features once, task by task through the runner, as a cluster sweep's first
 tasks do. Then each variant runs as its own `run-local` run, `<base>-<variant>`, with `data.features_from` the base
 run: plan gate, train, evaluate, export and its report, in sequence. A variant that changes anything the features
-depend on is refused before any task runs. The sweep ends with the variants side by side.
+depend on is refused before any task runs. The sweep ends with the variants side by side, on the console and in
+the base run's report.
 """
 
 from __future__ import annotations
@@ -153,7 +154,9 @@ def sweep_table(rows: list[VariantRow]) -> str:
 
 def run_sweep(base: RunConfig, spec: SweepSpec, workdir: str, *, console: Any = None,
               exports_dir: str | Path = "exports") -> list[VariantRow]:
-    """The local sweep (module docstring): the base run's features, then every variant in sequence; the rows."""
+    """The local sweep (module docstring): the base run's features, then every variant in sequence, then the base
+    run's report (the variants side by side in it, as a cluster sweep's exit handler writes it); the rows."""
+    from flashdraft.components.report.report import run_report
     from flashdraft.pipelines.local import localize, run_local
 
     sweep = plan_sweep(localize(base), spec)
@@ -165,4 +168,8 @@ def run_sweep(base: RunConfig, spec: SweepSpec, workdir: str, *, console: Any = 
     for variant, cfg in sweep.variants:
         run_local(cfg, workdir, console=console, exports_dir=exports_dir)
         rows.append(variant_row(variant, cfg))
+    report = run_report(sweep.base, run_over=True)
+    if console is not None:
+        console.print(f"{sweep.base.run_id}: report (the variants side by side): {report.report_html}",
+                      highlight=False, markup=False, soft_wrap=True)
     return rows

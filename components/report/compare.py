@@ -17,10 +17,12 @@ from typing import Any
 from flashdraft.components.evaluate.summary import EvaluateSummary
 from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.components.prep.summary import PrepSummary
-from flashdraft.components.report.report import gather, stored_config
+from flashdraft.components.report.gather import gather, stored_config
 from flashdraft.components.train.summary import TrainSummary
-from flashdraft.run.reporting import RunView, fmt, pyplot
-from flashdraft.storage.store import ObjectStore
+from flashdraft.run.reporting import RunView, Section, fmt, pyplot
+from flashdraft.run.source import readers
+from flashdraft.run.status import is_run
+from flashdraft.storage.store import ObjectStore, StoreError
 
 
 @dataclass
@@ -120,6 +122,37 @@ def compare(stores: list[ObjectStore]) -> Comparison:
     keys = sorted({k for c in configs for k in c} - set(SAME_BY_DESIGN))
     differences = {k: [c.get(k) for c in configs] for k in keys if len({repr(c.get(k)) for c in configs}) > 1}
     return Comparison([run_row(v) for v in views], differences)
+
+
+def readers_sections(store: ObjectStore) -> list[Section]:
+    """The runs that trained on this run's features (its readers/ records: a sweep's variants, a later
+    `data.features_from` run) side by side as `flashdraft compare` shows them, then the config keys that differ
+    between them: so a sweep's base report, its pipeline's exit handler, ends with the variants. A reader that has
+    no run (yet) where its record says is named instead of compared."""
+    found = readers(store)
+    if not found:
+        return []
+    stores, absent = [], []
+    for record in found:
+        try:
+            other = store.at(record.reader)
+        except StoreError:
+            other = None
+        if other is not None and is_run(other):
+            stores.append(other)
+        else:
+            absent.append(f"{record.run_id} ({record.reader})")
+    title = "Runs trained on these features (data.features_from)"
+    out: list[Section] = []
+    if stores:
+        comparison = compare(stores)
+        out.append((title, comparison.table()))
+        if len(stores) > 1:
+            out.append((f"{title}: config keys that differ", comparison.difference_table()
+                        if comparison.differences else "no config key differs"))
+    if absent:
+        out.append((title if not stores else f"{title}: not found", "no run found for " + ", ".join(absent)))
+    return out
 
 
 def render_text(comparison: Comparison) -> str:

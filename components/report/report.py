@@ -4,7 +4,8 @@ Everything comes from what the stages committed to the run's store, and every se
 line, run, stages, throughput) is a stage's: each registered stage's report section (its stage object's `report`
 method, flashdraft/run/reporting.py). The report can be regenerated at any time with `flashdraft
 report --run RUN_URI`, and it renders for a partial or failed run: a missing section says "not run" instead of
-failing. The outputs are committed under reports/ and, for a KFP component, also written to local artifact paths.
+failing. A run whose features other runs trained on (a sweep's base run) ends with those runs side by side. The
+outputs are committed under reports/ and, for a KFP component, also written to local artifact paths.
 """
 
 from __future__ import annotations
@@ -17,57 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashdraft.components.evaluate.summary import EvaluateSummary
-from flashdraft.components.plan.summary import PlanSummary
+from flashdraft.components.report.compare import readers_sections
+from flashdraft.components.report.gather import gather, stored_config
 from flashdraft.components.report.summary import ReportSummary
 from flashdraft.config import RunConfig
 from flashdraft.run import registry, status
-from flashdraft.run.overview import stage_statuses
 from flashdraft.run.provenance import Provenance
 from flashdraft.run.provenance import current as current_provenance
 from flashdraft.run.reporting import RunView, Section, StageReport, fmt
 from flashdraft.run.source import read_source
 from flashdraft.run.stage import numbers
 from flashdraft.storage import layout
-from flashdraft.storage.store import NotCommittedError, ObjectStore, open_store
+from flashdraft.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 NOT_RUN = status.NOT_RUN
 STATE_CODES = {"done": 1.0, "running": 0.5, NOT_RUN: 0.0, "failed": -1.0}  # <stage>_state in the Metrics
-
-
-# -- gathering ------------------------------------------------------------------------------------------------
-
-
-def stage_metrics(store: ObjectStore) -> dict[str, dict[str, Any]]:
-    """Every committed metrics/<name>.json by name (e.g. "train", "extract-shard-00001"); unreadable files are
-    reported in place of their content so one bad file cannot hide the rest."""
-    out: dict[str, dict[str, Any]] = {}
-    for key in store.list_committed(layout.METRICS + "/"):
-        name = layout.metrics_name(key)
-        if name is None:
-            continue
-        try:
-            out[name] = store.get_json_verified(key)
-        except Exception as exc:  # noqa: BLE001 - the report must render whatever else exists
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    return out
-
-
-def gather(store: ObjectStore, config: dict[str, Any] | None, run_over: bool = False) -> RunView:
-    """The run as the report reads it. run_over: called as the run's exit handler, so a task whose record still
-    says running died without recording an outcome and is shown failed."""
-    metrics = stage_metrics(store)
-    statuses = stage_statuses(status.read_records(store), metrics, run_over=run_over)
-    summaries = {spec.name: spec.summary.model_validate(metrics[spec.name]) for spec in registry.current()
-                 if spec.name in metrics and set(metrics[spec.name]) != {"error"}}
-    # the config's target; a report regenerated without one takes what the plan or evaluate recorded
-    plan, evaluated = summaries.get("plan"), summaries.get("evaluate")
-    target = (((config or {}).get("target") or {}).get("model")
-              or (plan.target if isinstance(plan, PlanSummary) else None)
-              or (evaluated.target_model if isinstance(evaluated, EvaluateSummary) else None))
-    return RunView(run=store.root, store=store, config=config, metrics=metrics, statuses=statuses,
-                   summaries=summaries, target=target)
 
 
 def stage_reports(run: RunView) -> list[StageReport]:
@@ -182,7 +148,7 @@ def sections(report: Report) -> list[Section]:
     rates = throughput_rows(run.metrics)
     out.append(("Per-stage throughput", [["metrics", "measure", "value"]] + [[a, b, fmt(c)] for a, b, c in rates]
                 if rates else f"no stage reported a throughput ({NOT_RUN})"))
-    return out
+    return out + readers_sections(run.store)
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
@@ -240,14 +206,6 @@ def render_markdown(report: Report) -> str:
 
 
 # -- entry points -------------------------------------------------------------------------------------------------
-
-
-def stored_config(store: ObjectStore) -> dict[str, Any] | None:
-    """The config an earlier report run stored with the run (None before any report ran)."""
-    try:
-        return store.get_json_verified(layout.REPORT_CONFIG)
-    except NotCommittedError:
-        return None
 
 
 def build_report(store: ObjectStore, config: dict[str, Any] | None = None,

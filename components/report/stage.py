@@ -1,5 +1,6 @@
-"""The report stage: the run report, the pipeline's exit handler (registered in components/stages.py). It has no
-`run` of its own: its callers (its command, the pipeline's exit task) pass the runner the body that renders it."""
+"""The report stage: the run report, the pipeline's exit handler (registered in components/stages.py). Its command
+and the pipeline's exit task pass the runner a body of their own (options, the task's artifacts); its `run`
+serves a sweep pipeline's variant runs, each reported as its tasks end (pipelines/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from flashdraft.storage.layout import REPORT_HTML, REPORT_MARKDOWN, STAGE_OUTPUT
 if TYPE_CHECKING:
     import typer
 
+    from flashdraft.config import RunConfig
     from flashdraft.storage.store import ObjectStore
 
 
@@ -25,6 +27,12 @@ class Report(Stage):
     exit_handler = True
     doc = "Render the run report."
     outputs = STAGE_OUTPUTS["report"]
+
+    def run(self, cfg: RunConfig, shard: int | None = None) -> ReportSummary:
+        """The run's report once its tasks have ended (a task still recorded running died: shown failed)."""
+        from flashdraft.components.report.report import run_report
+
+        return run_report(cfg, run_over=True)
 
     def tracked_files(self, store: ObjectStore) -> dict[str, bytes]:
         """The rendered report, for the experiment trackers."""

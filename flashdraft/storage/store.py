@@ -182,6 +182,13 @@ def _s3_credentials() -> dict[str, str]:
     return {}  # s3fs/botocore read the standard AWS_* environment variables themselves
 
 
+def _base(scheme: str, path: str) -> str:
+    """The filesystem path of a store root's URI path: absolute for a file, rooted for memory, bucket/prefix on S3."""
+    if scheme == "file":
+        return str(Path(path).expanduser().resolve())
+    return "/" + path.strip("/") if scheme == "memory" else path.strip("/")
+
+
 class ObjectStore:
     """Keys are `/`-separated paths relative to `root`; the same code runs on every backend.
 
@@ -200,12 +207,11 @@ class ObjectStore:
         self.retries = storage.retries if retries is None else retries
         self.backoff_s = storage.retry_base_s if backoff_s is None else backoff_s
         self.backoff_max_s = storage.retry_max_s
+        self.base = _base(scheme, path)
         if scheme == "file":
             self.fs = fsspec.filesystem("file", auto_mkdir=True)
-            self.base = str(Path(path).expanduser().resolve())
         elif scheme == "memory":
             self.fs = fsspec.filesystem("memory")
-            self.base = "/" + path.strip("/")
         elif scheme == "s3":
             endpoint = storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
                 "AWS_ENDPOINT_URL")
@@ -226,7 +232,6 @@ class ObjectStore:
             self.fs = fsspec.filesystem("s3", client_kwargs=client_kwargs, config_kwargs=config_kwargs,
                                         use_listings_cache=False, skip_instance_cache=True, **_s3_credentials())
             self.fs.retries = 1  # s3fs: one attempt per call
-            self.base = path.strip("/")
         self.root = root
         self.read_only = read_only
         self.read_chunk_bytes = storage.read_chunk_bytes
@@ -244,6 +249,17 @@ class ObjectStore:
 
     def url(self, key: str = "") -> str:
         return f"{self.root.rstrip('/')}/{key.strip('/')}" if key else self.root
+
+    def at(self, uri: str, *, read_only: bool = True) -> ObjectStore:
+        """A store rooted at another URI of the same scheme, with this one's filesystem, endpoint and credentials:
+        a run named by a record in this one (a reader of its features) opens with the settings that opened it."""
+        scheme, path = split_uri(uri)
+        if scheme != self.scheme:
+            raise StoreError(f"{uri!r}: another scheme than this store's {self.root!r}")
+        other = object.__new__(ObjectStore)
+        other.__dict__.update(self.__dict__)
+        other.base, other.root, other.read_only = _base(scheme, path), uri.rstrip("/"), read_only
+        return other
 
     def child(self, prefix: str) -> ObjectStore:
         """A store rooted at `prefix` below this one (same filesystem and credentials)."""

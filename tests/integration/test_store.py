@@ -2,7 +2,14 @@
 
 import pytest
 
-from flashdraft.storage.store import ChecksumError, NotCommittedError, ObjectStore, StoreUnavailableError, open_store
+from flashdraft.storage.store import (
+    ChecksumError,
+    NotCommittedError,
+    ObjectStore,
+    StoreError,
+    StoreUnavailableError,
+    open_store,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +68,11 @@ def test_json_and_child(any_store: ObjectStore):
     run.commit_json("metrics/x.json", {"tau": 2.5})
     assert run.get_json_verified("metrics/x.json") == {"tau": 2.5}
     assert "run-1/metrics/x.json" in any_store.list_committed("")
+    # a run named by its URI (a reader record) opens read-only with this store's filesystem and credentials
+    other = any_store.at(run.root + "/")
+    assert other.root == run.root and other.read_only and other.get_json_verified("metrics/x.json") == {"tau": 2.5}
+    with pytest.raises(StoreError, match="another scheme"):
+        any_store.at("gs://bucket/run-1")
 
 
 def test_s3_store_from_config_has_no_credentials_in_repr(s3_storage):

@@ -36,3 +36,12 @@ def test_a_three_variant_sweep_runs_one_extraction_and_shows_the_variants_side_b
     rows = table[1:]
     assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == ["dflash2", "lr1e-3", "lr3e-3"]
     assert all(" | done | " in r and " | yes | " in r for r in rows), rows  # evaluated, lossless
+    # the base run's report (a cluster sweep's exit handler) ends with the variants side by side, as compare shows them
+    summary = base.get("reports/summary.md").decode()
+    section = summary.split("## Runs trained on these features (data.features_from)\n")[1].split("\n## ")[0]
+    compared = [line.split(" | ")[0].removeprefix("| ").rsplit("/", 1)[-1] for line in section.splitlines()
+                if line.startswith("| ") and "/runs/" in line]
+    assert compared == runs, section
+    assert all(" | passed | " in line for line in section.splitlines() if "/runs/" in line), section
+    differing = summary.split("config keys that differ\n")[1].split("\n## ")[0]
+    assert "| drafter.kind | " in differing and "| training.lr | " in differing, differing

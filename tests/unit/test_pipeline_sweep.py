@@ -1,6 +1,6 @@
 """The sweep pipeline (issue 50): `flashdraft compile --grid/--variants` builds one pipeline that generates and
 extracts once, then runs a ParallelFor over its `variants` parameter with each variant's train (on the trainer
-pool), evaluate and export; a variant changing what the features depend on is refused before compiling."""
+pool), evaluate, export and report; a variant changing what the features depend on is refused before compiling."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_a_sweep_compiles_one_extraction_and_a_loop_of_variant_runs_on_the_train
     assert res.exit_code == 0 and "a sweep of 4 variants" in res.output, res.output
     spec, platform = docs
     loops = dags(spec)
-    variant_loops = [name for name, tasks in loops.items() if tasks == {"train", "evaluate", "export"}]
+    variant_loops = [name for name, tasks in loops.items()
+                     if tasks == {"train", "evaluate", "export", "variant-report"}]
     assert len(variant_loops) == 1, loops
     assert sum("extract" in tasks for tasks in loops.values()) == 1, "one extraction loop"
     assert not any("train" in tasks for name, tasks in loops.items() if name not in variant_loops)
@@ -41,6 +42,8 @@ def test_a_sweep_compiles_one_extraction_and_a_loop_of_variant_runs_on_the_train
         assert v["overrides"]["plan.train_variants"] == 1, "a variant run is one of the trainings the base planned"
     train = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
     assert train["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("trainer_node_selector")
+    report = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-variant-report"]
+    assert report["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("cpu_node_selector")
 
 
 def test_a_plain_pipeline_has_no_variants_parameter_and_a_variant_changing_the_features_is_refused(tmp_path):

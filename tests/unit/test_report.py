@@ -16,7 +16,7 @@ from flashdraft.components.extract.report_section import StoredFeatures, stored_
 from flashdraft.components.plan.planner import run_plan
 from flashdraft.components.report.report import build_report, run_report
 from flashdraft.config import load_config
-from flashdraft.run.reporting import fmt_bytes
+from flashdraft.run.reporting import fmt, fmt_bytes
 from flashdraft.storage import layout
 from flashdraft.storage.store import ObjectStore, open_store
 
@@ -33,7 +33,7 @@ def test_report_cli_regenerates_from_the_run_uri(evaluated_run):
 
 
 def test_a_report_without_a_config_takes_the_target_the_plan_or_evaluate_recorded(evaluated_run):
-    from flashdraft.components.report.report import gather
+    from flashdraft.components.report.gather import gather
 
     cfg, _, _ = evaluated_run
     store = open_store(cfg.storage, cfg.run_id)
@@ -156,3 +156,23 @@ def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_na
     assert projection(plan_of("tiny")) is None, "CPU pools: nothing to project"
     shards = [{"codec": {"name": "fp8-zstd", "scale": "token"}}, {"codec": {"name": "fp8-zstd"}}]
     assert stored_codec(shards) == "fp8-zstd" and stored_codec([]) is None
+
+
+def test_a_source_runs_report_ends_with_the_runs_that_read_its_features_and_names_a_missing_one(evaluated_run,
+                                                                                                  tmp_path):
+    from flashdraft.run.source import SourceRecord, reader_key
+
+    cfg, metrics, _ = evaluated_run
+    reader = open_store(cfg.storage, cfg.run_id)
+    source = ObjectStore(f"file://{tmp_path}/runs/base")
+    gone = f"file://{tmp_path}/runs/base-gone"
+    for run_id, uri in (("evaluated", reader.root), ("base-gone", gone)):
+        source.commit_json(reader_key(run_id), SourceRecord(source=source.root, reader=uri, run_id=run_id,
+                                                            fingerprints={}, started=0.0).model_dump(mode="json"))
+    build_report(source)
+    summary = source.get_verified(layout.REPORT_MARKDOWN).decode()
+    section = summary.split("## Runs trained on these features (data.features_from)\n")[1].split("\n## ")[0]
+    (row,) = [line for line in section.splitlines() if line.startswith(f"| {reader.root} |")]
+    assert f" | {fmt(metrics.drafter.tau)} | " in row and " | passed | " in row, row
+    assert f"no run found for base-gone ({gone})" in summary
+    assert "config keys that differ" not in summary  # one run found: nothing to compare it with
