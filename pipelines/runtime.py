@@ -219,15 +219,15 @@ def train_with_producers(cfg: RunConfig) -> TrainSummary:
             log.info("streaming: the trainer finished before the producers; stopping them")
             window.WindowConsumer(store).stop("the trainer finished (training.max_steps reached)")
         watcher.join()
-    stats = {**monitor.stop(), "window_bytes": cfg.mode.window_bytes, "window_shards": cfg.mode.window_shards,
-             "reuse": cfg.mode.reuse, "stopped_early": stopped_early}
-    store.commit_json(layout.metrics_key("stream"), stats)
+    stats = StreamStats(**monitor.stop(), window_bytes=cfg.mode.window_bytes, window_shards=cfg.mode.window_shards,
+                        reuse=cfg.mode.reuse, stopped_early=stopped_early)
+    store.commit_json(layout.metrics_key("stream"), stats.model_dump(mode="json"))
     if producer.returncode != 0 and not stopped_early:
         raise RuntimeError(f"streaming extraction producers exited with status {producer.returncode}")
     log.info("streaming: produced %d bytes in %d parts; peak stored %d bytes (window %d); %d failed listings",
-             stats["produced_bytes"], stats["produced_parts"], stats["peak_stored_bytes"], cfg.mode.window_bytes,
-             stats["failed_listings"])
-    return TrainSummary.model_validate({**summary.dump(), "streaming": StreamStats.model_validate(stats)})
+             stats.produced_bytes, stats.produced_parts, stats.peak_stored_bytes, cfg.mode.window_bytes,
+             stats.failed_listings)
+    return summary.model_copy(update={"streaming": stats})
 
 
 def write_report(cfg: RunConfig, state: str, error: str, html_path: str, md_path: str, metrics: Any = None) -> str:

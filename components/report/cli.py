@@ -61,7 +61,8 @@ def compare(
                                               "tau curves of every run on shared axes.")] = None,
 ) -> None:
     """Runs side by side: target, drafter and parent, samples, steps, final loss, held-out and per-suite tau,
-    speedup, lossless verdict and plan cost, then the config keys that differ (docs/tracking.md)."""
+    speedup, lossless verdict, training GPU-hours and plan cost, then the config keys that differ
+    (docs/tracking.md)."""
     from flashdraft.components.report.compare import compare as compare_runs
     from flashdraft.components.report.compare import render_html, render_text
     from flashdraft.run.status import is_run, no_run_message

@@ -1,9 +1,10 @@
 """`flashdraft compare RUN_URI RUN_URI ...`: runs side by side, from what each committed to its store.
 
 One row per run (target, drafter kind and parent, samples, steps, final loss, held-out and per-suite tau, speedup,
-the lossless verdict, the plan's cost) and the config keys whose values differ between the runs; `--html` adds the
-training loss and held-out tau curves of every run on shared axes. It reads the same typed summaries the report
-reads (`gather`), so a figure means the same thing in both.
+the lossless verdict, the GPU-hours its training took, the plan's cost) and the config keys whose values differ
+between the runs; `--html` adds the training loss and held-out tau curves of every run on shared axes. It reads the
+same typed summaries the report reads (`gather`), so a figure means the same thing in both. A run's report ends
+with this table for the runs that trained on its features (`readers_sections`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RunRow:
     speedup: float | None = None
     lossless: str = "-"
     plan_cost_usd: float | None = None
+    train_gpu_hours: float | None = None  # the train stage's wall hours x the trainer pool's GPUs (0 on CPU)
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     tau_curve: list[tuple[int, float]] = field(default_factory=list)
 
@@ -67,6 +69,15 @@ def _lossless(evaluated: EvaluateSummary | None) -> str:
     return "passed" if evaluated.lossless.passed else "FAILED"
 
 
+def _train_gpu_hours(view: RunView, cfg: dict[str, Any]) -> float | None:
+    """GPU-hours the run's training took: its train stage's wall time x the trainer GPUs of its config."""
+    train = next((s for s in view.statuses if s.stage == "train" and s.duration_s is not None), None)
+    gpus = cfg.get("pools.trainer.accelerator_count")
+    if train is None or train.duration_s is None or gpus is None:
+        return None
+    return train.duration_s / 3600 * gpus * (cfg.get("training.num_nodes") or 1)
+
+
 def run_row(view: RunView) -> RunRow:
     """The comparison's figures of one run."""
     cfg = flat_config(view.config)
@@ -84,6 +95,7 @@ def run_row(view: RunView) -> RunRow:
         suite_tau={s.name: s.tau for s in evaluated.suites} if evaluated else {},
         speedup=evaluated.drafter.speedup if evaluated and evaluated.drafter else None,
         lossless=_lossless(evaluated), plan_cost_usd=_plan_cost(plan if isinstance(plan, PlanSummary) else None),
+        train_gpu_hours=_train_gpu_hours(view, cfg),
         loss_curve=[(h["step"], h["loss"]) for h in (train.history if train else []) if "loss" in h],
         tau_curve=[(h["step"], h["tau"]) for h in (train.heldout if train else []) if h.get("tau") is not None])
 
@@ -100,10 +112,10 @@ class Comparison:
         """Header row, then one row per run."""
         suites = self.suites()
         head = ["run", "target", "drafter", "parent", "samples", "steps", "final loss", "held-out tau",
-                *[f"tau {s}" for s in suites], "speedup", "lossless", "plan cost $"]
+                *[f"tau {s}" for s in suites], "speedup", "lossless", "train GPU-h", "plan cost $"]
         body = [[r.run, fmt(r.target), fmt(r.drafter), fmt(r.parent), fmt(r.samples), fmt(r.steps),
                  fmt(r.final_loss), fmt(r.heldout_tau), *[fmt(r.suite_tau.get(s)) for s in suites],
-                 fmt(r.speedup), r.lossless, fmt(r.plan_cost_usd)] for r in self.rows]
+                 fmt(r.speedup), r.lossless, fmt(r.train_gpu_hours), fmt(r.plan_cost_usd)] for r in self.rows]
         return [head, *body]
 
     def difference_table(self) -> list[list[str]]:

@@ -161,6 +161,7 @@ def test_a_gpu_planned_run_shows_the_plans_projection_and_the_stored_codec_is_na
 def test_a_source_runs_report_ends_with_the_runs_that_read_its_features_and_names_a_missing_one(evaluated_run,
                                                                                                   tmp_path):
     from flashdraft.run.source import SourceRecord, reader_key
+    from flashdraft.run.status import StageRecord, status_key
 
     cfg, metrics, _ = evaluated_run
     reader = open_store(cfg.storage, cfg.run_id)
@@ -174,5 +175,19 @@ def test_a_source_runs_report_ends_with_the_runs_that_read_its_features_and_name
     section = summary.split("## Runs trained on these features (data.features_from)\n")[1].split("\n## ")[0]
     (row,) = [line for line in section.splitlines() if line.startswith(f"| {reader.root} |")]
     assert f" | {fmt(metrics.drafter.tau)} | " in row and " | passed | " in row, row
+    (header,) = [line for line in section.splitlines() if line.startswith("| run |")]
+    head = [c.strip() for c in header.strip("|").split("|")]
+    cells = dict(zip(head, (c.strip() for c in row.strip("|").split("|")), strict=True))
+    assert cells["train GPU-h"] == "-", cells  # no train record, no config stored with its report
+    # a reader that trained two hours on 8 GPUs a pod (its report stored that config)
+    reader.commit_json(status_key("train"), StageRecord(stage="train", state="done", started=1000.0,
+                                                        ended=8200.0).model_dump(mode="json"))
+    reader.commit_json(layout.REPORT_CONFIG, cfg.with_overrides({"pools.trainer.accelerator_count": 8})
+                       .model_dump(mode="json"))
+    build_report(source)
+    summary = source.get_verified(layout.REPORT_MARKDOWN).decode()
+    (row,) = [line for line in summary.splitlines() if line.startswith(f"| {reader.root} |")]
+    cells = dict(zip(head, (c.strip() for c in row.strip("|").split("|")), strict=True))
+    assert cells["train GPU-h"] == "16", cells
     assert f"no run found for base-gone ({gone})" in summary
     assert "config keys that differ" not in summary  # one run found: nothing to compare it with
