@@ -21,8 +21,9 @@ from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.components.report.gather import gather, stored_config
 from flashdraft.components.train.summary import TrainSummary
 from flashdraft.run.reporting import RunView, Section, fmt, pyplot
-from flashdraft.run.source import readers
+from flashdraft.run.source import read_source, readers
 from flashdraft.run.status import is_run
+from flashdraft.storage import layout
 from flashdraft.storage.store import ObjectStore, StoreError
 
 
@@ -78,18 +79,34 @@ def _train_gpu_hours(view: RunView, cfg: dict[str, Any]) -> float | None:
     return train.duration_s / 3600 * gpus * (cfg.get("training.num_nodes") or 1)
 
 
+def _prep(view: RunView) -> PrepSummary | None:
+    """The run's prep figures: its own, or for a run on another run's features (data.features_from) its source's."""
+    prep = view.summary("prep")
+    if isinstance(prep, PrepSummary):
+        return prep
+    record = read_source(view.store)
+    if record is None:
+        return None
+    try:
+        source = view.store.at(record.source)
+    except StoreError:  # a source on another scheme than this store's: not opened with these settings
+        return None
+    key = layout.metrics_key("prep")
+    return PrepSummary.model_validate(source.get_json_verified(key)) if source.is_committed(key) else None
+
+
 def run_row(view: RunView) -> RunRow:
     """The comparison's figures of one run."""
     cfg = flat_config(view.config)
     train, evaluated = view.summary("train"), view.summary("evaluate")
-    prep, plan = view.summary("prep"), view.summary("plan")
+    prep, plan = _prep(view), view.summary("plan")
     train = train if isinstance(train, TrainSummary) else None
     evaluated = evaluated if isinstance(evaluated, EvaluateSummary) else None
     parent = (train.parent if train else None) or (evaluated.parent if evaluated else None)
     return RunRow(
         run=view.run, target=view.target, drafter=cfg.get("drafter.kind"),
         parent=getattr(parent, "source", None) or cfg.get("drafter.init_from"),
-        samples=prep.num_train if isinstance(prep, PrepSummary) else None,
+        samples=prep.num_train if prep is not None else None,
         steps=train.steps if train else None, final_loss=train.final.loss if train and train.final else None,
         heldout_tau=evaluated.drafter.tau if evaluated and evaluated.drafter else None,
         suite_tau={s.name: s.tau for s in evaluated.suites} if evaluated else {},

@@ -36,4 +36,6 @@ def test_the_compiled_sweep_runs_one_extraction_and_its_exit_report_shows_the_va
     rows = [line for line in section.splitlines() if "/runs/base-" in line]
     assert [r.split(" | ")[0].rsplit("/", 1)[-1] for r in rows] == ["base-lr0.001", "base-lr0.003"], section
     assert all(" | passed | " in r for r in rows), rows
+    num_train = base.get_json_verified(layout.metrics_key("prep"))["num_train"]
+    assert all(f" | dflash | - | {num_train} | " in r for r in rows), rows  # the samples its features hold
     assert "| training.lr | 0.001 | 0.003 |" in summary.split("config keys that differ\n")[1]
