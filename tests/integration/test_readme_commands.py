@@ -137,6 +137,10 @@ def test_documented_commands_work_as_written(user_repo):
             assert (user_repo / "build" / "flashdraft-pipeline.yaml").is_file()
         if doc_command.command.startswith("make submit-pipeline ARGS=--dry-run"):
             assert "dry run: nothing was sent" in out
+        if doc_command.command.startswith("flashdraft compile") and "--grid" in doc_command.command:
+            assert "a sweep of 2 variants" in out  # docs/training.md's cluster sweep, submitted next
+        if doc_command.command.startswith("flashdraft submit --package build/sweep.yaml"):
+            assert '"display_name": "flashdraft-sweep"' in out and "dry run: nothing was sent" in out
 
 
 @pytest.mark.slow
