@@ -14,7 +14,8 @@ from flashdraft.storage.store import open_store
 
 
 @pytest.mark.integration
-def test_a_three_variant_sweep_runs_one_extraction_and_shows_the_variants_side_by_side(tmp_path):
+def test_a_three_variant_sweep_runs_one_extraction_and_shows_the_variants_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the variants' export folders go to ./exports, as for a user
     root = f"file://{tmp_path}/runs"
     spec = tmp_path / "sweep.yaml"
     spec.write_text("variants:\n  - name: dflash2\n    overrides: {drafter.kind: dflash2}\n")
@@ -31,6 +32,7 @@ def test_a_three_variant_sweep_runs_one_extraction_and_shows_the_variants_side_b
         records = {r.stage: r for r in status.read_records(open_store(cfg.storage, run_id))}
         assert {"train", "evaluate", "export"} <= set(records) and not {"prep", "generate", "extract"} & set(records)
         assert all(r.state == "done" for r in records.values()), run_id
+    assert sorted(p.name for p in (tmp_path / "exports").iterdir()) == runs
     table = [line for line in out.output.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| variant | changes | state | tau heldout")
     rows = table[1:]
