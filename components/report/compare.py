@@ -72,11 +72,11 @@ def _lossless(evaluated: EvaluateSummary | None) -> str:
 
 def _train_gpu_hours(view: RunView, cfg: dict[str, Any]) -> float | None:
     """GPU-hours the run's training took: its train stage's wall time x the trainer GPUs of its config."""
-    train = next((s for s in view.statuses if s.stage == "train" and s.duration_s is not None), None)
+    seconds = next((s.duration_s for s in view.statuses if s.stage == "train"), None)
     gpus = cfg.get("pools.trainer.accelerator_count")
-    if train is None or train.duration_s is None or gpus is None:
+    if seconds is None or gpus is None:
         return None
-    return train.duration_s / 3600 * gpus * (cfg.get("training.num_nodes") or 1)
+    return seconds / 3600 * gpus * (cfg.get("training.num_nodes") or 1)
 
 
 def _prep(view: RunView) -> PrepSummary | None:

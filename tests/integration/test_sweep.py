@@ -5,6 +5,7 @@ sweep ends with the variants side by side."""
 from __future__ import annotations
 
 import pytest
+from support.report_runs import READERS_SECTION, markdown_section
 from typer.testing import CliRunner
 
 from flashdraft.cli.main import app
@@ -40,10 +41,10 @@ def test_a_three_variant_sweep_runs_one_extraction_and_shows_the_variants_side_b
     assert all(" | done | " in r and " | yes | " in r for r in rows), rows  # evaluated, lossless
     # the base run's report (a cluster sweep's exit handler) ends with the variants side by side, as compare shows them
     summary = base.get("reports/summary.md").decode()
-    section = summary.split("## Runs trained on these features (data.features_from)\n")[1].split("\n## ")[0]
+    section = markdown_section(summary, READERS_SECTION)
     compared = [line.split(" | ")[0].removeprefix("| ").rsplit("/", 1)[-1] for line in section.splitlines()
                 if line.startswith("| ") and "/runs/" in line]
     assert compared == runs, section
     assert all(" | passed | " in line for line in section.splitlines() if "/runs/" in line), section
-    differing = summary.split("config keys that differ\n")[1].split("\n## ")[0]
+    differing = markdown_section(summary, f"{READERS_SECTION}: config keys that differ")
     assert "| drafter.kind | " in differing and "| training.lr | " in differing, differing

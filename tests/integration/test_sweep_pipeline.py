@@ -5,6 +5,7 @@ reporting as its own run, and the base run's report (the exit handler) ending wi
 from __future__ import annotations
 
 import pytest
+from support.report_runs import READERS_SECTION, markdown_section
 
 from flashdraft.config import load_config
 from flashdraft.config.sweep import SweepSpec
@@ -32,10 +33,10 @@ def test_the_compiled_sweep_runs_one_extraction_and_its_exit_report_shows_the_va
         assert records == dict.fromkeys(("train", "evaluate", "export", "report"), "done"), (run_id, records)
         assert store.is_committed(layout.REPORT_MARKDOWN)
     summary = base.get_verified(layout.REPORT_MARKDOWN).decode()
-    section = summary.split("## Runs trained on these features (data.features_from)\n")[1].split("\n## ")[0]
+    section = markdown_section(summary, READERS_SECTION)
     rows = [line for line in section.splitlines() if "/runs/base-" in line]
     assert [r.split(" | ")[0].rsplit("/", 1)[-1] for r in rows] == ["base-lr0.001", "base-lr0.003"], section
     assert all(" | passed | " in r for r in rows), rows
     num_train = base.get_json_verified(layout.metrics_key("prep"))["num_train"]
     assert all(f" | dflash | - | {num_train} | " in r for r in rows), rows  # the samples its features hold
-    assert "| training.lr | 0.001 | 0.003 |" in summary.split("config keys that differ\n")[1]
+    assert "| training.lr | 0.001 | 0.003 |" in markdown_section(summary, f"{READERS_SECTION}: config keys that differ")

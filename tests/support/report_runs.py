@@ -25,6 +25,14 @@ PROBE = ("<script>window.addEventListener('load',()=>{for(const i of document.im
          "{i.setAttribute('data-decoded', i.complete && i.naturalWidth > 0 ? 'yes' : 'no')}})</script>")
 
 
+READERS_SECTION = "Runs trained on these features (data.features_from)"
+
+
+def markdown_section(summary: str, title: str) -> str:
+    """The body of the report's `## {title}` section in its Markdown summary (up to the next section)."""
+    return summary.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def chromium_dom(html_file: Path, tmp_path: Path) -> str:
     """The DOM after Chromium loaded and laid out the page (with the decode probe)."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.report_runs import READERS_SECTION, markdown_section
 from typer.testing import CliRunner
 
 from flashdraft.cli.main import app
@@ -172,7 +173,7 @@ def test_a_source_runs_report_ends_with_the_runs_that_read_its_features_and_name
                                                             fingerprints={}, started=0.0).model_dump(mode="json"))
     build_report(source)
     summary = source.get_verified(layout.REPORT_MARKDOWN).decode()
-    section = summary.split("## Runs trained on these features (data.features_from)\n")[1].split("\n## ")[0]
+    section = markdown_section(summary, READERS_SECTION)
     (row,) = [line for line in section.splitlines() if line.startswith(f"| {reader.root} |")]
     assert f" | {fmt(metrics.drafter.tau)} | " in row and " | passed | " in row, row
     (header,) = [line for line in section.splitlines() if line.startswith("| run |")]
