@@ -1,5 +1,5 @@
 """The `flashdraft` command: one sub-command per registered stage (flashdraft/run/registry.py), plus the pipeline and
-inspection commands."""
+inspection commands. Its help lists what a user runs first (HELP_START) before the stages and the cluster plumbing."""
 
 from __future__ import annotations
 
@@ -58,6 +58,49 @@ def stage_command(stage: Stage) -> Callable[..., None]:
     return command
 
 
+# The root help: what the tool is and where a user starts, not how it is built (that is this module's docstring).
+ROOT_HELP = ("Train DFlash speculative-decoding drafters for a target LLM, on one machine or a Kubernetes GPU "
+             "cluster.\n\n"
+             "Start with `flashdraft run-local` (the whole pipeline on this machine with a small real model), "
+             "`flashdraft plan --preset qwen3.6-27b` (storage, GPU-hours and cost before any GPU) and "
+             "`flashdraft status --run RUN_URI` (where a run stands, what failed and where its log is). "
+             "Docs: README.md and docs/.")
+
+# Help panels, in the order `flashdraft --help` shows them: the start-here commands first, under "Commands", then
+# each panel's. typer prints panels in the order their first command is listed, so the commands are sorted too.
+HELP_START = ("run-local", "plan", "status", "compare", "report")
+HELP_PANELS = {
+    "Pipeline stages (one task each; run-local and the cluster run them for you)":
+        ("prep", "generate", "extract", "train", "evaluate", "export"),
+    "Cluster": ("compile", "submit", "sweep", "upload-pipeline", "chart-config"),
+    "Inspect": ("presets", "show-config", "config-reference", "features"),
+}
+
+
+def _command_name(info: Any) -> str:
+    """A registered command's or group's name as the help shows it."""
+    return info.name or (info.callback.__name__.replace("_", "-") if info.callback else "")
+
+
+def _help_rank(name: str) -> tuple[int, int]:
+    """Sort key of a command in the help: the start-here commands, then each panel's in its order, then the rest."""
+    if name in HELP_START:
+        return 0, HELP_START.index(name)
+    for rank, names in enumerate(HELP_PANELS.values(), start=1):
+        if name in names:
+            return rank, names.index(name)
+    return len(HELP_PANELS) + 1, 0
+
+
+def _arrange_help(app: typer.Typer) -> None:
+    """Put every registered command and group into its help panel, start-here commands first."""
+    panel_of = {name: panel for panel, names in HELP_PANELS.items() for name in names}
+    for info in [*app.registered_commands, *app.registered_groups]:
+        if _command_name(info) in panel_of and not info.rich_help_panel:
+            info.rich_help_panel = panel_of[_command_name(info)]
+    app.registered_commands.sort(key=lambda info: _help_rank(_command_name(info)))
+
+
 # -h as well as --help on every command (click hands a group's help_option_names down to its sub-commands).
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -85,7 +128,7 @@ def build_app() -> typer.Typer:
     """The `flashdraft` command from the registered stages (flashdraft/run/registry.py: each stage object's
     command) and the `flashdraft.commands` entry points. Built when called, so a stage declared later (a plugin, a
     test's toy stage) gets its command too."""
-    app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    app = typer.Typer(help=ROOT_HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                       context_settings=CONTEXT)  # sub-commands and `features` inherit -h
     app.callback()(_root)
     for stage in registry.current():
@@ -99,6 +142,7 @@ def build_app() -> typer.Typer:
     app.command("show-config")(show_config)
     app.command("config-reference")(config_reference)
     app.command("status")(status)
+    _arrange_help(app)
     return app
 
 

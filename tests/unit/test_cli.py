@@ -119,3 +119,14 @@ def test_compile_names_its_images_and_their_origin(tmp_path, monkeypatch):
     assert ("images ghcr.io/flashdraft/flashdraft-base:v9, ghcr.io/flashdraft/flashdraft-inference:v9, "
             "ghcr.io/flashdraft/flashdraft-trainer:v9 (registry: the default, tag: FLASHDRAFT_IMAGE_TAG; pass "
             "--registry/--tag") in res.output
+
+
+def test_root_help_starts_with_what_a_user_runs_first():
+    """`flashdraft --help` opens on what the tool does and the start-here commands (run-local, plan, status), listed
+    before the pipeline stages and the cluster plumbing."""
+    out = CliRunner().invoke(app, ["--help"], terminal_width=200).output
+    assert out.index("Start with `flashdraft run-local`") < out.index("Commands")
+    names = [m.group(1) for m in re.finditer(r"^│ ([a-z][a-z-]+) ", out, flags=re.M)]
+    assert names[:3] == ["run-local", "plan", "status"], names
+    assert names.index("status") < names.index("prep") < names.index("compile") < names.index("presets")
+    assert "registry.py" not in out.split("Commands")[0]  # no implementation notes before the commands

@@ -78,3 +78,11 @@ def test_nothing_under_helm_is_python():
     chart-config`; the chart folder holds no Python."""
     scripts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helm").rglob("*.py"))
     assert not scripts, f"Python under helm/ (make it a `flashdraft` command instead): {scripts}"
+
+
+def test_license_file_matches_the_declared_licence():
+    """pyproject.toml declares Apache-2.0; the LICENSE file at the top level is that licence's text."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]["text"]
+    text = (ROOT / "LICENSE").read_text()
+    assert declared == "Apache-2.0"
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
