@@ -55,7 +55,7 @@ from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import APP_UID
 from flashdraft.pipelines.runtime import stage_config
 from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
-from flashdraft.pipelines.trainjob import render_trainjob
+from flashdraft.pipelines.trainjob import JOBSET_NAME_LABEL, render_trainjob
 
 pytestmark = pytest.mark.helm
 
@@ -298,14 +298,17 @@ class Scan:
 # builds it, support/kfp_pods.py) and the TrainJob's node pod, as Pod/<NAMESPACE>/pipeline-<stage> and
 # Pod/<NAMESPACE>/trainjob-node.
 PIPELINE_POD, TRAINJOB_POD = "pipeline-", "trainjob-node"
+# The label KFP's driver puts on every v2 task pod (a NetworkPolicy written for the chart's pods does not select it).
+KFP_POD_LABELS = {"pipelines.kubeflow.org/v2_component": "true"}
 # What a pipeline task cannot set through kfp-kubernetes 2.17, by check: every stage pod fails it until the cluster
 # sets it (docs/security.md, "What a pipeline cannot set"). Not an accepted finding: it applies to the stage pods
 # only, and a test checks it still fires on each of them (remove it when KFP can set it).
 KFP_CANNOT_SET = {"CKV_K8S_22": "readOnlyRootFilesystem: kfp-kubernetes sets only runAsUser/runAsGroup/runAsNonRoot"}
 
 
-def _pod_manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+def _pod_manifest(name: str, spec: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "spec": spec}
 
 
 def _outside_pods(releases, trainjobs, folder: Path) -> dict[str, str]:
@@ -314,11 +317,12 @@ def _outside_pods(releases, trainjobs, folder: Path) -> dict[str, str]:
     for release in releases.values():
         for pod in release.pipeline.stage_pods():
             path = folder / f"{release.name}-{pod.executor}.yaml"
-            path.write_text(yaml.safe_dump(_pod_manifest(PIPELINE_POD + pod.stage, pod.spec)))
+            path.write_text(yaml.safe_dump(_pod_manifest(PIPELINE_POD + pod.stage, pod.spec, KFP_POD_LABELS)))
             written[str(path)] = release.name
     for source, (_, job) in trainjobs.items():
         path = folder / f"trainjob-{source}.yaml"
-        path.write_text(yaml.safe_dump(_pod_manifest(TRAINJOB_POD, trainjob_node_pod(job))))
+        labels = {JOBSET_NAME_LABEL: job["metadata"]["name"]}
+        path.write_text(yaml.safe_dump(_pod_manifest(TRAINJOB_POD, trainjob_node_pod(job), labels)))
         written[str(path)] = source
     return written
 
