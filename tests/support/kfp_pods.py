@@ -4,7 +4,8 @@ Everything a stage pod carries that matters to admission and the scheduler (node
 memory requests and limits, accelerator limits, /dev/shm and /cache, deadline, the S3 and tracking Secrets' env,
 the security context) is read from the compiled PipelineSpec and its kubernetes platform spec, with each
 pipeline-parameter reference followed up the DAG to the root default; what KFP's backend adds to every task pod
-by itself is KFP_CONTAINER_DEFAULTS / KFP_POD_DEFAULTS. Nothing is restated from flashdraft's config, so a placement bug in the pipeline shows up here.
+by itself is KFP_CONTAINER_DEFAULTS / KFP_POD_DEFAULTS. Nothing is restated from flashdraft's config, so a
+placement bug in the pipeline shows up here.
 """
 
 from __future__ import annotations
