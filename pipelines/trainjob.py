@@ -41,13 +41,15 @@ COMMAND = ["sh", "-c", f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
                        f"exec torchrun -m flashdraft.components.train.launch --config {CONFIG_PATH}"]
 
 
-# Pod Security "restricted", and a read-only root: a node writes only to these volumes (the config file and
-# torch's scratch under /tmp, the Hub/Triton caches under /cache), bounded by its ephemeral-storage limit.
+# Pod Security "restricted", and a read-only root: a node writes only to these volumes, bounded by its
+# ephemeral-storage limit: the config file and torch's scratch under /tmp, the Hub/Triton caches under /cache, what
+# libraries write relative to the working directory (W&B's ./wandb) under /work, and the user's HOME (W&B's
+# settings). /work and the home are the images' (docker/*/Dockerfile WORKDIR, docker/install.sh `useradd`).
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": APP_UID, "runAsGroup": APP_UID, "fsGroup": APP_UID,
                 "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"runAsNonRoot": True, "runAsUser": APP_UID, "allowPrivilegeEscalation": False,
                       "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
-WRITABLE = {"tmp": "/tmp", "cache": CACHE_DIR}
+WRITABLE = {"tmp": "/tmp", "cache": CACHE_DIR, "work": "/work", "home": "/home/flashdraft"}
 
 
 def node_resources(pool: PoolConfig, gpus_per_node: int) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import APP_UID
 from flashdraft.pipelines.runtime import stage_config
 from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
-from flashdraft.pipelines.trainjob import JOBSET_NAME_LABEL, render_trainjob
+from flashdraft.pipelines.trainjob import JOBSET_NAME_LABEL, WRITABLE, render_trainjob
 
 pytestmark = pytest.mark.helm
 
@@ -431,6 +431,11 @@ def test_the_pods_pin_the_uid_the_images_run_as():
         (uid,) = re.findall(r"^ARG APP_UID=(\d+)$", (ROOT / dockerfile).read_text(), re.M)
         assert int(uid) == APP_UID, dockerfile
     assert yaml.safe_load((CHART / "values.yaml").read_text())["securityContext"]["runAsUser"] == APP_UID
+    # the TrainJob node's writable volumes are the images' working directory and the user's home
+    assert 'useradd --uid "$APP_UID" --create-home --shell /usr/sbin/nologin flashdraft' in \
+        (ROOT / "docker" / "install.sh").read_text()
+    assert {"/work", "/home/flashdraft"} <= set(WRITABLE.values())
+    assert all(re.search(r"^WORKDIR /work$", (ROOT / d).read_text(), re.M) for d in DOCKERFILES)
 
 
 def test_dockerfile_base_images_are_pinned():

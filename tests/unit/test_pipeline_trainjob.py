@@ -52,7 +52,8 @@ def test_trainjob_uses_pinned_api_fields_and_places_nodes():
     assert pod_spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
                                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/tmp", "/cache"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/tmp", "/cache", "/work",
+                                                                    "/home/flashdraft"}
     assert spec["trainer"]["command"][-1].count(" > /tmp/"), "the config file goes to a writable volume"
     env = {e["name"]: e for e in spec["trainer"]["env"]}
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "my-s3",
