@@ -16,6 +16,10 @@ from flashdraft.config import PoolConfig
 from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.run import registry
 
+# The uid the images run as (docker/*/Dockerfile ARG APP_UID): pods pin it, so a policy can check it.
+APP_UID = 10001
+# The images' cache root (XDG_CACHE_HOME, HF_HOME, vLLM's and Triton's caches live under it).
+CACHE_DIR = "/cache"
 RETRIES = {"num_retries": 3, "backoff_duration": "120s", "backoff_factor": 2.0, "backoff_max_duration": "3600s"}
 # The multi-node training launcher is a pipeline task, not a stage: it waits as long as training may run.
 LAUNCHER = "train-launcher"
@@ -44,6 +48,22 @@ class SecretNames:
     tracking: Any
 
 
+def harden(task: Any, pool: PoolConfig) -> None:
+    """What Kubernetes lets a pipeline task say about its own safety (kfp-kubernetes 2.17): the images' non-root
+    uid, limits equal to the requests, and the caches on a size-limited volume.
+
+    Limits = requests: a stage that outgrows its memory is OOM-killed in its own cgroup instead of pushing the
+    node into memory pressure that evicts its neighbours (and the memory-backed /dev/shm counts inside it); the
+    pools' requests are already what a stage needs. KFP 2.17's backend adds allowPrivilegeEscalation=false,
+    capabilities drop ALL and seccomp RuntimeDefault to every task container by itself; a read-only root
+    filesystem and an ephemeral-storage request it cannot express (docs/security.md says where a cluster sets
+    them)."""
+    kubernetes.set_security_context(task, run_as_user=APP_UID, run_as_group=APP_UID, run_as_non_root=True)
+    task.set_cpu_limit(pool.cpu_request).set_memory_limit(pool.memory_request)
+    kubernetes.empty_dir_mount(task, volume_name="cache", mount_path=CACHE_DIR,
+                               size_limit=pool.ephemeral_storage_request)
+
+
 def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, secrets: SecretNames,
           retries: bool = True) -> Any:
     """Apply every Kubernetes setting for `stage` to `task`; returns the task. `retries=False` for kfp.local
@@ -51,6 +71,7 @@ def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, secrets: 
     kubernetes.add_node_selector_json(task, params.node_selector)
     kubernetes.add_toleration_json(task, params.tolerations)
     task.set_cpu_request(pool.cpu_request).set_memory_request(pool.memory_request)
+    harden(task, pool)
     gpu_pool = params.gpus is not None
     if pool.accelerator_type and gpu_pool:
         task.set_accelerator_type(pool.accelerator_type).set_accelerator_limit(params.gpus)

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashdraft.config import RunConfig, dump_config
+from flashdraft.config import PoolConfig, RunConfig, dump_config
+from flashdraft.pipelines.placement import APP_UID, CACHE_DIR
 from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS, secret_key_refs
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,28 @@ COMMAND = ["sh", "-c", f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
                        f"exec torchrun -m flashdraft.components.train.launch --config {CONFIG_PATH}"]
 
 
+# Pod Security "restricted", and a read-only root: a node writes only to these volumes, bounded by its
+# ephemeral-storage limit: the config file and torch's scratch under /tmp, the Hub/Triton caches under /cache, what
+# libraries write relative to the working directory (W&B's ./wandb) under /work, and the user's HOME (W&B's
+# settings). /work and the home are the images' (docker/*/Dockerfile WORKDIR, docker/install.sh `useradd`).
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": APP_UID, "runAsGroup": APP_UID, "fsGroup": APP_UID,
+                "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"runAsNonRoot": True, "runAsUser": APP_UID, "allowPrivilegeEscalation": False,
+                      "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+WRITABLE = {"tmp": "/tmp", "cache": CACHE_DIR, "work": "/work", "home": "/home/flashdraft"}
+
+
+def node_resources(pool: PoolConfig, gpus_per_node: int) -> dict[str, Any]:
+    """A node's requests and limits: limits = requests (as on stage pods, pipelines/placement.py `harden`), the
+    ephemeral-storage request reserving the disk its caches need, and the GPUs."""
+    requests = {"cpu": pool.cpu_request, "memory": pool.memory_request,
+                "ephemeral-storage": pool.ephemeral_storage_request}
+    limits: dict[str, Any] = dict(requests)
+    if pool.accelerator_type and gpus_per_node > 0:
+        limits[pool.accelerator_type] = gpus_per_node
+    return {"requests": requests, "limits": limits}
+
+
 def trainjob_name(cfg: RunConfig) -> str:
     """Deterministic, so a retried launcher finds its job instead of starting a second one."""
     return f"{cfg.run_id.lower().replace('_', '-').replace('.', '-')}-train"[:63].rstrip("-")
@@ -54,15 +77,17 @@ def render_trainjob(cfg: RunConfig, *, image: str, namespace: str, node_selector
     env = [{"name": CONFIG_ENV, "value": dump_config(cfg)},
            *secret_key_refs(s3_secret_name, S3_SECRET_KEYS, optional=False),
            *secret_key_refs(tracking_secret_name, TRACKING_SECRET_KEYS, optional=True)]
-    resources = {"requests": {"cpu": pool.cpu_request, "memory": pool.memory_request}}
-    if pool.accelerator_type and gpus_per_node > 0:
-        resources["limits"] = {pool.accelerator_type: gpus_per_node}
-    pod_spec: dict[str, Any] = {"nodeSelector": dict(node_selector), "tolerations": list(tolerations)}
+    resources = node_resources(pool, gpus_per_node)
+    pod_spec: dict[str, Any] = {"nodeSelector": dict(node_selector), "tolerations": list(tolerations),
+                                "securityContext": POD_SECURITY}
     shm: dict[str, Any] = {"medium": "Memory"}
     if pool.shm_size:
         shm["sizeLimit"] = pool.shm_size
-    pod_spec["volumes"] = [{"name": "dshm", "emptyDir": shm}]
-    pod_spec["containers"] = [{"name": NODE_JOB, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+    pod_spec["volumes"] = [{"name": "dshm", "emptyDir": shm}, *({"name": v, "emptyDir": {}} for v in WRITABLE)]
+    pod_spec["containers"] = [{
+        "name": NODE_JOB, "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         *({"name": v, "mountPath": path} for v, path in WRITABLE.items())]}]
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": "TrainJob",

@@ -35,8 +35,15 @@ class PoolConfig(Section):
     accelerator_type: str | None = Field(default="nvidia.com/gpu", description="extended resource name of the "
                                          "accelerator limit; None = no accelerator")
     accelerator_count: int = Field(default=0, ge=0, description="accelerators per pod (per node for a TrainJob)")
-    cpu_request: str = Field(default="2", description="pod CPU request (Kubernetes quantity)")
-    memory_request: str = Field(default="8Gi", description="pod memory request (Kubernetes quantity)")
+    cpu_request: str = Field(default="2", description="pod CPU request (Kubernetes quantity); also "
+                             "the pod's CPU limit")
+    memory_request: str = Field(default="8Gi", description="pod memory request (Kubernetes quantity); also the "
+                                "pod's memory limit (a memory-backed /dev/shm counts inside it)")
+    ephemeral_storage_request: str = Field(default="50Gi", description="node-local disk a pod of this pool may "
+                                           "write (Kubernetes quantity), the caches under /cache (Hub, vLLM, "
+                                           "Triton) first: the size limit of a stage pod's /cache volume; on "
+                                           "TrainJob nodes (/cache and /tmp) the ephemeral-storage request and "
+                                           "limit")
     shm_size: str | None = Field(default=None, description="size of a memory-backed /dev/shm (NCCL and "
                                  "dataloaders need more than the container default); None = the default")
     usd_per_gpu_hour: float | None = Field(default=None, gt=0, description="what one of this pool's GPUs costs "

@@ -268,15 +268,112 @@ def test_pipeline_role_is_least_privilege(helm, chart):
             assert rule.get("resourceNames"), f"{rule['resources']} must be limited to named objects"
 
 
+def _object_store(docs: list[dict]) -> tuple[dict, dict[str, dict]]:
+    """(pod spec, container name -> container, init containers included) of the trial store."""
+    pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    return pod, {c["name"]: c for c in pod["containers"] + pod.get("initContainers", [])}
+
+
 def test_object_store_is_off_by_default_and_uses_the_s3_secret(helm, chart):
     assert find(render(helm, chart), "StatefulSet") == []
     docs = render(helm, chart, CHART / "ci" / "custom-pools-values.yaml")
-    (container,) = one(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"]
-    assert "-bucket=flashdraft,kfp-artifacts" in container["args"]
-    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "secretKeyRef" in
+    _, containers = _object_store(docs)
+    assert "-bucket=flashdraft,kfp-artifacts" in containers["seaweedfs"]["args"]
+    identity = containers["s3-identity"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in identity["env"] if "secretKeyRef" in
             e.get("valueFrom", {})}
     assert refs == {"AWS_ACCESS_KEY_ID": f"{RELEASE}-s3", "AWS_SECRET_ACCESS_KEY": f"{RELEASE}-s3"}
-    assert one(docs, "Service")["spec"]["ports"][0]["port"] == 8333
+    assert one(docs, "Service")["spec"]["ports"] == [{"name": "s3", "port": 8333, "targetPort": "s3"}]
+
+
+def test_object_store_binds_only_its_s3_port_and_serves_only_its_identity(helm, chart):
+    """Master, volume server and filer listen on the pod's loopback; the one process on the pod IP is the S3
+    gateway, on 8333 with the Iceberg port off; both S3 endpoints read the identity file (no anonymous access)."""
+    _, containers = _object_store(render(helm, chart, CHART / "ci" / "custom-pools-values.yaml"))
+    store, gateway = containers["seaweedfs"]["args"], containers["s3"]["args"]
+    assert store[0] == "mini" and {"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3.config=/config/s3.json"} <= set(store)
+    assert not any(a.startswith("-ip.bind=0") or "POD_IP" in a for a in store)
+    assert gateway == ["s3", "-filer=127.0.0.1:8888", "-ip.bind=0.0.0.0", "-port=8333", "-port.iceberg=0",
+                       "-config=/config/s3.json"]
+    ports = [p for c in containers.values() for p in c.get("ports", [])]
+    assert ports == [{"name": "s3", "containerPort": 8333}], "only the gateway declares a port"
+    assert not any("AWS_" in e["name"] for name in ("seaweedfs", "s3") for e in containers[name]["env"]), \
+        "SeaweedFS falls back to env keys only without a config file: the servers get the file, never the env"
+
+
+def _identity_step(helm: str, chart: Path, tmp_path: Path, key_id: str, secret: str) -> tuple[int, str, Path]:
+    """Run the store's identity step as rendered, under a real POSIX sh, with these keys in its env."""
+    _, containers = _object_store(render(helm, chart, CHART / "ci" / "custom-pools-values.yaml"))
+    step = containers["s3-identity"]
+    assert step["command"][:2] == ["/bin/sh", "-c"]
+    out = tmp_path / "s3.json"
+    proc = subprocess.run(["/bin/sh", "-c", step["args"][0]], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "S3_CONFIG": str(out), "AWS_ACCESS_KEY_ID": key_id,
+                               "AWS_SECRET_ACCESS_KEY": secret})
+    return proc.returncode, proc.stdout + proc.stderr, out
+
+
+def test_object_store_identity_is_the_secrets_keys_and_nothing_anonymous(helm, chart, tmp_path):
+    rc, output, out = _identity_step(helm, chart, tmp_path, "AKIAEXAMPLE", "abc/DEF+ghi=.jk_l-m")
+    assert rc == 0, output
+    (identity,) = json.loads(out.read_text())["identities"]
+    assert identity["credentials"] == [{"accessKey": "AKIAEXAMPLE", "secretKey": "abc/DEF+ghi=.jk_l-m"}]
+    assert identity["name"] != "anonymous" and "abc/DEF" not in output, "the keys are never printed"
+
+
+@pytest.mark.parametrize(("key_id", "secret"), [("", ""), ("AKIAEXAMPLE", ""), ("AKIA", 'x", "name": "anonymous')],
+                         ids=["no-keys", "no-secret", "json-injection"])
+def test_object_store_refuses_to_start_open(helm, chart, tmp_path, key_id, secret):
+    """An existing Secret the schema cannot see, with empty or odd keys: the store does not start, in one line."""
+    rc, output, out = _identity_step(helm, chart, tmp_path, key_id, secret)
+    assert rc == 1 and not out.exists()
+    assert output.strip().splitlines() == [
+        f"objectStore: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY of Secret {RELEASE}-s3 must be set, with only "
+        "A-Z a-z 0-9 + / = . _ - (the store's only S3 identity)"]
+
+
+@pytest.mark.parametrize("sets", [
+    {"objectStore.enabled": "true"},
+    {"objectStore.enabled": "true", "s3.accessKeyId": "AKIAEXAMPLE"},
+    {"objectStore.enabled": "true", "s3.accessKeyId": "AKIA", "s3.secretAccessKey": "a\"b"},
+], ids=["no-keys", "no-secret-key", "unsafe-key"])
+def test_lint_fails_for_an_enabled_store_without_keys(helm, chart, sets):
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    for cmd in (["lint", "--strict", str(chart)], ["template", RELEASE, str(chart)]):
+        proc = _helm(helm, *cmd, *args, check=False)
+        assert proc.returncode != 0, f"helm {cmd[0]} accepted {sets}"
+        assert "at '/s3/secretAccessKey'" in proc.stdout + proc.stderr
+    for ok in ({"s3.accessKeyId": "AKIAEXAMPLE", "s3.secretAccessKey": "example-secret"},
+               {"s3.existingSecret": "team-s3"}):
+        args = [a for k, v in {"objectStore.enabled": "true", **ok}.items() for a in ("--set", f"{k}={v}")]
+        _helm(helm, "lint", "--strict", str(chart), *args)
+
+
+def test_object_store_network_policy_admits_only_the_pipelines_namespaces(helm, chart):
+    values = CHART / "ci" / "custom-pools-values.yaml"
+    assert find(render(helm, chart, values, {"objectStore.networkPolicy.enabled": "false"}), "NetworkPolicy") == []
+    docs = render(helm, chart, values, {"multiNode.enabled": "true", "multiNode.trainJobNamespace": "training",
+                                        "objectStore.networkPolicy.namespaces[0]": "team-a"})
+    policy = one(docs, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == one(docs, "StatefulSet")["spec"]["selector"]["matchLabels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": "s3", "protocol": "TCP"}]
+    (source,) = rule["from"]
+    (expr,) = source["namespaceSelector"]["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == ("kubernetes.io/metadata.name", "In")
+    assert expr["values"] == [NAMESPACE, "training", "team-a"]
+
+
+def test_the_trainjob_namespace_enforces_pod_security(helm, chart):
+    docs = render(helm, chart, CHART / "ci" / "multinode-values.yaml")
+    labels = one(docs, "Namespace", "flashdraft-training")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert labels["pod-security.kubernetes.io/audit"] == labels["pod-security.kubernetes.io/warn"] == "restricted"
+    docs = render(helm, chart, CHART / "ci" / "multinode-values.yaml", {"multiNode.podSecurity": "baseline"})
+    assert one(docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    proc = _helm(helm, "template", RELEASE, str(chart), "--set", "multiNode.podSecurity=privileged", check=False)
+    assert proc.returncode != 0 and "/multiNode/podSecurity" in proc.stderr
 
 
 @pytest.mark.parametrize(("sets", "message"), [

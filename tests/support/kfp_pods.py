@@ -1,9 +1,11 @@
 """Pods built from a compiled flashdraft pipeline exactly as KFP's driver would place them, and a scheduling probe.
 
 Everything a stage pod carries that matters to admission and the scheduler (node selector, tolerations, CPU and
-memory requests, accelerator limits, /dev/shm, deadline, the S3 and tracking Secrets' env) is read from the compiled
-PipelineSpec and its kubernetes platform spec, with each pipeline-parameter reference followed up the DAG to the
-root default. Nothing is restated from flashdraft's config, so a placement bug in the pipeline shows up here.
+memory requests and limits, accelerator limits, /dev/shm and /cache, deadline, the S3 and tracking Secrets' env,
+the security context) is read from the compiled PipelineSpec and its kubernetes platform spec, with each
+pipeline-parameter reference followed up the DAG to the root default; what KFP's backend adds to every task pod
+by itself is KFP_CONTAINER_DEFAULTS / KFP_POD_DEFAULTS. Nothing is restated from flashdraft's config, so a
+placement bug in the pipeline shows up here.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ STAGE_POOL = {
     "plan": "cpu", "prep": "cpu", "report": "cpu", "export": "cpu", "stream-end": "cpu", "train-launcher": "cpu",
     "generate": "inference", "extract": "inference", "evaluate": "inference", "train": "trainer",
 }
+
+# What KFP 2.17's backend puts on every task container and pod whatever the pipeline says (the Argo compiler's
+# platform security defaults, kubeflow/pipelines#12782; kfp.kubernetes.set_security_context's docstring names
+# them). The pipeline's own securityContext (runAsUser/runAsGroup/runAsNonRoot) comes on top, from the platform spec.
+KFP_CONTAINER_DEFAULTS = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                          "seccompProfile": {"type": "RuntimeDefault"}}
+KFP_POD_DEFAULTS = {"seccompProfile": {"type": "RuntimeDefault"}}
+
 
 class UnresolvedInput(LookupError):
     """A parameter reference KFP's driver could not resolve: the task would fail before its pod is created."""
@@ -121,14 +131,31 @@ class CompiledPipeline:
         mounts = [{"name": m["volumeName"], "mountPath": m["mountPath"]} for m in k8s.get("emptyDirMounts", [])]
         pod["volumes"] = [{"name": m["volumeName"], "emptyDir": {k: m[k] for k in ("medium", "sizeLimit") if m.get(k)}}
                           for m in k8s.get("emptyDirMounts", [])]
+        security = dict(KFP_CONTAINER_DEFAULTS)
+        for key, value in k8s.get("securityContext", {}).items():  # protojson writes int64 as a string
+            security[key] = int(value) if key in ("runAsUser", "runAsGroup") else value
+        pod["securityContext"] = dict(KFP_POD_DEFAULTS)
         pod["containers"] = [{"name": "main", "image": container["image"], "command": ["true"],
                               "resources": {"requests": requests, "limits": limits}, "env": env,
-                              "volumeMounts": mounts}]
+                              "volumeMounts": mounts, "securityContext": security}]
         _, task = self.owner[comp]
         return StagePod(executor, task["taskInfo"]["name"], pod)
 
     def stage_pods(self) -> list[StagePod]:
         return [self.stage_pod(executor) for executor in sorted(self.containers)]
+
+
+def trainjob_node_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a TrainJob's node as Kubeflow Trainer builds it: the pod template of `runtimePatches`, with
+    the `trainer` fields (image, command, env, resourcesPerNode) on its node container."""
+    (patch,) = job["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = dict(node["template"]["spec"]["template"]["spec"])
+    trainer = job["spec"]["trainer"]
+    (container,) = pod["containers"]
+    pod["containers"] = [{**container, "image": trainer["image"], "command": trainer["command"],
+                          "env": trainer["env"], "resources": trainer["resourcesPerNode"]}]
+    return pod
 
 
 @dataclass(frozen=True)

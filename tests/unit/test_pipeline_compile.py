@@ -70,6 +70,12 @@ def test_compiled_spec_places_every_stage_on_its_pool(tmp_path, monkeypatch):
         assert not secret.get("optional"), "a pod without its S3 credentials must not start"
         assert container["resources"]["resourceCpuRequest"] == pool.cpu_request
         assert container["resources"]["resourceMemoryRequest"] == pool.memory_request
+        # limits = requests; the images' uid, non-root; the caches on a volume of the pool's ephemeral storage
+        assert container["resources"]["resourceCpuLimit"] == pool.cpu_request
+        assert container["resources"]["resourceMemoryLimit"] == pool.memory_request
+        assert k8s["securityContext"] == {"runAsUser": "10001", "runAsGroup": "10001", "runAsNonRoot": True}
+        cache = next(m for m in k8s["emptyDirMounts"] if m["mountPath"] == "/cache")
+        assert cache["sizeLimit"] == pool.ephemeral_storage_request and "medium" not in cache
         image_name = {"cpu": "flashdraft-base", "inference": "flashdraft-inference",
                       "trainer": "flashdraft-trainer"}[pool_name]
         assert container["image"] == f"registry.example/team/{image_name}:abc123"
@@ -78,11 +84,11 @@ def test_compiled_spec_places_every_stage_on_its_pool(tmp_path, monkeypatch):
             acc = container["resources"]["accelerator"]
             assert acc["resourceType"] == "nvidia.com/gpu"
             assert f"{pool_name}_gpus" in acc["resourceCount"]
-            shm = k8s["emptyDirMounts"][0]
-            assert (shm["mountPath"], shm["medium"], shm["sizeLimit"]) == ("/dev/shm", "Memory", pool.shm_size)
+            shm = next(m for m in k8s["emptyDirMounts"] if m["mountPath"] == "/dev/shm")
+            assert (shm["medium"], shm["sizeLimit"]) == ("Memory", pool.shm_size)
         else:
             assert "accelerator" not in container["resources"]
-            assert "emptyDirMounts" not in k8s
+            assert [m["mountPath"] for m in k8s["emptyDirMounts"]] == ["/cache"]
 
 
 def test_compiled_spec_retries_caching_and_parameters(tmp_path, monkeypatch):

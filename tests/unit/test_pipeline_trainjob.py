@@ -36,12 +36,25 @@ def test_trainjob_uses_pinned_api_fields_and_places_nodes():
     assert not any(stale in yaml.safe_dump(job) for stale in STALE_FIELDS)
     assert spec["runtimeRef"]["name"] == "torch-distributed"
     assert spec["trainer"]["numNodes"] == 4 and spec["trainer"]["numProcPerNode"] == 8
-    assert spec["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": 8}
+    pool = cfg.pools.trainer
+    requests = {"cpu": pool.cpu_request, "memory": pool.memory_request,
+                "ephemeral-storage": pool.ephemeral_storage_request}
+    # limits = requests (memory: OOM in its own cgroup, never node pressure), the disk its caches need reserved
+    assert spec["trainer"]["resourcesPerNode"] == {"requests": requests, "limits": {**requests, "nvidia.com/gpu": 8}}
     pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     pod_spec = pod["template"]["spec"]["template"]["spec"]
     assert pod["name"] == "node"
     assert pod_spec["nodeSelector"] == sel and pod_spec["tolerations"] == tol
     assert pod_spec["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": cfg.pools.trainer.shm_size}
+    # Pod Security "restricted" as the images' uid, a read-only root: the node writes only /tmp, /cache, /dev/shm
+    (container,) = pod_spec["containers"]
+    assert pod_spec["securityContext"]["runAsUser"] == 10001 and pod_spec["securityContext"]["runAsNonRoot"]
+    assert pod_spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/tmp", "/cache", "/work",
+                                                                    "/home/flashdraft"}
+    assert spec["trainer"]["command"][-1].count(" > /tmp/"), "the config file goes to a writable volume"
     env = {e["name"]: e for e in spec["trainer"]["env"]}
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "my-s3",
                                                                          "key": "AWS_SECRET_ACCESS_KEY"}

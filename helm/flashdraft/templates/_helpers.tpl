@@ -43,6 +43,32 @@ pods, so the name is set even when no such Secret exists). */}}
 {{- printf "%s-objectstore" (include "flashdraft.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The S3 keys from the chart's S3 Secret, as env of the trial store's identity step. */}}
+{{- define "flashdraft.objectStoreKeys" -}}
+{{- range list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "flashdraft.s3SecretName" $ }}
+      key: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Writes SeaweedFS's S3 identity file ($S3_CONFIG) for the keys in the env: one identity with every action on
+every bucket, no anonymous one. Keys outside [A-Za-z0-9+/=._-] are refused (they would need JSON escaping; AWS-style
+keys never have them), and so are empty keys: the store would otherwise start open. The keys are never printed. */}}
+{{- define "flashdraft.objectStoreIdentityScript" -}}
+set -eu
+for key in "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY"; do
+  case "$key" in
+    ""|*[!A-Za-z0-9+/=._-]*)
+      echo "objectStore: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY of Secret {{ include "flashdraft.s3SecretName" . }} must be set, with only A-Z a-z 0-9 + / = . _ - (the store's only S3 identity)" >&2
+      exit 1;;
+  esac
+done
+printf '{"identities":[{"name":"flashdraft","credentials":[{"accessKey":"%s","secretKey":"%s"}],"actions":["Admin","Read","List","Tagging","Write"]}]}\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" > "$S3_CONFIG"
+{{- end -}}
+
 {{/* S3 endpoint URL: explicit, else the in-cluster store when enabled, else empty (AWS). */}}
 {{- define "flashdraft.s3Endpoint" -}}
 {{- if .Values.s3.endpoint -}}
@@ -91,5 +117,8 @@ accelerator_type: {{ if .acceleratorType }}{{ .acceleratorType | quote }}{{ else
 accelerator_count: {{ .acceleratorCount }}
 cpu_request: {{ .cpuRequest | quote }}
 memory_request: {{ .memoryRequest | quote }}
+{{- with .ephemeralStorageRequest }}
+ephemeral_storage_request: {{ . | quote }}
+{{- end }}
 shm_size: {{ if .shmSize }}{{ .shmSize | quote }}{{ else }}null{{ end }}
 {{- end -}}
