@@ -166,11 +166,15 @@ PIPELINE       ?= build/flashdraft-pipeline.yaml
 compile: install
 	$(BIN)/flashdraft compile --preset $(CLUSTER_PRESET) --output $(PIPELINE)
 
-# Upload pipeline + version (git sha) idempotently and start a run: KFP_HOST, PARAMS (YAML of run parameters),
-# EXPERIMENT; `make submit-pipeline ARGS=--dry-run` prints the requests instead.
+# Start a run of the pipeline the release ships: `chart-pipeline` compiles it from $(VALUES) for REGISTRY/TAG, and
+# the submit uploads it (idempotently) under the release's pipeline name and version (pipeline.version, else TAG:
+# the same version the chart's hook uploads), then creates the run. KFP_HOST, PARAMS (YAML of run parameters),
+# EXPERIMENT, RUN_CONFIG (another run config on the same pipeline, e.g. the smoke run's); `make submit-pipeline
+# ARGS=--dry-run` prints what will run and the requests instead of sending them.
 EXPERIMENT ?= flashdraft
-submit-pipeline: compile
-	$(BIN)/flashdraft submit --package $(PIPELINE) --experiment $(EXPERIMENT) $(if $(PARAMS),--params $(PARAMS)) $(ARGS)
+submit-pipeline: chart-pipeline
+	$(BIN)/flashdraft submit --package $(CHART)/files/pipeline.yaml --chart build/chart-defaults.yaml \
+	  --experiment $(EXPERIMENT) $(if $(PARAMS),--params $(PARAMS)) $(if $(RUN_CONFIG),--config $(RUN_CONFIG)) $(ARGS)
 
 clean:
 	rm -rf build runs .pytest_cache
@@ -217,14 +221,17 @@ $(HELM) $(KUBECTL) &:
 	$(HELM) version --short && $(KUBECTL) version --client | head -1
 
 # The chart ships the pipeline compiled for the same REGISTRY/TAG as the images (exported above) into
-# files/pipeline.yaml (not committed), with the node pools and storage of $(VALUES) as its defaults.
+# files/pipeline.yaml (not committed), with the node pools, storage and Secret names of $(VALUES) as its defaults.
+# build/chart-defaults.yaml: the release's defaults ConfigMap as rendered (pipeline name and version for submit).
 chart-pipeline: tools install
 	mkdir -p build
 	$(HELM) template $(RELEASE) $(CHART) -n $(NAMESPACE) -f $(VALUES) --set pipeline.upload.enabled=false \
-	  --show-only templates/configmap-defaults.yaml \
-	  | $(BIN)/flashdraft chart-config --preset $(CLUSTER_PRESET) --output build/chart-run-config.yaml
-	$(BIN)/flashdraft compile --config build/chart-run-config.yaml --output $(CHART)/files/pipeline.yaml \
-	  $(COMPILE_ARGS)
+	  --set images.registry=$(REGISTRY) --set images.tag=$(TAG) --show-only templates/configmap-defaults.yaml \
+	  > build/chart-defaults.yaml
+	$(BIN)/flashdraft chart-config --preset $(CLUSTER_PRESET) --output build/chart-run-config.yaml \
+	  --parameters-output build/chart-parameters.yaml < build/chart-defaults.yaml
+	$(BIN)/flashdraft compile --config build/chart-run-config.yaml --parameters build/chart-parameters.yaml \
+	  --output $(CHART)/files/pipeline.yaml $(COMPILE_ARGS)
 
 # helm lint + template with the default values and every ci/ values file, then offline schema validation of
 # every rendered manifest (kubernetes-validate --strict: unknown fields fail).

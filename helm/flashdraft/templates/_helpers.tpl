@@ -57,7 +57,7 @@ pods, so the name is set even when no such Secret exists). */}}
 {{- end -}}
 
 {{- define "flashdraft.pipelineVersion" -}}
-{{- default .Chart.AppVersion .Values.pipeline.version -}}
+{{- default (default .Chart.AppVersion .Values.images.tag) .Values.pipeline.version -}}
 {{- end -}}
 
 {{- define "flashdraft.trainJobNamespace" -}}
