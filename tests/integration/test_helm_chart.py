@@ -137,6 +137,18 @@ def test_tracking_secret_only_from_tracking_env_and_named_in_the_defaults(helm, 
     assert [rule["resourceNames"] for rule in _secret_rules(docs)] == [[f"{RELEASE}-s3"]]
 
 
+def test_pipeline_version_is_the_image_tag_so_an_upgrade_uploads_a_new_version(helm, chart):
+    """The hook uploads version = images.tag (what `make helm-install TAG=...` sets), so new images are a new
+    version in KFP; pipeline.version still wins; and the defaults ConfigMap (what `make submit-pipeline` reads)
+    names the same version."""
+    for sets, version in (({"images.tag": "v0.2.0"}, "v0.2.0"),
+                          ({"images.tag": "v0.2.0", "pipeline.version": "v0.2.0-pools2"}, "v0.2.0-pools2")):
+        docs = render(helm, chart, sets=sets)
+        args = one(docs, "Job", f"{RELEASE}-upload-pipeline")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--version") + 1] == version
+        assert one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]["pipelineVersion"] == version
+
+
 def test_tracking_existing_secret_replaces_the_created_one(helm, chart):
     docs = render(helm, chart, sets={"tracking.existingSecret": "team-mlflow",
                                      "tracking.env.MLFLOW_TRACKING_URI": "https://mlflow.example.com"})
