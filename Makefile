@@ -194,8 +194,11 @@ IMAGE_BUILD_ARGS := --build-arg FLASHDRAFT_COMMIT=$(shell git rev-parse HEAD 2>/
   $(if $(PIP_INDEX_URL),--build-arg PIP_INDEX_URL=$(PIP_INDEX_URL)) \
   $(if $(CA_CERTS),--build-arg EXTRA_CA_CERTS="$$(cat $(CA_CERTS))")
 
+# The cluster's nodes are x86-64: buildx builds for PLATFORM whatever this machine is (an arm64 laptop included).
+PLATFORM ?= linux/amd64
 image-%:
-	docker build $(IMAGE_BUILD_ARGS) -f docker/$*/Dockerfile -t $(REGISTRY)/flashdraft-$*:$(TAG) .
+	docker buildx build --platform $(PLATFORM) --load $(IMAGE_BUILD_ARGS) -f docker/$*/Dockerfile \
+	  -t $(REGISTRY)/flashdraft-$*:$(TAG) .
 
 push-%:
 	docker push $(REGISTRY)/flashdraft-$*:$(TAG)

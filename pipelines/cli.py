@@ -137,9 +137,7 @@ def upload_pipeline(
     host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
 ) -> None:
     """Idempotently upload the compiled pipeline and a version (used by the Helm hook Job)."""
-    from flashdraft.pipelines.submit import KfpApiError
-
-    from flashdraft.pipelines.submit import image_tag
+    from flashdraft.pipelines.submit import KfpApiError, image_tag
 
     api = _kfp_api(package, host, namespace, dry_run, "flashdraft compile")
     try:
@@ -190,8 +188,7 @@ def submit(
     Auth: the in-cluster ServiceAccount token (KF_PIPELINES_SA_TOKEN_PATH) or KFP_BEARER_TOKEN.
     """
     from flashdraft.config import ConfigError
-    from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters, will_run, \
-        with_run_config
+    from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters, will_run, with_run_config
 
     api = _kfp_api(package, host, namespace, dry_run, "make chart-pipeline")
     try:

@@ -341,14 +341,18 @@ def test_chart_values_replace_the_presets_pools_in_the_compile_config(helm, char
 
 def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, tmp_path):
     pipeline = pytest.importorskip("flashdraft.pipelines.pipeline", reason="the pipeline module is not built yet")
+    from flashdraft.pipelines.chart_config import chart_cluster_defaults
+
     values = CHART / "ci" / "custom-pools-values.yaml"
+    secrets = {"s3.existingSecret": "team-s3", "tracking.existingSecret": "team-tracking"}
     config = tmp_path / "run.yaml"
     config.write_text(chart_run_config(helm, chart, values))
+    configmap = yaml.safe_dump(one(render(helm, chart, values, secrets), "ConfigMap", f"{RELEASE}-defaults"))
     real = tmp_path / "flashdraft"
     shutil.copytree(chart, real)
     pipeline.compile_pipeline(load_config(config), str(real / "files" / "pipeline.yaml"),
-                              "registry.example.com/ml", "3f9c2ab")
-    docs = render(helm, real, values)
+                              "registry.example.com/ml", "3f9c2ab", cluster=chart_cluster_defaults(configmap))
+    docs = render(helm, real, values, secrets)
     package = one(docs, "ConfigMap", f"{RELEASE}-pipeline")["data"]["pipeline.yaml"]
     assert len(package.encode()) < 900 * 1024, "compiled pipeline too close to the 1 MiB ConfigMap limit"
     assert package == (real / "files" / "pipeline.yaml").read_text()
@@ -359,16 +363,18 @@ def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, t
     spec_inputs = next(yaml.safe_load_all(package))["root"]["inputDefinitions"]["parameters"]
     unknown = set(params) - set(spec_inputs)
     assert not unknown, f"parameters.yaml keys unknown to the pipeline: {unknown}"
-    # The compiled defaults are the chart's pools, so the Kubeflow UI's run form starts from the cluster's labels.
-    for key in ("inference_node_selector", "trainer_tolerations", "trainer_gpus"):
+    # The compiled defaults are the chart's pools and Secrets, so the Kubeflow UI's run form starts from the
+    # cluster's labels and the release's Secrets (`make chart-pipeline`: chart-config --parameters-output, compile
+    # --parameters).
+    assert params["s3_secret_name"] == "team-s3" and params["tracking_secret_name"] == "team-tracking"
+    for key in params:
         assert spec_inputs[key]["defaultValue"] == params[key], key
 
 
-def test_docs_cluster_values_example_passes_the_schema(helm, chart, tmp_path):
-    block = re.search(r"```yaml\n# my-values.yaml\n(.*?)```", (ROOT / "docs" / "cluster.md").read_text(), re.S)
-    assert block, "docs/cluster.md's values example is gone"
-    values = tmp_path / "my-values.yaml"
-    values.write_text(block.group(1))
+def test_docs_cluster_values_example_passes_the_schema(helm, chart):
+    """docs/cluster.md starts from a copy of this example (`cp helm/flashdraft/examples/my-values.yaml ...`)."""
+    values = CHART / "examples" / "my-values.yaml"
+    assert f"cp {values.relative_to(ROOT)} my-values.yaml" in (ROOT / "docs" / "cluster.md").read_text()
     _helm(helm, "lint", "--strict", str(chart), "-f", str(values))
     docs = render(helm, chart, values)
     assert find(docs, "Secret") == []  # the example uses existingSecret
