@@ -220,6 +220,8 @@ def will_run(package: str, parameters: dict[str, Any], name: str, version: str) 
     from flashdraft.config import validate_config
 
     values = package_defaults(package) | parameters
+    if "config_yaml" not in values:
+        raise KfpApiError(f"{package}: not a flashdraft pipeline (it has no config_yaml parameter)")
     cfg = validate_config(yaml.safe_load(values["config_yaml"]), source="config_yaml")  # JSON as compiled, or YAML
     cfg = cfg.with_overrides(values.get("overrides") or {})
     lines = [f"pipeline {name} version {version}, run_id {cfg.run_id}",
