@@ -169,10 +169,14 @@ compile: install
 # Start a run of the pipeline the release ships: `chart-pipeline` compiles it from $(VALUES) for REGISTRY/TAG, and
 # the submit uploads it (idempotently) under the release's pipeline name and version (pipeline.version, else TAG:
 # the same version the chart's hook uploads), then creates the run. KFP_HOST, PARAMS (YAML of run parameters),
-# EXPERIMENT, RUN_CONFIG (another run config on the same pipeline, e.g. the smoke run's); `make submit-pipeline
-# ARGS=--dry-run` prints what will run and the requests instead of sending them.
+# EXPERIMENT; another run config on the same pipeline: RUN_PRESET (a preset with the pools and storage of $(VALUES),
+# e.g. qwen3.6-27b-smoke) or RUN_CONFIG (a file). `make submit-pipeline ARGS=--dry-run` prints what will run and the
+# requests instead of sending them.
 EXPERIMENT ?= flashdraft
+RUN_CONFIG ?= $(if $(RUN_PRESET),build/run-$(RUN_PRESET).yaml)
 submit-pipeline: chart-pipeline
+	$(if $(RUN_PRESET),$(BIN)/flashdraft chart-config --preset $(RUN_PRESET) --output $(RUN_CONFIG) \
+	  < build/chart-defaults.yaml)
 	$(BIN)/flashdraft submit --package $(CHART)/files/pipeline.yaml --chart build/chart-defaults.yaml \
 	  --experiment $(EXPERIMENT) $(if $(PARAMS),--params $(PARAMS)) $(if $(RUN_CONFIG),--config $(RUN_CONFIG)) $(ARGS)
 
