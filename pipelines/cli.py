@@ -21,8 +21,9 @@ TagOpt = Annotated[str | None, typer.Option(help="Image tag (else env FLASHDRAFT
 # upload-pipeline and submit: the compiled package, its name and version in KFP, and where KFP is.
 PackageOpt = Annotated[Path, typer.Option(help="Compiled pipeline YAML.")]
 NameOpt = Annotated[str, typer.Option(help="Pipeline name in KFP.")]
-VersionOpt = Annotated[str | None, typer.Option(help="Pipeline version name (default: the tag of the package's "
-                                                      "images, so new images are a new version).")]
+VersionOpt = Annotated[str | None, typer.Option(help="Pipeline version name (default: the release's with submit "
+                                                      "--chart, else the tag of the package's images, so new images "
+                                                      "are a new version).")]
 HostOpt = Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")]
 NamespaceOpt = Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")]
