@@ -181,11 +181,19 @@ PIPELINE       ?= build/flashdraft-pipeline.yaml
 compile: install
 	$(BIN)/flashdraft compile --preset $(CLUSTER_PRESET) --output $(PIPELINE)
 
-# Upload pipeline + version (git sha) idempotently and start a run: KFP_HOST, PARAMS (YAML of run parameters),
-# EXPERIMENT; `make submit-pipeline ARGS=--dry-run` prints the requests instead.
+# Start a run of the pipeline the release ships: `chart-pipeline` compiles it from $(VALUES) for REGISTRY/TAG, and
+# the submit uploads it (idempotently) under the release's pipeline name and version (pipeline.version, else TAG:
+# the same version the chart's hook uploads), then creates the run. KFP_HOST, PARAMS (YAML of run parameters),
+# EXPERIMENT; another run config on the same pipeline: RUN_PRESET (a preset with the pools and storage of $(VALUES),
+# e.g. qwen3.6-27b-smoke) or RUN_CONFIG (a file). `make submit-pipeline ARGS=--dry-run` prints what will run and the
+# requests instead of sending them.
 EXPERIMENT ?= flashdraft
-submit-pipeline: compile
-	$(BIN)/flashdraft submit --package $(PIPELINE) --experiment $(EXPERIMENT) $(if $(PARAMS),--params $(PARAMS)) $(ARGS)
+RUN_CONFIG ?= $(if $(RUN_PRESET),build/run-$(RUN_PRESET).yaml)
+submit-pipeline: chart-pipeline
+	$(if $(RUN_PRESET),$(BIN)/flashdraft chart-config --preset $(RUN_PRESET) --output $(RUN_CONFIG) \
+	  < build/chart-defaults.yaml)
+	$(BIN)/flashdraft submit --package $(CHART)/files/pipeline.yaml --chart build/chart-defaults.yaml \
+	  --experiment $(EXPERIMENT) $(if $(PARAMS),--params $(PARAMS)) $(if $(RUN_CONFIG),--config $(RUN_CONFIG)) $(ARGS)
 
 clean:
 	rm -rf build runs .pytest_cache
@@ -205,8 +213,11 @@ IMAGE_BUILD_ARGS := --build-arg FLASHDRAFT_COMMIT=$(shell git rev-parse HEAD 2>/
   $(if $(PIP_INDEX_URL),--build-arg PIP_INDEX_URL=$(PIP_INDEX_URL)) \
   $(if $(CA_CERTS),--build-arg EXTRA_CA_CERTS="$$(cat $(CA_CERTS))")
 
+# The cluster's nodes are x86-64: buildx builds for PLATFORM whatever this machine is (an arm64 laptop included).
+PLATFORM ?= linux/amd64
 image-%:
-	docker build $(IMAGE_BUILD_ARGS) -f docker/$*/Dockerfile -t $(REGISTRY)/flashdraft-$*:$(TAG) .
+	docker buildx build --platform $(PLATFORM) --load $(IMAGE_BUILD_ARGS) -f docker/$*/Dockerfile \
+	  -t $(REGISTRY)/flashdraft-$*:$(TAG) .
 
 push-%:
 	docker push $(REGISTRY)/flashdraft-$*:$(TAG)
@@ -232,14 +243,17 @@ $(HELM) $(KUBECTL) &:
 	$(HELM) version --short && $(KUBECTL) version --client | head -1
 
 # The chart ships the pipeline compiled for the same REGISTRY/TAG as the images (exported above) into
-# files/pipeline.yaml (not committed), with the node pools and storage of $(VALUES) as its defaults.
+# files/pipeline.yaml (not committed), with the node pools, storage and Secret names of $(VALUES) as its defaults.
+# build/chart-defaults.yaml: the release's defaults ConfigMap as rendered (pipeline name and version for submit).
 chart-pipeline: tools install
 	mkdir -p build
 	$(HELM) template $(RELEASE) $(CHART) -n $(NAMESPACE) -f $(VALUES) --set pipeline.upload.enabled=false \
-	  --show-only templates/configmap-defaults.yaml \
-	  | $(BIN)/flashdraft chart-config --preset $(CLUSTER_PRESET) --output build/chart-run-config.yaml
-	$(BIN)/flashdraft compile --config build/chart-run-config.yaml --output $(CHART)/files/pipeline.yaml \
-	  $(COMPILE_ARGS)
+	  --set images.registry=$(REGISTRY) --set images.tag=$(TAG) --show-only templates/configmap-defaults.yaml \
+	  > build/chart-defaults.yaml
+	$(BIN)/flashdraft chart-config --preset $(CLUSTER_PRESET) --output build/chart-run-config.yaml \
+	  --parameters-output build/chart-parameters.yaml < build/chart-defaults.yaml
+	$(BIN)/flashdraft compile --config build/chart-run-config.yaml --parameters build/chart-parameters.yaml \
+	  --output $(CHART)/files/pipeline.yaml $(COMPILE_ARGS)
 
 # helm lint + template with the default values and every ci/ values file, then offline schema validation of
 # every rendered manifest (kubernetes-validate --strict: unknown fields fail).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -22,18 +21,12 @@ TagOpt = Annotated[str | None, typer.Option(help="Image tag (else env FLASHDRAFT
 # upload-pipeline and submit: the compiled package, its name and version in KFP, and where KFP is.
 PackageOpt = Annotated[Path, typer.Option(help="Compiled pipeline YAML.")]
 NameOpt = Annotated[str, typer.Option(help="Pipeline name in KFP.")]
-VersionOpt = Annotated[str | None, typer.Option(help="Pipeline version name (default: git sha).")]
+VersionOpt = Annotated[str | None, typer.Option(help="Pipeline version name (default: the release's with submit "
+                                                      "--chart, else the tag of the package's images, so new images "
+                                                      "are a new version).")]
 HostOpt = Annotated[str | None, typer.Option(envvar="KFP_HOST", help="KFP API endpoint (env KFP_HOST).")]
 NamespaceOpt = Annotated[str | None, typer.Option(help="KFP namespace (multi-user Kubeflow).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the requests instead of sending them.")]
-
-
-def _git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "dev"
 
 
 def _kfp_api(package: Path, host: str | None, namespace: str | None, dry_run: bool, compile_hint: str):
@@ -77,16 +70,25 @@ def compile_cmd(
                                                   "variants, each its own run.")] = None,
     grid: Annotated[list[str] | None, typer.Option("--grid", help="A sweep's FIELD=V1,V2 (as `flashdraft "
                                                    "sweep --grid`).")] = None,
+    parameters: Annotated[Path | None, typer.Option("--parameters", help="Defaults of the run parameters outside "
+                                                    "the config (s3_secret_name, tracking_secret_name, "
+                                                    "trainjob_namespace, trainjob_runtime): YAML, as `chart-config "
+                                                    "--parameters-output` writes.")] = None,
 ) -> None:
     """Compile the Kubeflow pipeline (PipelineSpec + Kubernetes platform spec) with this config's defaults.
 
     Without --config/--preset the cluster preset qwen3.6-27b gives the defaults.
     """
     from flashdraft.config import ConfigError
+    from flashdraft.pipelines.chart_config import read_cluster_defaults
     from flashdraft.pipelines.pipeline import compile_pipeline
     from flashdraft.pipelines.sweep import pipeline_variants, plan_sweep
 
     cfg = run_config(config, preset or (None if config else CLUSTER_PRESET), set_)
+    try:
+        cluster = read_cluster_defaults(parameters) if parameters else None
+    except ValueError as exc:
+        raise fail(exc) from None
     sweep = None
     if variants or grid:
         try:
@@ -94,7 +96,8 @@ def compile_cmd(
         except ConfigError as exc:
             raise fail(exc, 1) from None
         cfg = sweep.base
-    compile_pipeline(cfg, str(output), registry, tag, parallelism, pipeline_variants(sweep) if sweep else None)
+    compile_pipeline(cfg, str(output), registry, tag, parallelism, pipeline_variants(sweep) if sweep else None,
+                     cluster)
     what = f"a sweep of {len(sweep.variants)} variants, " if sweep else ""
     typer.echo(f"compiled {output} ({what}mode {cfg.mode.kind}); {images_line(registry, tag)}")
 
@@ -103,19 +106,31 @@ def chart_config_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Run config YAML to write.")],
     preset: Annotated[str, typer.Option("--preset", "-p", help="The preset the chart's pools and storage "
                                                                "are applied to.")] = CLUSTER_PRESET,
+    parameters_output: Annotated[Path | None, typer.Option("--parameters-output", help="Also write the release's "
+                                                           "Secret names and TrainJob settings here (for "
+                                                           "`compile --parameters`).")] = None,
 ) -> None:
     """The run config `make chart-pipeline` compiles: PRESET with the pools and storage of the chart's defaults
     ConfigMap, read on stdin (`helm template ... --show-only templates/configmap-defaults.yaml`)."""
-    from flashdraft.config import ConfigError
-    from flashdraft.pipelines.chart_config import chart_run_config
+    import dataclasses
 
+    import yaml
+
+    from flashdraft.config import ConfigError
+    from flashdraft.pipelines.chart_config import chart_cluster_defaults, chart_run_config
+
+    configmap = sys.stdin.read()
     try:
-        text = chart_run_config(sys.stdin.read(), preset)
+        text = chart_run_config(configmap, preset)
+        cluster = chart_cluster_defaults(configmap)
     except (ValueError, ConfigError) as exc:
-        raise fail(exc) from None
+        raise fail(f"stdin: {exc}") from None
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
-    typer.echo(f"wrote {output} ({preset} with the chart's pools and storage)")
+    if parameters_output:
+        parameters_output.write_text(yaml.safe_dump(dataclasses.asdict(cluster), sort_keys=False))
+    typer.echo(f"wrote {output} ({preset} with the chart's pools and storage)"
+               + (f" and {parameters_output} (its Secrets and TrainJob settings)" if parameters_output else ""))
 
 
 def upload_pipeline(
@@ -123,42 +138,73 @@ def upload_pipeline(
     host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
 ) -> None:
     """Idempotently upload the compiled pipeline and a version (used by the Helm hook Job)."""
-    from flashdraft.pipelines.submit import KfpApiError
+    from flashdraft.pipelines.submit import KfpApiError, image_tag
 
     api = _kfp_api(package, host, namespace, dry_run, "flashdraft compile")
     try:
-        ids = api.ensure_pipeline_version(str(package), name, version or _git_sha())
+        version = version or image_tag(str(package))
+        ids = api.ensure_pipeline_version(str(package), name, version)
     except KfpApiError as exc:
         raise fail(exc) from None
     if dry_run:
         typer.echo(json.dumps(api.planned, indent=2))
-    typer.echo(json.dumps({"pipeline": name, "version": version or _git_sha(), **ids}))
+    typer.echo(json.dumps({"pipeline": name, "version": version, **ids}))
+
+
+def _release_name_version(chart: Path | None, name: str | None, version: str | None,
+                          package: Path) -> tuple[str, str]:
+    """The pipeline name and version a submit uses: the options, else the release's (the chart's rendered defaults
+    ConfigMap: pipeline.name, pipeline.version or the image tag), else `flashdraft` and the package's image tag."""
+    from flashdraft.pipelines.chart_config import defaults_data
+    from flashdraft.pipelines.submit import image_tag
+
+    release = {}
+    if chart:
+        try:
+            release = defaults_data(chart.read_text() if chart.is_file() else "")
+        except ValueError as exc:
+            raise fail(f"{chart}: {exc}") from None
+    return (name or release.get("pipelineName") or "flashdraft",
+            version or release.get("pipelineVersion") or image_tag(str(package)))
 
 
 def submit(
     package: PackageOpt = Path(DEFAULT_PACKAGE),
     params: Annotated[Path | None, typer.Option("--params", help="YAML mapping of run parameters.")] = None,
     experiment: Annotated[str, typer.Option(help="KFP experiment name.")] = "flashdraft",
-    name: NameOpt = "flashdraft", version: VersionOpt = None,
+    chart: Annotated[Path | None, typer.Option("--chart", help="The release's defaults ConfigMap as `make "
+                                               "chart-pipeline` rendered it (build/chart-defaults.yaml): the "
+                                               "pipeline name and version the release uploads.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="The run config this run uses (its config_yaml "
+                                                 "parameter), e.g. a smoke run's on the release's pipeline; "
+                                                 "default: the one compiled in.")] = None,
+    name: Annotated[str | None, typer.Option(help="Pipeline name in KFP (default: the release's, else "
+                                                  "flashdraft).")] = None,
+    version: VersionOpt = None,
     run_name: Annotated[str | None, typer.Option(help="Run display name.")] = None,
     host: HostOpt = None, namespace: NamespaceOpt = None, dry_run: DryRunOpt = False,
 ) -> None:
-    """Upload pipeline + version (idempotent), create the run, print its UI URL.
+    """Upload pipeline + version (idempotent), create the run, print what it runs and its UI URL.
 
     Auth: the in-cluster ServiceAccount token (KF_PIPELINES_SA_TOKEN_PATH) or KFP_BEARER_TOKEN.
     """
-    from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters
+    from flashdraft.config import ConfigError
+    from flashdraft.pipelines.submit import KfpApiError, check_parameters, load_parameters, will_run, with_run_config
 
-    api = _kfp_api(package, host, namespace, dry_run, "make compile")
-    version = version or _git_sha()
+    api = _kfp_api(package, host, namespace, dry_run, "make chart-pipeline")
     try:
+        name, version = _release_name_version(chart, name, version, package)
         parameters = load_parameters(str(params) if params else None)
+        if config:
+            parameters = with_run_config(parameters, config)
         check_parameters(str(package), parameters)
+        summary = will_run(str(package), parameters, name, version)
         ids = api.ensure_pipeline_version(str(package), name, version)
         experiment_id = api.ensure_experiment(experiment)
         run = api.create_run(run_name or f"{name}-{version}", experiment_id, ids, parameters)
-    except KfpApiError as exc:
+    except (KfpApiError, ConfigError) as exc:
         raise fail(exc) from None
+    typer.echo("\n".join(["will run:", *(f"  {line}" for line in summary)]))
     if dry_run:
         typer.echo(json.dumps(api.planned, indent=2))
         typer.echo("dry run: nothing was sent")

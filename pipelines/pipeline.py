@@ -39,6 +39,18 @@ DEFAULT_TRAINJOB_RUNTIME = "torch-distributed"
 POOL_IMAGE = {"cpu": "flashdraft-base", "inference": "flashdraft-inference", "trainer": "flashdraft-trainer"}
 
 
+@dataclass(frozen=True)
+class ClusterDefaults:
+    """The run parameters that are not part of the run config: the Secrets' names and the TrainJob's namespace and
+    runtime. A release's pipeline carries the chart's (its defaults ConfigMap's `parameters.yaml`, through
+    `flashdraft chart-config --parameters-output`), so a run started from the UI uses the release's Secrets."""
+
+    s3_secret_name: str = DEFAULT_S3_SECRET
+    tracking_secret_name: str = DEFAULT_TRACKING_SECRET
+    trainjob_namespace: str = ""  # empty: the run's own namespace
+    trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME
+
+
 def stage_images(registry: str | None = None, tag: str | None = None) -> dict[str, str]:
     """Image per pool, from arguments, else env FLASHDRAFT_IMAGE_REGISTRY / FLASHDRAFT_IMAGE_TAG, else defaults."""
     registry = (registry or os.environ.get("FLASHDRAFT_IMAGE_REGISTRY") or DEFAULT_REGISTRY).rstrip("/")
@@ -204,7 +216,7 @@ class _Wiring:
 
 def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None = None, *,
                    local: bool = False, parallelism: int = 0, images: dict[str, str] | None = None,
-                   variants: list[dict[str, Any]] | None = None) -> Any:
+                   variants: list[dict[str, Any]] | None = None, cluster: ClusterDefaults | None = None) -> Any:
     """The pipeline function for `cfg`: its defaults come from `cfg`, its shape from mode, num_nodes,
     `cfg.evaluate_only`, data.features_from and `variants`.
 
@@ -217,8 +229,10 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     resource inside a ParallelFor (and ignores resources anyway). No retries: a local failure is not a preemption.
     parallelism: shards in flight per ParallelFor (0 = all; KFP needs a literal).
     images: pool -> image, instead of the images of `registry`/`tag` (`run-local --runner docker --image`).
+    cluster: the defaults of the parameters outside the run config (a release's Secrets, TrainJob settings).
     """
     images = images or stage_images(registry, tag)
+    cluster = cluster or ClusterDefaults()
     c = _components(images, cfg)
     pools = cfg.pools
     # One line (JSON is YAML): KFP echoes defaults into a comment header, and a multi-line default breaks the file.
@@ -229,8 +243,8 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
     def flashdraft_pipeline(
         config_yaml: str = default_yaml,
         overrides: dict = {},  # noqa: B006 (a KFP parameter default, never mutated)
-        s3_secret_name: str = DEFAULT_S3_SECRET,
-        tracking_secret_name: str = DEFAULT_TRACKING_SECRET,
+        s3_secret_name: str = cluster.s3_secret_name,
+        tracking_secret_name: str = cluster.tracking_secret_name,
         cpu_node_selector: dict = pools.cpu.node_selector,
         cpu_tolerations: list = pools.cpu.tolerations,
         inference_node_selector: dict = pools.inference.node_selector,
@@ -239,8 +253,8 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         trainer_node_selector: dict = pools.trainer.node_selector,
         trainer_tolerations: list = pools.trainer.tolerations,
         trainer_gpus: int = pools.trainer.accelerator_count,
-        trainjob_namespace: str = "",  # empty: the run's own namespace
-        trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME,
+        trainjob_namespace: str = cluster.trainjob_namespace,
+        trainjob_runtime: str = cluster.trainjob_runtime,
         variants: list = variants or [],  # noqa: B006 (a KFP parameter default, never mutated)
     ):
         params = {
@@ -304,11 +318,12 @@ def declare_channels_on_enclosing_dags(spec: Any) -> None:
 
 
 def compile_pipeline(cfg: RunConfig, output: str, registry: str | None = None, tag: str | None = None,
-                     parallelism: int = 0, variants: list[dict[str, Any]] | None = None) -> str:
+                     parallelism: int = 0, variants: list[dict[str, Any]] | None = None,
+                     cluster: ClusterDefaults | None = None) -> str:
     """Write the compiled pipeline (PipelineSpec + kubernetes platform spec: two YAML documents) to `output`
-    (`variants`: a sweep's, build_pipeline)."""
+    (`variants`: a sweep's, `cluster`: a release's parameter defaults; build_pipeline)."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    pipeline = build_pipeline(cfg, registry, tag, parallelism=parallelism, variants=variants)
+    pipeline = build_pipeline(cfg, registry, tag, parallelism=parallelism, variants=variants, cluster=cluster)
     declare_channels_on_enclosing_dags(pipeline.pipeline_spec)
     compiler.Compiler().compile(pipeline, package_path=output)
     return output

@@ -1,7 +1,10 @@
-"""Upload the compiled pipeline and start runs through the KFP v2beta1 REST API.
+"""Upload the compiled pipeline and start runs through the KFP v2beta1 REST API (the endpoints `kfp.Client` calls).
 
 A small explicit client (stdlib HTTP) rather than `kfp.Client`: every request is known up front, so `--dry-run`
-prints exactly what would be sent, and the upload is idempotent by name: get the pipeline id (upload it the first
+prints exactly what would be sent; `kfp.Client` (kfp 2.17) instead calls the healthz endpoint when it is built
+(five tries 5 s apart on an API error), reads ~/.config/kfp/context.json (and writes it on multi-user Kubeflow),
+prints links, and sets no request timeout (a silent endpoint would hang `submit`). The version a submit names is the tag of the package's images (or the release's `pipeline.version`),
+and before any request it prints what the run will use (`will_run`). The upload is idempotent by name: get the pipeline id (upload it the first
 time) -> upload the version only if it is missing. The compiled file is sent as written (both YAML documents:
 the second holds node selectors, tolerations and secrets). Auth: an in-cluster ServiceAccount token file
 (KF_PIPELINES_SA_TOKEN_PATH) or a bearer token from the environment; tokens are never printed.
@@ -18,6 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 API = "/apis/v2beta1"
 SA_TOKEN_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
@@ -161,8 +166,6 @@ class KfpApi:
 
 def load_parameters(path: str | None) -> dict[str, Any]:
     """Run parameters from a YAML mapping (pipeline parameter name -> value)."""
-    import yaml
-
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text()) or {}
@@ -171,12 +174,68 @@ def load_parameters(path: str | None) -> dict[str, Any]:
     return data
 
 
+def with_run_config(parameters: dict[str, Any], config: Path) -> dict[str, Any]:
+    """`parameters` with config_yaml set to the run config file's text (`submit --config`); refuses a second
+    config_yaml in the parameters file rather than pick one."""
+    if "config_yaml" in parameters:
+        raise KfpApiError(f"config_yaml is set twice: by --config {config} and in the run parameters")
+    if not config.is_file():
+        raise KfpApiError(f"--config {config}: no such file")
+    return {**parameters, "config_yaml": config.read_text()}
+
+
 def check_parameters(package: str, parameters: dict[str, Any]) -> None:
     """Refuse parameter names the compiled pipeline does not declare (a typo would be silently ignored)."""
-    import yaml
-
     spec = next(yaml.safe_load_all(Path(package).read_text()))
     known = set(spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {}))
     unknown = sorted(set(parameters) - known)
     if unknown:
         raise KfpApiError(f"unknown run parameter(s) {unknown}; the pipeline declares {sorted(known)}")
+
+
+def package_defaults(package: str) -> dict[str, Any]:
+    """The compiled pipeline's run parameters with their defaults (the Kubeflow UI's prefilled run form)."""
+    spec = next(yaml.safe_load_all(Path(package).read_text()))
+    params = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    return {name: p.get("defaultValue") for name, p in params.items()}
+
+
+def package_images(package: str) -> list[str]:
+    """Every image the compiled pipeline's executors run."""
+    spec = next(yaml.safe_load_all(Path(package).read_text()))
+    return sorted({e["container"]["image"] for e in spec.get("deploymentSpec", {}).get("executors", {}).values()
+                   if "container" in e})
+
+
+def image_tag(package: str) -> str:
+    """The tag all the package's images share: the pipeline version a submit names by default, so a version is
+    the image build it runs (an upgrade to new images is a new version)."""
+    tags = {image.rsplit(":", 1)[-1] for image in package_images(package) if ":" in image.rsplit("/", 1)[-1]}
+    if len(tags) != 1:
+        raise KfpApiError(f"{package}: its images carry tags {sorted(tags)}, not one; pass --version")
+    return tags.pop()
+
+
+def will_run(package: str, parameters: dict[str, Any], name: str, version: str) -> list[str]:
+    """What a run of `package` with `parameters` uses, in a few lines: the pipeline and version, the store and its
+    endpoint, the Secrets' names, each pool's GPUs and node selector, the images. Read from the package and the
+    parameters (the values KFP will pass), not from what the user meant to configure."""
+    from flashdraft.config import validate_config
+
+    values = package_defaults(package) | parameters
+    if "config_yaml" not in values:
+        raise KfpApiError(f"{package}: not a flashdraft pipeline (it has no config_yaml parameter)")
+    cfg = validate_config(yaml.safe_load(values["config_yaml"]), source="config_yaml")  # JSON as compiled, or YAML
+    cfg = cfg.with_overrides(values.get("overrides") or {})
+    lines = [f"pipeline {name} version {version}, run_id {cfg.run_id}",
+             f"store {cfg.storage.root} (bucket {urllib.parse.urlparse(cfg.storage.root).netloc or '-'}, endpoint "
+             f"{cfg.storage.endpoint_url or 'AWS S3'}), "
+             f"S3 Secret {values['s3_secret_name']}, tracking Secret {values['tracking_secret_name']} (optional)"]
+    for pool in ("cpu", "inference", "trainer"):
+        spec = getattr(cfg.pools, pool)
+        gpus = f"{int(values[f'{pool}_gpus'])} x {spec.gpu_type or spec.accelerator_type}" if pool != "cpu" \
+            else "no GPU"
+        lines.append(f"pool {pool}: {gpus}, node selector {json.dumps(values[f'{pool}_node_selector'])}")
+    lines.append(f"images {', '.join(package_images(package))}")
+    return lines
+

@@ -137,6 +137,18 @@ def test_tracking_secret_only_from_tracking_env_and_named_in_the_defaults(helm, 
     assert [rule["resourceNames"] for rule in _secret_rules(docs)] == [[f"{RELEASE}-s3"]]
 
 
+def test_pipeline_version_is_the_image_tag_so_an_upgrade_uploads_a_new_version(helm, chart):
+    """The hook uploads version = images.tag (what `make helm-install TAG=...` sets), so new images are a new
+    version in KFP; pipeline.version still wins; and the defaults ConfigMap (what `make submit-pipeline` reads)
+    names the same version."""
+    for sets, version in (({"images.tag": "v0.2.0"}, "v0.2.0"),
+                          ({"images.tag": "v0.2.0", "pipeline.version": "v0.2.0-pools2"}, "v0.2.0-pools2")):
+        docs = render(helm, chart, sets=sets)
+        args = one(docs, "Job", f"{RELEASE}-upload-pipeline")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--version") + 1] == version
+        assert one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]["pipelineVersion"] == version
+
+
 def test_tracking_existing_secret_replaces_the_created_one(helm, chart):
     docs = render(helm, chart, sets={"tracking.existingSecret": "team-mlflow",
                                      "tracking.env.MLFLOW_TRACKING_URI": "https://mlflow.example.com"})
@@ -493,14 +505,18 @@ def test_chart_values_replace_the_presets_pools_in_the_compile_config(helm, char
 
 def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, tmp_path):
     pipeline = pytest.importorskip("flashdraft.pipelines.pipeline", reason="the pipeline module is not built yet")
+    from flashdraft.pipelines.chart_config import chart_cluster_defaults
+
     values = CHART / "ci" / "custom-pools-values.yaml"
+    secrets = {"s3.existingSecret": "team-s3", "tracking.existingSecret": "team-tracking"}
     config = tmp_path / "run.yaml"
     config.write_text(chart_run_config(helm, chart, values))
+    configmap = yaml.safe_dump(one(render(helm, chart, values, secrets), "ConfigMap", f"{RELEASE}-defaults"))
     real = tmp_path / "flashdraft"
     shutil.copytree(chart, real)
     pipeline.compile_pipeline(load_config(config), str(real / "files" / "pipeline.yaml"),
-                              "registry.example.com/ml", "3f9c2ab")
-    docs = render(helm, real, values)
+                              "registry.example.com/ml", "3f9c2ab", cluster=chart_cluster_defaults(configmap))
+    docs = render(helm, real, values, secrets)
     package = one(docs, "ConfigMap", f"{RELEASE}-pipeline")["data"]["pipeline.yaml"]
     assert len(package.encode()) < 900 * 1024, "compiled pipeline too close to the 1 MiB ConfigMap limit"
     assert package == (real / "files" / "pipeline.yaml").read_text()
@@ -511,16 +527,18 @@ def test_real_compiled_pipeline_fits_and_names_the_release_images(helm, chart, t
     spec_inputs = next(yaml.safe_load_all(package))["root"]["inputDefinitions"]["parameters"]
     unknown = set(params) - set(spec_inputs)
     assert not unknown, f"parameters.yaml keys unknown to the pipeline: {unknown}"
-    # The compiled defaults are the chart's pools, so the Kubeflow UI's run form starts from the cluster's labels.
-    for key in ("inference_node_selector", "trainer_tolerations", "trainer_gpus"):
+    # The compiled defaults are the chart's pools and Secrets, so the Kubeflow UI's run form starts from the
+    # cluster's labels and the release's Secrets (`make chart-pipeline`: chart-config --parameters-output, compile
+    # --parameters).
+    assert params["s3_secret_name"] == "team-s3" and params["tracking_secret_name"] == "team-tracking"
+    for key in params:
         assert spec_inputs[key]["defaultValue"] == params[key], key
 
 
-def test_docs_cluster_values_example_passes_the_schema(helm, chart, tmp_path):
-    block = re.search(r"```yaml\n# my-values.yaml\n(.*?)```", (ROOT / "docs" / "cluster.md").read_text(), re.S)
-    assert block, "docs/cluster.md's values example is gone"
-    values = tmp_path / "my-values.yaml"
-    values.write_text(block.group(1))
+def test_docs_cluster_values_example_passes_the_schema(helm, chart):
+    """docs/cluster.md starts from a copy of this example (`cp helm/flashdraft/examples/my-values.yaml ...`)."""
+    values = CHART / "examples" / "my-values.yaml"
+    assert f"cp {values.relative_to(ROOT)} my-values.yaml" in (ROOT / "docs" / "cluster.md").read_text()
     _helm(helm, "lint", "--strict", str(chart), "-f", str(values))
     docs = render(helm, chart, values)
     assert find(docs, "Secret") == []  # the example uses existingSecret

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flashdraft.config import StorageConfig
+from flashdraft.config import StorageConfig, load_config
+from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.storage.store import ObjectStore, StorePreflightError, preflight
 
 pytestmark = pytest.mark.integration
@@ -130,7 +131,7 @@ def test_commands_that_read_a_run_stop_with_one_line(command, tmp_path, monkeypa
 
 
 def test_submit_to_a_dead_kfp_endpoint_is_one_line(tmp_path):
-    (tmp_path / "p.yaml").write_text("pipelineInfo: {name: x}\n")
+    compile_pipeline(load_config(preset="tiny"), str(tmp_path / "p.yaml"), registry="reg.example", tag="t1")
     t0 = time.monotonic()
     line = _one_line_error(_run(["submit", "--package", str(tmp_path / "p.yaml"), "--host",
                                  f"http://127.0.0.1:{_closed_port()}"], dict(os.environ), tmp_path))

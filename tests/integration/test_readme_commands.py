@@ -48,6 +48,12 @@ NOT_HERE = {
     "export KFP_BEARER_TOKEN=": "kubectl against a cluster",
     "make submit-pipeline PARAMS=": "a KFP API server (the dry run below runs here; the requests are tested in "
                                     "tests/unit/test_submit_fake_kfp_api.py)",
+    "make submit-pipeline VALUES=": "a KFP API server (docs/cluster.md's dry run of the same command runs here; the "
+                                    "requests are tested in tests/unit/test_submit_fake_kfp_api.py)",
+    "docker buildx version": "Docker's buildx plugin, which `make images` needs and this machine's CI has no use for "
+                             "(the containers tier builds with its own dockerd: tests/containers)",
+    "flashdraft status --run s3://my-bucket/": "the cluster's store (status of an S3 run against a real S3 server: "
+                                               "tests/integration/test_status.py; of a local run: docs/local-run.md)",
     "flashdraft extract --preset smollm2-local": "needs generate's responses for the run first (a pipeline step); "
                                                  "extraction is tested in tests/unit/test_extract.py",
     "flashdraft features verify --preset smollm2-local": "needs that extraction first (docs/local-run.md verifies "
@@ -105,7 +111,8 @@ def test_every_documented_command_is_run_here_or_listed_with_a_reason():
     # what the issue that made this tier asked for at least: the chart, compile and dry-run submit, and each
     # inspection command, are run here, not listed away
     run_here = " | ".join(c.command for c in runnable())
-    for needed in ("make chart-pipeline", "make helm-lint", "make compile", "make submit-pipeline ARGS=--dry-run",
+    for needed in ("make chart-pipeline", "helm-lint", "flashdraft chart-config",
+                   "make submit-pipeline ARGS=--dry-run",
                    "flashdraft plan", "flashdraft show-config", "flashdraft config-reference", "flashdraft status",
                    "flashdraft report", "flashdraft export", "flashdraft features verify"):
         assert needed in run_here, f"`{needed}` is documented nowhere or not run by this tier"
@@ -129,18 +136,54 @@ def test_documented_commands_work_as_written(user_repo):
         out = _check(run_as_user(doc_command.command, user_repo))
         if "--json" in doc_command.command and " plan " in doc_command.command:
             assert '"bytes_per_token": 51200' in out, "the README's comment says bytes_per_token = 51200"
-        if doc_command.command.startswith("make chart-pipeline"):
-            # the chart now renders: its compiled pipeline is in place, for the images the command named
-            assert "registry.example.com/ml/flashdraft-trainer:v0.1.0" in (
-                user_repo / "helm" / "flashdraft" / "files" / "pipeline.yaml").read_text()
-        if doc_command.command.startswith("make compile"):
-            assert (user_repo / "build" / "flashdraft-pipeline.yaml").is_file()
-        if doc_command.command.startswith("make submit-pipeline ARGS=--dry-run"):
-            assert "dry run: nothing was sent" in out
-        if doc_command.command.startswith("flashdraft compile") and "--grid" in doc_command.command:
-            assert "a sweep of 2 variants" in out  # docs/training.md's cluster sweep, submitted next
-        if doc_command.command.startswith("flashdraft submit --package build/sweep.yaml"):
-            assert '"display_name": "flashdraft-sweep"' in out and "dry run: nothing was sent" in out
+        _check_cluster_path(doc_command.command, out, user_repo)
+
+
+# docs/cluster.md's example values (helm/flashdraft/examples/my-values.yaml, copied as the doc says): none of them is
+# the chart's default, so each one that reaches the compiled pipeline and the dry run came from the user's file.
+EXAMPLE = {"root": "s3://my-bucket/flashdraft", "endpoint": "https://s3.example.com", "s3": "my-s3-credentials",
+           "tracking": "my-tracking", "inference": '1 x h200, node selector {"nvidia.com/gpu.product": "NVIDIA-H200"}',
+           "trainer": '8 x b200, node selector {"nvidia.com/gpu.product": "NVIDIA-B200"}'}
+IMAGES = "registry.example.com/ml/flashdraft-{}:v0.1.0"
+
+
+def _plan_cost(out: str) -> tuple[float, float]:
+    """Dollars and hours of the configured row, from the console's `cost: $X in Y days` line."""
+    dollars, days = re.search(r"cost: \$([\d,.]+) in ([\d.]+) days", out).groups()
+    return float(dollars.replace(",", "")), float(days) * 24
+
+
+def _check_cluster_path(command: str, out: str, user_repo: Path) -> None:
+    """What docs/cluster.md's commands (and training.md's sweep) must have produced, beyond their exit code."""
+    if command.startswith("make chart-pipeline"):
+        # the chart now renders: its compiled pipeline is in place, for the images and values the command named
+        package = (user_repo / "helm" / "flashdraft" / "files" / "pipeline.yaml").read_text()
+        assert IMAGES.format("trainer") in package
+        if "VALUES=my-values.yaml" in command:
+            assert all(EXAMPLE[k] in package for k in ("root", "endpoint", "s3", "tracking")), package[:2000]
+    if command.startswith("flashdraft chart-config --preset qwen3.6-27b-smoke"):
+        smoke = (user_repo / "build" / "smoke.yaml").read_text()
+        assert "run_id: qwen36-27b-smoke" in smoke and EXAMPLE["root"] in smoke and "NVIDIA-H200" in smoke
+    if command.startswith("flashdraft plan --config build/smoke.yaml"):
+        dollars, hours = _plan_cost(out)
+        assert dollars < 50 and hours < 3 and "h200" in out, out[-2000:]
+    if command.startswith("make submit-pipeline ARGS=--dry-run"):
+        lines = out[out.index("will run:"):].splitlines()
+        assert lines[1].strip() == "pipeline flashdraft version v0.1.0, run_id qwen36-27b-smoke", lines[:8]
+        assert lines[2].strip() == (f"store {EXAMPLE['root']} (bucket my-bucket, endpoint {EXAMPLE['endpoint']}), "
+                                    f"S3 Secret {EXAMPLE['s3']}, tracking Secret {EXAMPLE['tracking']} (optional)")
+        assert lines[4].strip() == f"pool inference: {EXAMPLE['inference']}"
+        assert lines[5].strip() == f"pool trainer: {EXAMPLE['trainer']}"
+        assert lines[6].strip() == "images " + ", ".join(IMAGES.format(n) for n in ("base", "inference", "trainer"))
+        assert '"name": "v0.1.0"' in out and "dry run: nothing was sent" in out
+    if command.startswith("flashdraft compile") and "--grid" in command:
+        assert "a sweep of 2 variants" in out  # docs/training.md's cluster sweep, submitted next
+    if command.startswith("flashdraft submit --package build/sweep.yaml"):
+        assert '"display_name": "flashdraft-sweep"' in out and "dry run: nothing was sent" in out
+    if command.startswith("python3.11 --version"):
+        assert out.startswith("Python 3.11")
+    if command.startswith("npm --version"):
+        assert re.fullmatch(r"\d+\.\d+\.\d+\s*", out)
 
 
 @pytest.mark.slow

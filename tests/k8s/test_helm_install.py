@@ -142,7 +142,8 @@ def test_upload_hook_job_was_created_with_the_right_spec(installed):
     assert 0 < spec["activeDeadlineSeconds"] < HELM_DEFAULT_TIMEOUT_S, "a stuck hook must fail before helm times out"
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
-    version = _values(installed.values).get("pipeline", {}).get("version") or "0.1.0"
+    values = _values(installed.values)  # the version: pipeline.version, else the image tag, else appVersion
+    version = values.get("pipeline", {}).get("version") or values.get("images", {}).get("tag") or "0.1.0"
     assert [*container["command"], *container["args"]] == [
         "flashdraft", "upload-pipeline", "--package", "/pipeline/pipeline.yaml", "--name", "flashdraft",
         "--version", version]

@@ -83,7 +83,7 @@ printf '{"identities":[{"name":"flashdraft","credentials":[{"accessKey":"%s","se
 {{- end -}}
 
 {{- define "flashdraft.pipelineVersion" -}}
-{{- default .Chart.AppVersion .Values.pipeline.version -}}
+{{- default (default .Chart.AppVersion .Values.images.tag) .Values.pipeline.version -}}
 {{- end -}}
 
 {{- define "flashdraft.trainJobNamespace" -}}
