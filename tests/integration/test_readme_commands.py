@@ -46,8 +46,6 @@ NOT_HERE = {
                          "provided; tests/integration/test_cluster_contract.py checks what it renders without one)",
     "export KFP_HOST=": "a shell assignment for the cluster commands below it",
     "export KFP_BEARER_TOKEN=": "kubectl against a cluster",
-    "make submit-pipeline PARAMS=": "a KFP API server (the dry run below runs here; the requests are tested in "
-                                    "tests/unit/test_submit_fake_kfp_api.py)",
     "make submit-pipeline VALUES=": "a KFP API server (docs/cluster.md's dry run of the same command runs here; the "
                                     "requests are tested in tests/unit/test_submit_fake_kfp_api.py)",
     "docker buildx version": "Docker's buildx plugin, which `make images` needs and this machine's CI has no use for "
