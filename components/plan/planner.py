@@ -235,7 +235,10 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
         budget_bytes=budget, fits_budget=fits, memory=memory_section(cfg, work.cost.params, work.gpus,
                                                                      work.calibration),
         train_flops_per_step={k: float(f"{v:.4g}") for k, v in work.step_flops.items()},
-        calibration=work.calibration.origin() if work.calibration else None, evaluate=evaluate_plan(cfg, section))
+        calibration=work.calibration.origin() if work.calibration else None)
+    evaluate = evaluate_plan(cfg, section)
+    if evaluate is not None:  # a CPU pool: no key, so a CPU run's metrics/plan.json keeps its bytes
+        plan.evaluate = evaluate
     if cfg.evaluate_only:  # no features are stored and nothing trains: no topology to price
         plan.evaluate_only, plan.comparison = True, None
     else:
