@@ -160,7 +160,7 @@ def target_generate_batch(model, prompts: Sequence[Sequence[int]], max_new_token
         mask[row, width - len(p):] = 1
     margins = _MarginRecorder()
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
-                              eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id)
+                              no_repeat_ngram_size=0, eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id)
     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
                          logits_processor=LogitsProcessorList([margins]))
     rows = [_finish(r, max_new_tokens, eos_ids) for r in out[:, width:].tolist()]

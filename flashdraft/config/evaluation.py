@@ -93,7 +93,8 @@ class EvalConfig(Section):
     target_batch: int = Field(
         default=32, ge=1, description="on a GPU at temperature 0: prompts the target-alone decode (the lossless "
                                       "check's reference tokens) runs at once, past each suite's eval.timed_prompts; "
-                                      "1 = one at a time. A CPU always decodes one at a time")
+                                      "1 = one at a time. Each row holds its KV cache and recurrent state: lower it "
+                                      "if evaluate runs out of GPU memory. A CPU always decodes one at a time")
     timed_prompts: int = Field(
         default=2, ge=0, description="when the target-alone decode is batched (eval.target_batch): each suite's "
                                      "first N prompts it decodes one at a time instead, timed; the target's tokens/s "
