@@ -20,9 +20,9 @@ from typing import Any
 from flashdraft.config import RunConfig
 
 # What a task's container gets from this process's environment besides the console's settings: the S3 credentials
-# and endpoint (never in the image; on a cluster they come from the Secret).
+# and endpoint, the Hub's token and mirror (never in the image; on a cluster they come from the Secrets).
 PASSED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
-              "AWS_ENDPOINT_URL", "HF_HUB_OFFLINE")
+              "AWS_ENDPOINT_URL", "HF_HUB_OFFLINE", "HF_TOKEN", "HF_ENDPOINT")
 
 
 class ContainerError(RuntimeError):

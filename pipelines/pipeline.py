@@ -11,7 +11,7 @@ trains on another run's features (data.features_from): plan gate ─> train ─>
 with a ParallelFor over the variants (`build_sweep_pipeline`). The DAG shape (mode, single pod vs TrainJob, evaluate
 only, data.responses, data.features_from) is fixed when the pipeline is built from a config; the plan gate refuses a
 run whose config asks for another shape. Everything else
-(the whole config YAML, dotted overrides, node pools, GPU counts, the S3 Secret's name) is a run parameter.
+(the whole config YAML, dotted overrides, node pools, GPU counts, the Secrets' names) is a run parameter.
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline function's annotations as real types.
@@ -34,6 +34,7 @@ DEFAULT_REGISTRY = "ghcr.io/flashdraft"
 DEFAULT_TAG = "latest"
 DEFAULT_S3_SECRET = "flashdraft-s3"
 DEFAULT_TRACKING_SECRET = "flashdraft-tracking"  # optional: a run without it logs to no remote tracker
+DEFAULT_HUB_SECRET = "flashdraft-hub"  # optional: HF_TOKEN, HF_ENDPOINT (public repositories need neither)
 DEFAULT_TRAINJOB_RUNTIME = "torch-distributed"
 # Pool -> image: CPU stages in the slim base image, vLLM/extraction in the inference image, training in trainer.
 POOL_IMAGE = {"cpu": "flashdraft-base", "inference": "flashdraft-inference", "trainer": "flashdraft-trainer"}
@@ -47,6 +48,7 @@ class ClusterDefaults:
 
     s3_secret_name: str = DEFAULT_S3_SECRET
     tracking_secret_name: str = DEFAULT_TRACKING_SECRET
+    hub_secret_name: str = DEFAULT_HUB_SECRET
     trainjob_namespace: str = ""  # empty: the run's own namespace
     trainjob_runtime: str = DEFAULT_TRAINJOB_RUNTIME
 
@@ -105,7 +107,7 @@ class _Wiring:
     components: dict[str, Any]
     cfg_args: dict[str, Any]  # config_yaml and overrides: every task's first arguments
     params: dict[str, PoolParams]  # per pool: the node selector, tolerations and GPU count parameters
-    secrets: SecretNames  # the S3 and tracking Secret name parameters
+    secrets: SecretNames  # the S3, tracking and Hub Secret name parameters
     trainjob: dict[str, Any]  # the multi-node launcher's placement arguments
     local: bool
     parallelism: int
@@ -245,6 +247,7 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         overrides: dict = {},  # noqa: B006 (a KFP parameter default, never mutated)
         s3_secret_name: str = cluster.s3_secret_name,
         tracking_secret_name: str = cluster.tracking_secret_name,
+        hub_secret_name: str = cluster.hub_secret_name,
         cpu_node_selector: dict = pools.cpu.node_selector,
         cpu_tolerations: list = pools.cpu.tolerations,
         inference_node_selector: dict = pools.inference.node_selector,
@@ -267,8 +270,8 @@ def build_pipeline(cfg: RunConfig, registry: str | None = None, tag: str | None 
         trainjob = {"image": images["trainer"], "namespace": trainjob_namespace, "node_selector":
                     trainer_node_selector, "tolerations": trainer_tolerations, "gpus_per_node": trainer_gpus,
                     "s3_secret_name": s3_secret_name, "tracking_secret_name": tracking_secret_name,
-                    "runtime_ref": trainjob_runtime}
-        secrets = SecretNames(s3_secret_name, tracking_secret_name)
+                    "hub_secret_name": hub_secret_name, "runtime_ref": trainjob_runtime}
+        secrets = SecretNames(s3_secret_name, tracking_secret_name, hub_secret_name)
         _Wiring(cfg, c, {"config_yaml": config_yaml, "overrides": overrides}, params, secrets, trainjob,
                 local, parallelism, variants if sweep else None).wire()
 

@@ -13,7 +13,7 @@ from typing import Any
 from kfp import kubernetes
 
 from flashdraft.config import PoolConfig
-from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
+from flashdraft.pipelines.secret_env import HUB_SECRET_KEYS, S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.run import registry
 
 # The uid the images run as (docker/*/Dockerfile ARG APP_UID): pods pin it, so a policy can check it.
@@ -42,10 +42,12 @@ class PoolParams:
 @dataclass(frozen=True)
 class SecretNames:
     """The pipeline parameters (channels) naming the Secrets every stage pod takes its env from
-    (pipelines/secret_env.py): the S3 credentials (required) and the trackers' settings (optional)."""
+    (pipelines/secret_env.py): the S3 credentials (required), the trackers' settings and the Hub's token and
+    endpoint (both optional)."""
 
     s3: Any
     tracking: Any
+    hub: Any
 
 
 def harden(task: Any, pool: PoolConfig) -> None:
@@ -87,4 +89,7 @@ def place(task: Any, stage: str, pool: PoolConfig, params: PoolParams, secrets: 
     # optional: the pod starts without the Secret, or with only some of its keys (no tracker, or MLflow alone)
     kubernetes.use_secret_as_env(task, secret_name=secrets.tracking,
                                  secret_key_to_env={k: k for k in TRACKING_SECRET_KEYS}, optional=True)
+    # optional: public repositories on the public Hub need no token, and no mirror means huggingface.co
+    kubernetes.use_secret_as_env(task, secret_name=secrets.hub, secret_key_to_env={k: k for k in HUB_SECRET_KEYS},
+                                 optional=True)
     return task

@@ -68,14 +68,16 @@ def train(config_yaml: str, overrides: dict, extracted: list[str], run_producers
 
 def train_multinode(config_yaml: str, overrides: dict, extracted: list[str], image: str, namespace: str,
                     node_selector: dict, tolerations: list, gpus_per_node: int, s3_secret_name: str,
-                    tracking_secret_name: str, runtime_ref: str, metrics: Output[Metrics]) -> str:
+                    tracking_secret_name: str, hub_secret_name: str, runtime_ref: str,
+                    metrics: Output[Metrics]) -> str:
     """Multi-node training: create a Kubeflow Trainer TrainJob, wait for it, surface its status."""
     from flashdraft.pipelines import runtime
 
     return runtime.trainjob_task(config_yaml, overrides, metrics, image=image, namespace=namespace,
                                  node_selector=node_selector, tolerations=tolerations,
                                  gpus_per_node=int(gpus_per_node), s3_secret_name=s3_secret_name,
-                                 tracking_secret_name=tracking_secret_name, runtime_ref=runtime_ref)
+                                 tracking_secret_name=tracking_secret_name, hub_secret_name=hub_secret_name,
+                                 runtime_ref=runtime_ref)
 
 
 def report(config_yaml: str, overrides: dict, status: dsl.PipelineTaskFinalStatus,

@@ -230,7 +230,8 @@ def will_run(package: str, parameters: dict[str, Any], name: str, version: str) 
     lines = [f"pipeline {name} version {version}, run_id {cfg.run_id}",
              f"store {cfg.storage.root} (bucket {urllib.parse.urlparse(cfg.storage.root).netloc or '-'}, endpoint "
              f"{cfg.storage.endpoint_url or 'AWS S3'}), "
-             f"S3 Secret {values['s3_secret_name']}, tracking Secret {values['tracking_secret_name']} (optional)"]
+             f"S3 Secret {values['s3_secret_name']}, tracking Secret {values['tracking_secret_name']} (optional), "
+             f"Hub Secret {values.get('hub_secret_name', '-')} (optional)"]
     for pool in ("cpu", "inference", "trainer"):
         spec = getattr(cfg.pools, pool)
         gpus = f"{int(values[f'{pool}_gpus'])} x {spec.gpu_type or spec.accelerator_type}" if pool != "cpu" \

@@ -18,7 +18,7 @@ from typing import Any
 
 from flashdraft.config import PoolConfig, RunConfig, dump_config
 from flashdraft.pipelines.placement import APP_UID, CACHE_DIR
-from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS, secret_key_refs
+from flashdraft.pipelines.secret_env import HUB_SECRET_KEYS, S3_SECRET_KEYS, TRACKING_SECRET_KEYS, secret_key_refs
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,15 @@ def trainjob_name(cfg: RunConfig) -> str:
 
 def render_trainjob(cfg: RunConfig, *, image: str, namespace: str, node_selector: dict[str, str],
                     tolerations: list[dict[str, Any]], gpus_per_node: int, s3_secret_name: str,
-                    tracking_secret_name: str, runtime_ref: str = "torch-distributed") -> dict[str, Any]:
+                    tracking_secret_name: str, hub_secret_name: str,
+                    runtime_ref: str = "torch-distributed") -> dict[str, Any]:
     """The TrainJob manifest for `cfg` (the resolved config travels in an env var, credentials by secretKeyRef:
-    the S3 keys required, the trackers' optional, as on every stage pod)."""
+    the S3 keys required, the trackers' and the Hub's optional, as on every stage pod)."""
     pool = cfg.pools.trainer
     env = [{"name": CONFIG_ENV, "value": dump_config(cfg)},
            *secret_key_refs(s3_secret_name, S3_SECRET_KEYS, optional=False),
-           *secret_key_refs(tracking_secret_name, TRACKING_SECRET_KEYS, optional=True)]
+           *secret_key_refs(tracking_secret_name, TRACKING_SECRET_KEYS, optional=True),
+           *secret_key_refs(hub_secret_name, HUB_SECRET_KEYS, optional=True)]
     resources = node_resources(pool, gpus_per_node)
     pod_spec: dict[str, Any] = {"nodeSelector": dict(node_selector), "tolerations": list(tolerations),
                                 "securityContext": POD_SECURITY}
@@ -184,7 +186,8 @@ def _load_kube_config() -> None:
 
 def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, Any], image: str, namespace: str,
                     node_selector: dict[str, str], tolerations: list[dict[str, Any]], gpus_per_node: int,
-                    s3_secret_name: str, tracking_secret_name: str, runtime_ref: str, poll_s: float = 30.0,
+                    s3_secret_name: str, tracking_secret_name: str, hub_secret_name: str, runtime_ref: str,
+                    poll_s: float = 30.0,
                     unschedulable_timeout_s: float = UNSCHEDULABLE_TIMEOUT_S) -> dict[str, Any]:
     """Create the TrainJob (or adopt the one a previous attempt created), poll until it ends, raise on failure.
 
@@ -200,7 +203,8 @@ def launch_and_wait(cfg: RunConfig, *, config_yaml: str, overrides: dict[str, An
     api, core = client.CustomObjectsApi(), client.CoreV1Api()
     body = render_trainjob(cfg, image=image, namespace=namespace, node_selector=node_selector,
                            tolerations=tolerations, gpus_per_node=gpus_per_node, s3_secret_name=s3_secret_name,
-                           tracking_secret_name=tracking_secret_name, runtime_ref=runtime_ref)
+                           tracking_secret_name=tracking_secret_name, hub_secret_name=hub_secret_name,
+                           runtime_ref=runtime_ref)
     name = body["metadata"]["name"]
     if create_trainjob(api, body):
         log.info("created TrainJob %s/%s (%d nodes x %d procs)", namespace, name, cfg.training.num_nodes,

@@ -2,7 +2,11 @@
 
 For every prompt of every suite (suites.py; loaded and checked before the model) the target decodes alone (the
 reference output and plain tokens/s), then speculatively with the trained drafter; an untrained drafter of the
-same architecture, the baseline, decodes the first suite only (its tau is ~1 anywhere). Metrics: tau (tokens
+same architecture, the baseline, decodes the first suite only (its tau is ~1 anywhere). On a GPU at temperature 0
+the target-alone half runs in batches of eval.target_batch (the reference tokens), except each suite's first
+eval.timed_prompts, decoded one at a time for the single-stream tokens/s every speedup divides by; the drafters
+decode one prompt at a time (single-stream speedup, as the paper measures it). `flashdraft plan` prices all of it
+against the stage's timeout (components/plan/evaluate_plan.py). Metrics: tau (tokens
 accepted per cycle, bonus included), per-position acceptance (vLLM's convention), tokens/s on this machine.
 Greedy speculative outputs must equal the reference token for token: a mismatch fails the stage naming the
 prompt, after the metrics (with the mismatch) are committed.
@@ -46,7 +50,14 @@ from .draft_length import (
 )
 from .prompts import EvalPrompt
 from .reference import load_reference, published_for
-from .spec import Generation, Proposer, greedy_accept, speculative_generate, target_generate
+from .spec import (
+    Generation,
+    Proposer,
+    greedy_accept,
+    speculative_generate,
+    target_generate,
+    target_generate_batch,
+)
 from .suites import Suite, load_suites
 
 log = logging.getLogger(__name__)
@@ -59,10 +70,13 @@ class LosslessError(RuntimeError):
 
 def summarize(gens: Sequence[Generation]) -> DecodeStats:
     """tau, per-position acceptance and throughput over a set of generations (speculative or plain; a plain
-    decode has no cycles, so no tau)."""
+    decode has no cycles, so no tau). tokens/s counts the generations decoded one at a time only (a batched one's
+    seconds are its share of its batch, not a single-stream speed); None when every one was batched."""
     tokens = sum(len(g.tokens) for g in gens)
     seconds = sum(g.seconds for g in gens)
-    tokens_per_s = round(tokens / seconds, 3) if seconds > 0 else None
+    alone = [g for g in gens if not g.batched]
+    alone_s = sum(g.seconds for g in alone)
+    tokens_per_s = round(sum(len(g.tokens) for g in alone) / alone_s, 3) if alone_s > 0 else None
     cycles = [a for g in gens for a in g.accepted]
     if not cycles:
         return DecodeStats(tokens=tokens, seconds=round(seconds, 4), tokens_per_s=tokens_per_s)
@@ -159,12 +173,13 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
                      layer_ids: Sequence[int], accept: Callable = greedy_accept,
                      prompt_limits: dict[str, int] | None = None, max_new_tokens: int | None = None,
-                     num_drafts: int | None = None) -> SuiteRun:
+                     num_drafts: int | None = None, batch: int = 1) -> SuiteRun:
     """Decode every prompt with the target alone and with each drafter; returns their figures (no I/O).
 
     `prompt_limits[name] = n`: that drafter decodes only the first n prompts (the untrained baseline); its
     speedup and lossless check compare it with the target on those same prompts. `max_new_tokens`: the suite's
-    (default eval.max_new_tokens). `num_drafts`: drafts per cycle (None: the drafter's B-1)."""
+    (default eval.max_new_tokens). `num_drafts`: drafts per cycle (None: the drafter's B-1). `batch` > 1 (greedy
+    only): the target alone decodes the prompts past eval.timed_prompts that many at a time (`batched_reference`)."""
     import torch
 
     max_new, temp = max_new_tokens or cfg.eval.max_new_tokens, cfg.eval.temperature
@@ -184,12 +199,14 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
     for name in ["target", *drafters]:
         gen_for(name, prompts[0], tokens=warmup_tokens)
     limits = {name: len(prompts) for name in ["target", *drafters]} | (prompt_limits or {})
+    timed = len(prompts) if batch <= 1 or temp > 0 else min(cfg.eval.timed_prompts, len(prompts))
+    reference = batched_reference(model, tok, prompts[timed:], max_new, eos, batch)
     runs: dict[str, list[Generation]] = {name: [] for name in ["target", *drafters]}
     per_prompt: dict[str, list[DecodeStats]] = {name: [] for name in drafters}  # summarize() of each prompt
     for i, p in enumerate(prompts):
         for name in runs:
             if i < limits[name]:
-                runs[name].append(gen_for(name, p))
+                runs[name].append(reference[i - timed] if name == "target" and i >= timed else gen_for(name, p))
                 if name in per_prompt:
                     per_prompt[name].append(summarize([runs[name][-1]]))
         log.info("prompt %s: %d prompt tokens, %d new; tau %s", p.prompt_id, len(p.input_ids),
@@ -200,6 +217,22 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
                     lossless=lossless_check(cfg, prompts, runs),
                     prompts=[prompt_result(p, len(runs["target"][i].tokens), per_prompt, i)
                              for i, p in enumerate(prompts)])
+
+
+def target_batch(cfg: RunConfig, device: str) -> int:
+    """Prompts the target-alone decode runs at once: eval.target_batch on a GPU at temperature 0, else 1 (a CPU's
+    decode gains nothing from batching, and sampling keeps one seeded generator a prompt)."""
+    return cfg.eval.target_batch if device == "cuda" and cfg.eval.temperature == 0 else 1
+
+
+def batched_reference(model, tok, prompts: Sequence[EvalPrompt], max_new: int, eos: set[int],
+                      batch: int) -> list[Generation]:
+    """The target's greedy outputs for `prompts`, `batch` at a time (spec.target_generate_batch); [] for none."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos, default=0)
+    out: list[Generation] = []
+    for at in range(0, len(prompts), batch):
+        out += target_generate_batch(model, [p.input_ids for p in prompts[at:at + batch]], max_new, eos, pad)
+    return out
 
 
 def decoder_stats(gens: Sequence[Generation], target: Sequence[Generation]) -> DecodeStats:
@@ -350,7 +383,8 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
         t0 = time.perf_counter()
         run = evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
-                               prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens, num_drafts=k)
+                               prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens, num_drafts=k,
+                               batch=target_batch(cfg, device))
         run.wall_seconds = round(time.perf_counter() - t0, 2)
         runs.append(run)
         log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, run.drafter.tau or 0, run.drafter.speedup)

@@ -52,6 +52,7 @@ class Generation:
     accepted: list[int] = field(default_factory=list)  # a per cycle (bonus excluded; tau counts a + 1)
     block_size: int = 0                                 # drafted tokens per cycle + 1 (0: plain decode)
     margins: list[float] = field(default_factory=list)  # plain decode: top-1 minus top-2 logit per token
+    batched: bool = False  # decoded beside other prompts: `seconds` is its share of the batch, not its own speed
 
 
 AcceptRule = Callable[[torch.Tensor, torch.Tensor], int]
@@ -125,6 +126,49 @@ def target_generate(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_i
         margins.append(_margin(out.logits[0, -1]))
     tokens = _finish(tokens, max_new_tokens, eos_ids)
     return Generation(tokens=tokens, seconds=time.perf_counter() - start, margins=margins[: len(tokens)])
+
+
+class _MarginRecorder:
+    """A logits processor that changes nothing and keeps each step's top-1 minus top-2 logit per row (the lossless
+    check's tie margin), on the device until the batch ends."""
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        top = torch.topk(scores.float(), 2, dim=-1).values
+        self.steps.append(top[:, 0] - top[:, 1])
+        return scores
+
+
+@torch.inference_mode()
+def target_generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: set[int],
+                          pad_id: int) -> list[Generation]:
+    """Greedy decode of the target alone for several prompts at once (left-padded, masked; HF `generate` keeps
+    each model's own cache, positions and padding handling): the same tokens `target_generate` gives one prompt at
+    a time, up to numerical ties (the lossless check's tie margin covers them). A fresh generation config, so the
+    checkpoint's sampling defaults cannot apply; each row's `seconds` is its share of the batch (`batched`)."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[row, width - len(p):] = 1
+    margins = _MarginRecorder()
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
+                              no_repeat_ngram_size=0, eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id)
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                         logits_processor=LogitsProcessorList([margins]))
+    rows = [_finish(r, max_new_tokens, eos_ids) for r in out[:, width:].tolist()]
+    gaps = torch.stack(margins.steps, dim=1).tolist() if margins.steps else [[] for _ in rows]
+    seconds = time.perf_counter() - start
+    total = sum(len(r) for r in rows) or 1
+    return [Generation(tokens=r, seconds=seconds * len(r) / total, margins=g[: len(r)], batched=True)
+            for r, g in zip(rows, gaps, strict=True)]
 
 
 @torch.inference_mode()

@@ -26,6 +26,7 @@ from flashdraft.components.plan.compare import (
     summary_line,
     tokens_to_generate,
 )
+from flashdraft.components.plan.evaluate_plan import evaluate_gate, evaluate_lines, evaluate_plan, evaluate_row
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
@@ -235,6 +236,9 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
                                                                      work.calibration),
         train_flops_per_step={k: float(f"{v:.4g}") for k, v in work.step_flops.items()},
         calibration=work.calibration.origin() if work.calibration else None)
+    evaluate = evaluate_plan(cfg, section)
+    if evaluate is not None:  # a CPU pool: no key, so a CPU run's metrics/plan.json keeps its bytes
+        plan.evaluate = evaluate
     if cfg.evaluate_only:  # no features are stored and nothing trains: no topology to price
         plan.evaluate_only, plan.comparison = True, None
     else:
@@ -245,14 +249,15 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
 
 
 def plan_gate(cfg: RunConfig, plan: PlanSummary, gpus: dict[str, GpuSpec | None]) -> str | None:
-    """Why the run may not start (storage budget, free space, memory, cost or days, joined by " | "); None when it
-    may. An evaluate-only run stores no features and trains nothing: only the inference pool's memory can refuse
-    it."""
+    """Why the run may not start (storage budget, free space, memory, cost or days, evaluate's timeout, joined by
+    " | "); None when it may. An evaluate-only run stores no features and trains nothing: only the inference pool's
+    memory and evaluate's timeout can refuse it."""
     if cfg.evaluate_only:
         gates = [memory_gate(cfg, {p: m for p, m in plan.memory.items() if m["stage"] != "train"}, gpus)]
     else:
         gates = [gate_message(cfg, plan), free_space_message(cfg, plan), memory_gate(cfg, plan.memory, gpus),
                  cost_gate(plan.comparison, cfg)]
+    gates.append(evaluate_gate(cfg, plan.target_geometry, plan.evaluate))
     return " | ".join(g for g in gates if g) or None
 
 
@@ -305,12 +310,14 @@ def plan_markdown(plan: PlanSummary) -> str:
             stage = f"train ({plan.train_variants} variants, plan.train_variants)"
         lines.append(f"| {stage} | {v.gpu or '-'} | {v.tokens:,} | {v.tokens_per_s_per_gpu or '-'} | "
                      f"{v.gpu_hours if v.gpu_hours is not None else '-'} |")
+    lines += evaluate_row(plan.evaluate)
     bw, ratio = plan.streaming_bandwidth_bytes_per_s, plan.inference_per_trainer_gpu
     unknown = "- (no GPU rate: a pool without pools.*.gpu_type)"  # CPU presets: never "None" in the table
     lines += ["", f"- mode: **{plan.mode}** (recommended: {plan.recommended_mode}); objects: {plan.objects:,}",
               f"- streaming peak: {_fmt_bytes(plan.peak_bytes_streaming)}; bandwidth needed: "
               f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
-              f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
+              f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}",
+              *evaluate_lines(plan.evaluate)]
     lines += memory_markdown(plan)
     lines += [f"- {RESPONSES_TRADE}"] if plan.responses == "dataset" else []
     line = summary_line(plan.comparison)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from flashdraft.components.plan.compare import Comparison
+from flashdraft.components.plan.evaluate_plan import EvaluatePlan
 from flashdraft.components.plan.sections import CodecPlan, StageEstimate, TargetSection
 from flashdraft.run.stage import StageSummary, numbers
 
@@ -43,6 +44,8 @@ class PlanSummary(StageSummary):
     streaming_bandwidth_bytes_per_s: float | None = Field(None, description="streaming: store bandwidth needed")
     inference_per_trainer_gpu: float | None = Field(None, description="streaming: extract GPUs per trainer GPU")
     trainer_gpus: int | None = Field(None, description="training world size")
+    evaluate: EvaluatePlan | None = Field(None, description="evaluate's GPU-hours and wall time against its timeout "
+                                          "(components/plan/evaluate_plan.py); None on a CPU pool")
     mode: str | None = Field(None, description="mode.kind of the run")
     recommended_mode: str | None = Field(None, description="offline, streaming or 'none fits'")
     budget_bytes: int | None = Field(None, description="storage.budget_bytes")
@@ -55,8 +58,8 @@ class PlanSummary(StageSummary):
                                        "no training, so only the inference pool's memory can refuse the run")
     comparison: Comparison | None = Field(
         None, description="every topology's cost, days and memory fit, sorted by total cost (plan --compare)")
-    gate: str | None = Field(None, description="why the run may not start (storage, free space, memory, cost or "
-                             "days); None when it may")
+    gate: str | None = Field(None, description="why the run may not start (storage, free space, memory, cost, "
+                             "days or evaluate's timeout); None when it may")
 
     def dump(self) -> dict[str, Any]:
         """The top-level keys the planner set, each section whole: a nested model's defaults (a topology row's

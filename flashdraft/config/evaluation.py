@@ -90,6 +90,16 @@ class EvalConfig(Section):
     temperature: float = Field(default=0.0, ge=0, description="decoding temperature; 0 = greedy, where the "
                                "lossless check compares the output token by token with the target alone")
     extra_prompts: str | None = Field(default=None, description="optional JSONL of extra eval prompts")
+    target_batch: int = Field(
+        default=32, ge=1, description="on a GPU at temperature 0: prompts the target-alone decode (the lossless "
+                                      "check's reference tokens) runs at once, past each suite's eval.timed_prompts; "
+                                      "1 = one at a time. Each row holds its KV cache and recurrent state: lower it "
+                                      "if evaluate runs out of GPU memory. A CPU always decodes one at a time")
+    timed_prompts: int = Field(
+        default=2, ge=0, description="when the target-alone decode is batched (eval.target_batch): each suite's "
+                                     "first N prompts it decodes one at a time instead, timed; the target's tokens/s "
+                                     "and every speedup come from these (single-stream, as the drafter decodes). "
+                                     "0: no speedup is measured")
     baseline_prompts: int | None = Field(
         default=4, ge=0, description="prompts the untrained baseline drafter decodes (the first N; None = all, "
                                      "0 = none): at tau ~1 it costs a verify forward per token, as much as the "

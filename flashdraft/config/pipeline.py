@@ -111,6 +111,9 @@ class PlanConfig(Section):
     )
     decode_batch: int = Field(default=64, ge=1, description="sequences decoded together per weight read in "
                               "the generation model")
+    eval_tau: float = Field(default=3.0, ge=1, description="tokens a speculative cycle (accepted drafts + the "
+                            "bonus) assumed when pricing evaluate: a trained DFlash drafter measures 3-7, an "
+                            "untrained one 1 (components/plan/evaluate_plan.py)")
     response_fraction: float = Field(default=0.75, gt=0, le=1, description="share of a sample's tokens generated")
     target_params: float | None = Field(
         default=None, gt=0, description="target parameter count; default: the target's (its config, else "

@@ -15,7 +15,9 @@ and the chart is rendered by the real helm with that pipeline in files/pipeline.
 - every task's node selector, tolerations and GPU request, read out of the compiled pipeline (support/kfp_pods.py),
   are those of the pool its values assign, and so are the TrainJob's node pods.
 - every stage pod (validated strictly as a Pod) and the TrainJob's nodes take the S3 keys from the s3_secret_name
-  Secret, required, and the trackers' variables from the tracking_secret_name Secret, optionally.
+  Secret, required, and the trackers' variables from the tracking_secret_name Secret and the Hub's HF_TOKEN and
+  HF_ENDPOINT from the hub_secret_name Secret, optionally; a run started with the chart's parameters.yaml names
+  the chart's Secrets.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from flashdraft.config import RunConfig, load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import APP_UID
 from flashdraft.pipelines.runtime import stage_config
-from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
+from flashdraft.pipelines.secret_env import HUB_SECRET_KEYS, S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.pipelines.trainjob import JOBSET_NAME_LABEL, WRITABLE, render_trainjob
 
 pytestmark = pytest.mark.helm
@@ -68,7 +70,7 @@ COMPILE_OVERRIDES = {"multinode-values": {"training.num_nodes": 4}}
 TRAINJOB_CRD = ROOT.parent / "shared" / "k8s" / "trainer.kubeflow.org_trainjobs.yaml"
 LAUNCHER = "exec-train-multinode"
 LAUNCHER_ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "tracking_secret_name",
-                 "runtime_ref")
+                 "hub_secret_name", "runtime_ref")
 CHECKOV_ACCEPTED = Path(__file__).with_name("checkov_accepted.yaml")
 DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*/Dockerfile"))
 
@@ -496,9 +498,10 @@ def _secret_env(env: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
 
 
-def _expected_secret_env(s3: str, tracking: str) -> dict[str, dict[str, Any]]:
+def _expected_secret_env(s3: str, tracking: str, hub: str) -> dict[str, dict[str, Any]]:
     return {**{k: {"name": s3, "key": k} for k in S3_SECRET_KEYS},
-            **{k: {"name": tracking, "key": k, "optional": True} for k in TRACKING_SECRET_KEYS}}
+            **{k: {"name": tracking, "key": k, "optional": True} for k in TRACKING_SECRET_KEYS},
+            **{k: {"name": hub, "key": k, "optional": True} for k in HUB_SECRET_KEYS}}
 
 
 @pytest.mark.parametrize("values", VALUES_FILES, ids=values_id)
@@ -508,8 +511,8 @@ def test_every_pod_takes_s3_keys_required_and_tracker_settings_optionally(releas
     optional, so a cluster without that Secret still runs."""
     release = releases[values_id(values)]
     pipeline_params = release.pipeline.spec["root"]["inputDefinitions"]["parameters"]
-    want = _expected_secret_env(pipeline_params["s3_secret_name"]["defaultValue"],
-                                pipeline_params["tracking_secret_name"]["defaultValue"])
+    want = _expected_secret_env(*(pipeline_params[f"{name}_secret_name"]["defaultValue"]
+                                  for name in ("s3", "tracking", "hub")))
     for pod in release.pipeline.stage_pods():
         (container,) = pod.spec["containers"]
         assert _secret_env(container["env"]) == want, pod.stage
@@ -521,4 +524,34 @@ def test_every_pod_takes_s3_keys_required_and_tracker_settings_optionally(releas
 def test_the_trainjobs_nodes_take_the_same_secret_env(trainjobs):
     for source, (_, job) in trainjobs.items():
         assert _secret_env(job["spec"]["trainer"]["env"]) == _expected_secret_env(
-            "flashdraft-s3", "flashdraft-tracking"), source
+            "flashdraft-s3", "flashdraft-tracking", "flashdraft-hub"), source
+
+
+def _run_with_parameters(pipeline: CompiledPipeline, parameters: dict[str, Any]) -> CompiledPipeline:
+    """The pipeline as KFP runs it when a run is created with `parameters` (the chart's parameters.yaml): each
+    root parameter resolves to the run's value instead of the compiled default."""
+    spec = copy.deepcopy(pipeline.spec)
+    for name, value in parameters.items():
+        spec["root"]["inputDefinitions"]["parameters"][name]["defaultValue"] = value
+    return CompiledPipeline(spec, {"platforms": {"kubernetes": {"deploymentSpec": {"executors": pipeline.k8s}}}})
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=values_id)
+def test_a_run_with_the_charts_parameters_takes_the_charts_secrets(releases, values):
+    """Started with the run parameters the chart writes (parameters.yaml), every stage pod and, multi-node, the
+    TrainJob's nodes take their env from the Secrets the chart names: existing-secret-values names its own S3,
+    tracking and Hub Secrets (hub.existingSecret), the others the chart's `<fullname>-*`."""
+    release = releases[values_id(values)]
+    (defaults,) = [d for d in release.docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith(
+        "-defaults")]
+    parameters = yaml.safe_load(defaults["data"]["parameters.yaml"])
+    hub = release.values["hub"]["existingSecret"] or f"{RELEASE}-hub"
+    assert parameters["hub_secret_name"] == defaults["data"]["hubSecretName"] == hub
+    want = _expected_secret_env(parameters["s3_secret_name"], parameters["tracking_secret_name"], hub)
+    run = _run_with_parameters(release.pipeline, parameters)
+    for pod in run.stage_pods():
+        (container,) = pod.spec["containers"]
+        assert _secret_env(container["env"]) == want, pod.stage
+    if LAUNCHER in run.containers:
+        _, job = launcher_trainjob(run, "team")
+        assert _secret_env(job["spec"]["trainer"]["env"]) == want

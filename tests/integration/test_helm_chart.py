@@ -23,8 +23,8 @@ from support.helm_chart import value_args as _value_args
 from support.helm_chart import values_id as _values_id
 
 from flashdraft.config import load_config
-from flashdraft.pipelines.pipeline import DEFAULT_TRACKING_SECRET
-from flashdraft.pipelines.secret_env import TRACKING_SECRET_KEYS
+from flashdraft.pipelines.pipeline import DEFAULT_HUB_SECRET, DEFAULT_TRACKING_SECRET
+from flashdraft.pipelines.secret_env import HUB_SECRET_KEYS, TRACKING_SECRET_KEYS
 
 pytestmark = pytest.mark.helm
 
@@ -90,6 +90,7 @@ def test_existing_secret_replaces_the_chart_secret(helm, chart):
     assert defaults["s3SecretName"] == "team-s3-credentials"
     assert yaml.safe_load(defaults["parameters.yaml"])["s3_secret_name"] == "team-s3-credentials"
     assert yaml.safe_load(defaults["parameters.yaml"])["tracking_secret_name"] == "team-tracking"
+    assert defaults["hubSecretName"] == yaml.safe_load(defaults["parameters.yaml"])["hub_secret_name"] == "team-hub"
     role = one(docs, "Role", f"{RELEASE}-pipeline")
     secret_rules = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert secret_rules == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["team-s3-credentials"],
@@ -163,6 +164,34 @@ def test_the_schema_allows_exactly_the_tracker_variables_the_pods_mount():
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["tracking"]["properties"]["env"]
     assert schema["additionalProperties"] is False
     assert sorted(schema["properties"]) == sorted(TRACKING_SECRET_KEYS)
+
+
+def test_hub_secret_only_from_hub_values_and_named_in_the_defaults(helm, chart):
+    """No token or mirror: no Secret, but the name the pods mount optionally is the pipeline's default. A token and a
+    mirror: `<fullname>-hub` with exactly HF_TOKEN and HF_ENDPOINT, the token in no other manifest, no RBAC rule
+    (the kubelet reads it). A mirror alone: only HF_ENDPOINT (an empty HF_TOKEN would be sent as a token)."""
+    docs = render(helm, chart)
+    assert find(docs, "Secret", f"{RELEASE}-hub") == []
+    defaults = one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]
+    assert defaults["hubSecretName"] == DEFAULT_HUB_SECRET == f"{RELEASE}-hub"
+    assert yaml.safe_load(defaults["parameters.yaml"])["hub_secret_name"] == DEFAULT_HUB_SECRET
+    token, mirror = "hf_chartT0kenSentinel0000", "https://hub.mirror.internal:8090"
+    docs = render(helm, chart, sets={"hub.token": token, "hub.endpoint": mirror})
+    secret = one(docs, "Secret", f"{RELEASE}-hub")
+    assert secret["stringData"] == dict(zip(HUB_SECRET_KEYS, (token, mirror), strict=True))
+    assert secret["metadata"]["namespace"] == NAMESPACE and secret["type"] == "Opaque"
+    leaks = [f"{d['kind']} {d['metadata']['name']}" for d in docs if d["kind"] != "Secret" and token in json.dumps(d)]
+    assert not leaks, f"the Hub token leaks into {leaks}"
+    assert [rule["resourceNames"] for rule in _secret_rules(docs)] == [[f"{RELEASE}-s3"]]
+    only_mirror = one(render(helm, chart, sets={"hub.endpoint": mirror}), "Secret", f"{RELEASE}-hub")
+    assert only_mirror["stringData"] == {"HF_ENDPOINT": mirror}
+
+
+def test_hub_existing_secret_replaces_the_created_one(helm, chart):
+    docs = render(helm, chart, sets={"hub.existingSecret": "team-hub", "hub.token": "hf_ignored"})
+    assert find(docs, "Secret", f"{RELEASE}-hub") == [] and find(docs, "Secret", "team-hub") == []
+    defaults = one(docs, "ConfigMap", f"{RELEASE}-defaults")["data"]
+    assert defaults["hubSecretName"] == yaml.safe_load(defaults["parameters.yaml"])["hub_secret_name"] == "team-hub"
 
 
 def test_pool_settings_reach_the_defaults_configmap_as_a_valid_run_config(helm, chart, tmp_path):
@@ -464,6 +493,9 @@ def test_the_trainjob_namespace_enforces_pod_security(helm, chart):
     ({"storage.root": "gs://bucket/runs"}, "/storage/root"),
     ({"tracking.env.MLFLOW_URI": "http://mlflow"}, "additional properties 'MLFLOW_URI' not allowed"),
     ({"tracking.env.WANDB_PROJECT": "7"}, "/tracking/env/WANDB_PROJECT"),
+    ({"hub.existingSecret": "Team_Hub"}, "/hub/existingSecret"),
+    ({"hub.endpoint": "hub.mirror.internal"}, "/hub/endpoint"),
+    ({"hub.tokn": "hf_x"}, "additional properties 'tokn' not allowed"),
 ])
 def test_invalid_values_fail_lint_and_template(helm, chart, sets, message):
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]

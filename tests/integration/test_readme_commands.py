@@ -140,7 +140,7 @@ def test_documented_commands_work_as_written(user_repo):
 # docs/cluster.md's example values (helm/flashdraft/examples/my-values.yaml, copied as the doc says): none of them is
 # the chart's default, so each one that reaches the compiled pipeline and the dry run came from the user's file.
 EXAMPLE = {"root": "s3://my-bucket/flashdraft", "endpoint": "https://s3.example.com", "s3": "my-s3-credentials",
-           "tracking": "my-tracking", "inference": '1 x h200, node selector {"nvidia.com/gpu.product": "NVIDIA-H200"}',
+           "tracking": "my-tracking", "hub": "my-hub", "inference": '1 x h200, node selector {"nvidia.com/gpu.product": "NVIDIA-H200"}',
            "trainer": '8 x b200, node selector {"nvidia.com/gpu.product": "NVIDIA-B200"}'}
 IMAGES = "registry.example.com/ml/flashdraft-{}:v0.1.0"
 
@@ -158,7 +158,7 @@ def _check_cluster_path(command: str, out: str, user_repo: Path) -> None:
         package = (user_repo / "helm" / "flashdraft" / "files" / "pipeline.yaml").read_text()
         assert IMAGES.format("trainer") in package
         if "VALUES=my-values.yaml" in command:
-            assert all(EXAMPLE[k] in package for k in ("root", "endpoint", "s3", "tracking")), package[:2000]
+            assert all(EXAMPLE[k] in package for k in ("root", "endpoint", "s3", "tracking", "hub")), package[:2000]
     if command.startswith("flashdraft chart-config --preset qwen3.6-27b-smoke"):
         smoke = (user_repo / "build" / "smoke.yaml").read_text()
         assert "run_id: qwen36-27b-smoke" in smoke and EXAMPLE["root"] in smoke and "NVIDIA-H200" in smoke
@@ -169,7 +169,8 @@ def _check_cluster_path(command: str, out: str, user_repo: Path) -> None:
         lines = out[out.index("will run:"):].splitlines()
         assert lines[1].strip() == "pipeline flashdraft version v0.1.0, run_id qwen36-27b-smoke", lines[:8]
         assert lines[2].strip() == (f"store {EXAMPLE['root']} (bucket my-bucket, endpoint {EXAMPLE['endpoint']}), "
-                                    f"S3 Secret {EXAMPLE['s3']}, tracking Secret {EXAMPLE['tracking']} (optional)")
+                                    f"S3 Secret {EXAMPLE['s3']}, tracking Secret {EXAMPLE['tracking']} (optional), "
+                                    f"Hub Secret {EXAMPLE['hub']} (optional)")
         assert lines[4].strip() == f"pool inference: {EXAMPLE['inference']}"
         assert lines[5].strip() == f"pool trainer: {EXAMPLE['trainer']}"
         assert lines[6].strip() == "images " + ", ".join(IMAGES.format(n) for n in ("base", "inference", "trainer"))

@@ -105,6 +105,7 @@ class Installed:
         self.trainjob_ns = cfg.get("multiNode", {}).get("trainJobNamespace") or namespace
         self.s3_secret = cfg.get("s3", {}).get("existingSecret") or f"{RELEASE}-s3"
         self.tracking_secret = cfg.get("tracking", {}).get("existingSecret") or f"{RELEASE}-tracking"
+        self.hub_secret = cfg.get("hub", {}).get("existingSecret") or f"{RELEASE}-hub"
         self.extra_subjects = [f"{s.get('namespace', namespace)}:{s['name']}"
                                for s in cfg.get("rbac", {}).get("extraSubjects", [])]
 
@@ -180,8 +181,9 @@ def test_rbac_grants_what_the_pipeline_needs_and_nothing_more(k8s, installed):
     ns, sa = installed.namespace, f"{installed.namespace}:{RELEASE}"
     for subject in [sa, *installed.extra_subjects]:
         _check(k8s, subject, [*NEEDED, ("get", f"secrets/{installed.s3_secret}")], ns, True)
-        # the tracking Secret reaches pods through the kubelet (env), never through the API
-        _check(k8s, subject, [*NOT_NEEDED, ("get", f"secrets/{installed.tracking_secret}")], ns, False)
+        # the tracking and Hub Secrets reach pods through the kubelet (env), never through the API
+        _check(k8s, subject, [*NOT_NEEDED, ("get", f"secrets/{installed.tracking_secret}"),
+                              ("get", f"secrets/{installed.hub_secret}")], ns, False)
         assert not can_i(k8s, subject, "list", "nodes", None)
     if installed.multinode:
         _check(k8s, sa, TRAINJOB_NEEDED, installed.trainjob_ns, True)

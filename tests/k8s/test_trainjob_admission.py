@@ -34,7 +34,7 @@ pytestmark = pytest.mark.k8s
 
 LAUNCHER = "exec-train-multinode"
 ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "tracking_secret_name",
-        "runtime_ref")
+        "hub_secret_name", "runtime_ref")
 
 
 @pytest.fixture()

@@ -43,3 +43,18 @@ def test_an_unknown_runner_is_refused_in_one_line(tmp_path):
                                       "--workdir", str(tmp_path / "kfp")])
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1] == "--runner must be subprocess or docker, got 'podman'"
+
+
+def test_the_containers_get_the_hub_token_and_mirror_from_this_environment_not_the_command(tmp_path, monkeypatch):
+    """As the S3 keys: HF_TOKEN and HF_ENDPOINT travel as the containers' environment (a Hub mirror, a gated
+    source), never as an argument the task's command line or kfp's log would show."""
+    from flashdraft.config import load_config
+
+    monkeypatch.setenv("HF_TOKEN", "hf_sentinelRunnerToken")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8090")
+    runner = ContainerRun.resolve("me/flashdraft-base:dev").kfp_runner(load_config(preset="tiny"), tmp_path,
+                                                                       {"FLASHDRAFT_X": "1"})
+    env = runner.container_run_args["environment"]
+    assert env["HF_TOKEN"] == "hf_sentinelRunnerToken" and env["HF_ENDPOINT"] == "http://127.0.0.1:8090"
+    assert "hf_sentinelRunnerToken" not in repr({k: v for k, v in runner.container_run_args.items()
+                                                  if k != "environment"})

@@ -10,7 +10,7 @@ from flashdraft.cli.main import app
 from flashdraft.config import load_config
 from flashdraft.pipelines.pipeline import compile_pipeline
 from flashdraft.pipelines.placement import RETRIES
-from flashdraft.pipelines.secret_env import S3_SECRET_KEYS, TRACKING_SECRET_KEYS
+from flashdraft.pipelines.secret_env import HUB_SECRET_KEYS, S3_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.run import registry
 
 POOL_OF_EXECUTOR = {
@@ -24,13 +24,15 @@ SENTINEL_KEY, SENTINEL_SECRET = "AKIASENTINELKEY0000", "sentinel/secret+value/ne
 # Tracker settings in the compiling environment: none of them may reach the compiled file either.
 TRACKER_SENTINELS = {"MLFLOW_TRACKING_URI": "https://mlflow.sentinel.example", "MLFLOW_TRACKING_PASSWORD":
                      "sentinel-mlflow-password", "WANDB_API_KEY": "sentinel-wandb-api-key-0000"}
+# The Hub's token and mirror in the compiling environment: neither may reach the compiled file.
+HUB_SENTINELS = {"HF_TOKEN": "hf_sentinelHubToken0000never", "HF_ENDPOINT": "https://hub-mirror.sentinel.example"}
 
 
 def _compile(tmp_path, monkeypatch, overrides=(), name="p.yaml"):
     # Credentials in the compiling environment must not leak into the compiled file.
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", SENTINEL_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SENTINEL_SECRET)
-    for var, value in TRACKER_SENTINELS.items():
+    for var, value in (TRACKER_SENTINELS | HUB_SENTINELS).items():
         monkeypatch.setenv(var, value)
     cfg = load_config(preset="qwen3.6-27b", overrides=list(overrides))
     path = tmp_path / name
@@ -110,6 +112,7 @@ def test_compiled_spec_retries_caching_and_parameters(tmp_path, monkeypatch):
     assert params["inference_tolerations"]["defaultValue"] == cfg.pools.inference.tolerations
     assert params["s3_secret_name"]["defaultValue"] == "flashdraft-s3"
     assert params["tracking_secret_name"]["defaultValue"] == "flashdraft-tracking"
+    assert params["hub_secret_name"]["defaultValue"] == "flashdraft-hub"
     assert yaml.safe_load(params["config_yaml"]["defaultValue"])["run_id"] == cfg.run_id
     assert tasks["report"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED", "exit handler"
     assert SENTINEL_KEY not in text and SENTINEL_SECRET not in text
@@ -117,25 +120,27 @@ def test_compiled_spec_retries_caching_and_parameters(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("overrides", [[], ["training.num_nodes=2"], ["mode.kind=streaming"]],
                          ids=["offline", "multinode", "streaming"])
-def test_every_task_takes_tracker_settings_from_the_optional_tracking_secret(tmp_path, monkeypatch, overrides):
+def test_every_task_takes_tracker_and_hub_settings_from_optional_secrets(tmp_path, monkeypatch, overrides):
     """Every executor (each stage, the report, the TrainJob launcher, stream-end) mounts the tracking Secret named
-    by the `tracking_secret_name` parameter, optionally (a cluster without trackers still runs), beside the required
-    S3 Secret; the compiled file holds no tracker setting from the compiling environment."""
+    by the `tracking_secret_name` parameter and the Hub Secret (HF_TOKEN, HF_ENDPOINT) named by `hub_secret_name`,
+    both optionally (a cluster without trackers, or reading only public repositories, still runs), beside the
+    required S3 Secret; the compiled file holds no tracker or Hub setting from the compiling environment."""
     _, text, (spec, platform) = _compile(tmp_path, monkeypatch, overrides)
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert set(executors) == set(spec["deploymentSpec"]["executors"]), "an executor without placement"
     for exe, k8s in executors.items():
         by_param = {s["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--"): s
                     for s in k8s["secretAsEnv"]}
-        assert set(by_param) == {"s3_secret_name", "tracking_secret_name"}, exe
-        tracking = by_param["tracking_secret_name"]
-        assert tracking["optional"] is True, exe
-        assert [(e["secretKey"], e["envVar"]) for e in tracking["keyToEnv"]] == [
-            (key, key) for key in TRACKING_SECRET_KEYS], exe
+        assert set(by_param) == {"s3_secret_name", "tracking_secret_name", "hub_secret_name"}, exe
+        for param, keys in (("tracking_secret_name", TRACKING_SECRET_KEYS), ("hub_secret_name", HUB_SECRET_KEYS)):
+            assert by_param[param]["optional"] is True, (exe, param)
+            assert [(e["secretKey"], e["envVar"]) for e in by_param[param]["keyToEnv"]] == [
+                (key, key) for key in keys], (exe, param)
         assert [e["secretKey"] for e in by_param["s3_secret_name"]["keyToEnv"]] == list(S3_SECRET_KEYS), exe
         assert not any("secretName" in s for s in k8s["secretAsEnv"]), f"{exe}: a literal Secret name"
-    assert spec["root"]["inputDefinitions"]["parameters"]["tracking_secret_name"]["parameterType"] == "STRING"
-    leaked = [name for name, value in TRACKER_SENTINELS.items() if value in text]
+    for param in ("tracking_secret_name", "hub_secret_name"):
+        assert spec["root"]["inputDefinitions"]["parameters"][param]["parameterType"] == "STRING"
+    leaked = [name for name, value in (TRACKER_SENTINELS | HUB_SENTINELS).items() if value in text]
     assert not leaked, f"the compiled pipeline holds {leaked} from the compiling environment"
 
 
@@ -166,7 +171,7 @@ def test_multinode_compiles_a_trainjob_launcher_on_the_cpu_pool(tmp_path, monkey
     assert k8s["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith("cpu_node_selector")
     # the TrainJob's nodes take the same Secrets by name (secretKeyRef): the launcher gets the names, not values
     args = tasks["train-multinode"]["inputs"]["parameters"]
-    for name in ("s3_secret_name", "tracking_secret_name"):
+    for name in ("s3_secret_name", "tracking_secret_name", "hub_secret_name"):
         assert args[name]["componentInputParameter"] == f"pipelinechannel--{name}", name
 
 

@@ -7,7 +7,7 @@ import yaml
 
 from flashdraft.config import ConfigError, load_config
 from flashdraft.pipelines.runtime import check_compiled_shape, stage_config
-from flashdraft.pipelines.secret_env import TRACKING_SECRET_KEYS
+from flashdraft.pipelines.secret_env import HUB_SECRET_KEYS, TRACKING_SECRET_KEYS
 from flashdraft.pipelines.trainjob import render_trainjob, trainjob_state
 
 # Field names of trainer.kubeflow.org/v1alpha1 as of Trainer 2.2+ (TrainJobSpec / Trainer).
@@ -23,7 +23,7 @@ def _render(**overrides):
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     job = render_trainjob(cfg, image="reg/flashdraft-trainer:t", namespace="team", node_selector=sel,
                           tolerations=tol, gpus_per_node=8, s3_secret_name="my-s3",
-                          tracking_secret_name="my-tracking")
+                          tracking_secret_name="my-tracking", hub_secret_name="my-hub")
     return cfg, job, sel, tol
 
 
@@ -63,6 +63,10 @@ def test_trainjob_uses_pinned_api_fields_and_places_nodes():
     # the trackers' settings as on every stage pod: by reference, optional (no Secret, or only some keys: it runs)
     for key in TRACKING_SECRET_KEYS:
         assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "my-tracking", "key": key,
+                                                                         "optional": True}}}, key
+    # the Hub's token and mirror likewise: by reference to the hub Secret, optional (public repositories need none)
+    for key in HUB_SECRET_KEYS:
+        assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "my-hub", "key": key,
                                                                          "optional": True}}}, key
     # the job trains on exactly the resolved config, launched by torchrun from the PET_* env
     shipped = yaml.safe_load(env["FLASHDRAFT_CONFIG_YAML"]["value"])

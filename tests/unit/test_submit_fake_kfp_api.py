@@ -221,7 +221,7 @@ def test_submit_with_the_release_and_a_run_config_prints_what_will_run_fake_kfp_
         "will run:",
         "  pipeline drafter-prod version 2026-12-07, run_id qwen36-27b-smoke",
         "  store s3://team-bucket/runs (bucket team-bucket, endpoint AWS S3), S3 Secret team-s3, tracking Secret "
-        "team-tracking (optional)",
+        "team-tracking (optional), Hub Secret flashdraft-hub (optional)",
         "  pool cpu: no GPU, node selector {}",
         '  pool inference: 1 x h100, node selector {"nvidia.com/gpu.product": '
         '"NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"}',

@@ -39,6 +39,12 @@ pods, so the name is set even when no such Secret exists). */}}
 {{- default (printf "%s-tracking" (include "flashdraft.fullname" .)) .Values.tracking.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret holding HF_TOKEN / HF_ENDPOINT (pipeline parameter hub_secret_name; optional in pods, so the name is
+set even when no such Secret exists). */}}
+{{- define "flashdraft.hubSecretName" -}}
+{{- default (printf "%s-hub" (include "flashdraft.fullname" .)) .Values.hub.existingSecret -}}
+{{- end -}}
+
 {{- define "flashdraft.objectStoreName" -}}
 {{- printf "%s-objectstore" (include "flashdraft.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
