@@ -3,10 +3,11 @@
 A small explicit client (stdlib HTTP) rather than `kfp.Client`: every request is known up front, so `--dry-run`
 prints exactly what would be sent; `kfp.Client` (kfp 2.17) instead calls the healthz endpoint when it is built
 (five tries 5 s apart on an API error), reads ~/.config/kfp/context.json (and writes it on multi-user Kubeflow),
-prints links, and sets no request timeout (a silent endpoint would hang `submit`). The version a submit names is the tag of the package's images (or the release's `pipeline.version`),
-and before any request it prints what the run will use (`will_run`). The upload is idempotent by name: get the pipeline id (upload it the first
-time) -> upload the version only if it is missing. The compiled file is sent as written (both YAML documents:
-the second holds node selectors, tolerations and secrets). Auth: an in-cluster ServiceAccount token file
+prints links, and sets no request timeout (a silent endpoint would hang `submit`). The version a submit names is
+the tag of the package's images (or the release's `pipeline.version`), and before any request it prints what the
+run will use (`will_run`). The upload is idempotent by name: get the pipeline id (upload it the first time) ->
+upload the version only if it is missing. The compiled file is sent as written (both YAML documents: the second
+holds node selectors, tolerations and secrets). Auth: an in-cluster ServiceAccount token file
 (KF_PIPELINES_SA_TOKEN_PATH) or a bearer token from the environment; tokens are never printed.
 """
 

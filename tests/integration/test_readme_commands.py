@@ -140,7 +140,8 @@ def test_documented_commands_work_as_written(user_repo):
 # docs/cluster.md's example values (helm/flashdraft/examples/my-values.yaml, copied as the doc says): none of them is
 # the chart's default, so each one that reaches the compiled pipeline and the dry run came from the user's file.
 EXAMPLE = {"root": "s3://my-bucket/flashdraft", "endpoint": "https://s3.example.com", "s3": "my-s3-credentials",
-           "tracking": "my-tracking", "hub": "my-hub", "inference": '1 x h200, node selector {"nvidia.com/gpu.product": "NVIDIA-H200"}',
+           "tracking": "my-tracking", "hub": "my-hub",
+           "inference": '1 x h200, node selector {"nvidia.com/gpu.product": "NVIDIA-H200"}',
            "trainer": '8 x b200, node selector {"nvidia.com/gpu.product": "NVIDIA-B200"}'}
 IMAGES = "registry.example.com/ml/flashdraft-{}:v0.1.0"
 
