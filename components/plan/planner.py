@@ -26,6 +26,7 @@ from flashdraft.components.plan.compare import (
     summary_line,
     tokens_to_generate,
 )
+from flashdraft.components.plan.fetch import fetch_plan
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
@@ -234,7 +235,8 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
         budget_bytes=budget, fits_budget=fits, memory=memory_section(cfg, work.cost.params, work.gpus,
                                                                      work.calibration),
         train_flops_per_step={k: float(f"{v:.4g}") for k, v in work.step_flops.items()},
-        calibration=work.calibration.origin() if work.calibration else None)
+        calibration=work.calibration.origin() if work.calibration else None,
+        target_fetch=fetch_plan(cfg, work.cost.params))
     if cfg.evaluate_only:  # no features are stored and nothing trains: no topology to price
         plan.evaluate_only, plan.comparison = True, None
     else:
@@ -312,6 +314,7 @@ def plan_markdown(plan: PlanSummary) -> str:
               f"{f'{bw / 1e9:.2f} GB/s' if bw is not None else unknown}",
               f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}"]
     lines += memory_markdown(plan)
+    lines += [f"- {plan.target_fetch.line()}"] if plan.target_fetch else []
     lines += [f"- {RESPONSES_TRADE}"] if plan.responses == "dataset" else []
     line = summary_line(plan.comparison)
     if line:

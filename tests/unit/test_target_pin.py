@@ -103,3 +103,16 @@ def test_vllm_engines_load_the_pinned_commit_as_safetensors(monkeypatch, target_
     assert args["model"] == args["tokenizer"] == str(target_folder) and "revision" not in args
     other = TargetConfig(model="org/other", revision="main")  # another model (a peer's target) is not redirected
     assert vllm_target_args(other)["revision"] == "main"
+
+
+def test_the_plan_prices_the_one_fetch_of_a_hub_target():
+    from flashdraft.components.plan.planner import make_plan
+
+    cfg = load_config(preset="qwen3.6-27b")
+    fetch = make_plan(cfg).target_fetch
+    shards = cfg.data.num_shards
+    assert fetch is not None and fetch.pods == 1 + 2 * shards + 2  # prep, generate + extract shards, train, evaluate
+    assert 50e9 < fetch.bytes < 60e9  # ~27B parameters in bf16
+    assert fetch.minutes == pytest.approx(fetch.bytes / (cfg.plan.hub_bandwidth_gbps * 1e9) / 60, abs=0.1)
+    assert fetch.hub_bytes_saved == (fetch.pods - 1) * fetch.bytes
+    assert make_plan(load_config(preset="tiny")).target_fetch is None  # built here: nothing to fetch
