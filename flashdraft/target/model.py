@@ -51,7 +51,9 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "flashdraft")).expanduser()
+    """$FLASHDRAFT_CACHE, else `flashdraft` under $XDG_CACHE_HOME (the images: /cache) or ~/.cache."""
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get(CACHE_ENV) or xdg / "flashdraft").expanduser()
 
 
 def _smollm2_package_dir() -> Path:
