@@ -18,7 +18,7 @@ class FetchPlan(BaseModel):
     bytes: int = Field(description="the target's weights in plan.target_precision (the snapshot's size)")
     minutes: float = Field(description="the one Hub download at plan.hub_bandwidth_gbps")
     pods: int = Field(description="tasks that load the target (prep, generate and extract shards, train, "
-                                  "evaluate), each reading the snapshot from the run's store")
+                                  "evaluate, export), each reading the snapshot from the run's store")
     hub_bytes_saved: int = Field(description="Hub egress the cache saves: (pods - 1) x bytes")
 
     def line(self) -> str:
@@ -34,6 +34,6 @@ def fetch_plan(cfg: RunConfig, params: float) -> FetchPlan | None:
     size = int(params * WEIGHT_BYTES[cfg.plan.target_precision])
     shards = cfg.data.num_shards
     generate = 0 if cfg.data.responses == "dataset" else shards
-    pods = 1 if cfg.evaluate_only else 1 + generate + shards + 1 + 1  # (prep, shards, train,) evaluate
+    pods = 2 if cfg.evaluate_only else 1 + generate + shards + 3  # (prep, shards, train,) evaluate, export
     minutes = size / (cfg.plan.hub_bandwidth_gbps * 1e9) / 60
     return FetchPlan(bytes=size, minutes=round(minutes, 1), pods=pods, hub_bytes_saved=(pods - 1) * size)

@@ -165,7 +165,7 @@ def _load_snapshot(store: ObjectStore, sha: str, files: dict[str, dict], into: P
 
 def fetch_snapshot(store: ObjectStore, pin: TargetPin) -> Path:
     """The pinned commit's files in this machine's cache (`$FLASHDRAFT_CACHE/targets/<sha>`), from the run's store,
-    or from the Hub once when the store has none yet. Returns the folder; updates the pin's digest."""
+    or from the Hub once when the store has none yet (then the pin gains its digest)."""
     local = cache_dir() / "targets" / str(pin.sha)
     marker = local / ".flashdraft-verified.json"
     if marker.is_file():
@@ -195,7 +195,7 @@ def fetch_snapshot(store: ObjectStore, pin: TargetPin) -> Path:
 def pinned_target(cfg: RunConfig, store: ObjectStore, *, recheck: bool = False, fetch: bool = False
                   ) -> Iterator[TargetPin]:
     """Pin (or check) the run's target and make every loader of this process and its children ask for the pinned
-    commit while the block runs; with `fetch`, read it from the snapshot's local copy (a Hub target)."""
+    commit while the block runs; with `fetch`, load it from the snapshot's local copy (a Hub target)."""
     pin = pin_target(cfg, store, recheck=recheck)
     if not pin.sha:
         yield pin

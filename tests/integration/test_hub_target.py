@@ -1,17 +1,21 @@
 """The run's one pinned target against a real Hub-protocol server (olah on 127.0.0.1, tests/support/hub_server.py):
 `target.revision` resolved to the commit sha once, a branch that moves on the server mid-run refused at the next
 start, another commit named by the user refused, and the snapshot fetched from the Hub once and read from the
-run's store by every later task (with the Hub unreachable)."""
+run's store by every later task (with the Hub unreachable); the model card and the report name the commit and the
+weights' digest."""
 
 from __future__ import annotations
 
 import pytest
 
+from flashdraft.components.report.report import run_report
 from flashdraft.config import load_config
 from flashdraft.run.runner import run_task
-from flashdraft.run.target_pin import PIN_KEY, TargetMovedError, read_pin, snapshot_prefix
+from flashdraft.run.target_pin import PIN_KEY, TargetMovedError, pinned_target, read_pin, snapshot_prefix
+from flashdraft.storage import layout
 from flashdraft.storage.store import open_store
 from flashdraft.target.snapshot import PickleOnlyTargetError, file_sha256, weights_digest
+from support.evaluate_fixtures import commit_drafter
 from support.hub_server import TINY_MODEL
 
 SMALL = {"data.max_samples": 12, "data.eval_count": 2, "data.max_response_tokens": 8,
@@ -83,6 +87,8 @@ def test_the_snapshot_is_fetched_once_and_every_later_task_reads_the_store(hub_e
     weights = hub_model.source / "model.safetensors"
     digest = weights_digest({"model.safetensors": file_sha256(weights)})
     assert read_pin(store).digest == digest
+    with pinned_target(cfg, store, fetch=True):  # the test's stand-in for train, as a train task holds it
+        commit_drafter(cfg, seed=3)
 
     dead = "http://127.0.0.1:9"  # a later pod: the Hub unreachable, a fresh local cache
     monkeypatch.setenv("HF_ENDPOINT", dead)
@@ -91,5 +97,15 @@ def test_the_snapshot_is_fetched_once_and_every_later_task_reads_the_store(hub_e
     run_task(cfg, "generate", 0)
     local = tmp_path / "pod-generate" / "targets" / sha
     assert file_sha256(local / "model.safetensors") == file_sha256(weights)
+    monkeypatch.setenv("FLASHDRAFT_CACHE", str(tmp_path / "pod-export"))
+    run_task(cfg, "export")  # the drafter reads the target's embedding and head: the store's copy
+    assert (tmp_path / "pod-export" / "targets" / sha / "model.safetensors").is_file()
     assert store.read_commit(f"{snapshot_prefix(sha)}/manifest.json") == manifest  # written once
     assert store.is_committed(PIN_KEY) and len(store.list_committed("target/")) == 2  # pin + manifest
+
+    card = store.get("export/zlab/README.md").decode()
+    assert f"commit `{sha}`" in card and f"weights sha256 `{digest}`" in card
+    assert f"commit: {sha}" in card and f"weights_sha256: {digest}" in card  # the card's metadata
+    run_report(cfg)
+    summary = store.get_verified(layout.REPORT_MARKDOWN).decode()
+    assert f"{repo} at commit {sha}, weights sha256 {digest}" in summary
