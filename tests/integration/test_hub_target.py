@@ -7,6 +7,8 @@ weights' digest."""
 from __future__ import annotations
 
 import pytest
+from support.evaluate_fixtures import commit_drafter
+from support.hub_server import TINY_MODEL
 
 from flashdraft.components.report.report import run_report
 from flashdraft.config import load_config
@@ -15,8 +17,6 @@ from flashdraft.run.target_pin import PIN_KEY, TargetMovedError, pinned_target, 
 from flashdraft.storage import layout
 from flashdraft.storage.store import open_store
 from flashdraft.target.snapshot import PickleOnlyTargetError, file_sha256, weights_digest
-from support.evaluate_fixtures import commit_drafter
-from support.hub_server import TINY_MODEL
 
 SMALL = {"data.max_samples": 12, "data.eval_count": 2, "data.max_response_tokens": 8,
          "target.num_layers": 8, "target.hidden_size": 128}  # the plan's hints: it reads no weights

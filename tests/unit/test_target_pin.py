@@ -111,7 +111,7 @@ def test_the_plan_prices_the_one_fetch_of_a_hub_target():
     cfg = load_config(preset="qwen3.6-27b")
     fetch = make_plan(cfg).target_fetch
     shards = cfg.data.num_shards
-    assert fetch is not None and fetch.pods == 1 + 2 * shards + 3  # prep, generate + extract shards, train, evaluate, export
+    assert fetch is not None and fetch.pods == 1 + 2 * shards + 3  # prep, the shards, train, evaluate, export
     assert 50e9 < fetch.bytes < 60e9  # ~27B parameters in bf16
     assert fetch.minutes == pytest.approx(fetch.bytes / (cfg.plan.hub_bandwidth_gbps * 1e9) / 60, abs=0.1)
     assert fetch.hub_bytes_saved == (fetch.pods - 1) * fetch.bytes
