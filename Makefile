@@ -10,7 +10,7 @@ PRESET    ?= smollm2-local
 VALUES    ?= helm/flashdraft/values.yaml
 PYTEST    ?= $(BIN)/python -m pytest
 
-.PHONY: install dev test test-fast test-vllm checkov-venv mlflow-venv test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
+.PHONY: install dev test test-fast test-vllm checkov-venv mlflow-venv olah-venv test-containers bench run-local compile submit-pipeline images push tools chart-pipeline helm-lint \
         helm-install lint vllm-venv bench-venv clean gpu-check gpu-wheels gpu-e2e gpu-e2e-dry
 
 # `make install`: what running needs (run-local, plan, compile, submit), resolved and installed by uv (a fresh clone's
@@ -50,7 +50,7 @@ dev: $(VENV)/.dev-ready
 # burn each other's cores: 1.39x on a subset, same CPU time (docs/testing.md). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-test: dev tools checkov-venv bench-venv mlflow-venv
+test: dev tools checkov-venv bench-venv mlflow-venv olah-venv
 	OMP_WAIT_POLICY=PASSIVE $(PYTEST) -q -n $(TEST_WORKERS) --dist loadgroup -m "not vllm and not containers" \
 	  --durations=40 tests
 
@@ -75,6 +75,17 @@ $(MLFLOW_VENV)/.ready:
 	touch $@
 
 mlflow-venv: $(MLFLOW_VENV)/.ready
+
+# The Hugging Face Hub-protocol server the Hub tests start (tests/support/hub_server.py: olah in offline mode serving
+# local git repositories), in its own venv: olah pins psutil<6, older than .venv's. ~110 MB, ~30 s.
+OLAH_VENV ?= .venv-olah
+
+$(OLAH_VENV)/.ready:
+	test -x $(OLAH_VENV)/bin/python || $(PY) -m venv $(OLAH_VENV)
+	$(OLAH_VENV)/bin/pip install -q olah==0.5.4
+	touch $@
+
+olah-venv: $(OLAH_VENV)/.ready
 
 # The containers tier (tests/containers): its own dockerd (private data root, stopped at the end), a stand-in base
 # and a wheel index over HTTPS (cached in ~/.cache/flashdraft/containers), then docker/base built as is and the tiny

@@ -15,8 +15,9 @@ from support.shared_runs import SHARED_RUNS
 from flashdraft.config import StorageConfig, load_config
 from flashdraft.storage.store import ObjectStore
 
-# Runs several modules read, made once per session (tests/support/shared_runs.py), and the report tests' runs
-pytest_plugins = ["support.shared_runs", "support.report_runs", "support.helm_chart"]
+# Runs several modules read, made once per session (tests/support/shared_runs.py), the report tests' runs, the
+# chart's renders and the test Hub server (olah serving local repositories: tests/support/hub_server.py)
+pytest_plugins = ["support.shared_runs", "support.report_runs", "support.helm_chart", "support.hub_server"]
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
@@ -99,7 +100,8 @@ def _threads():
 # Test tiers are folders: every test under tests/integration, tests/vllm or tests/k8s carries that tier's marker
 # (so `-m "not integration"` can never pick up a test that needs a service), and tests/unit uses no real service.
 TIER_FOLDERS = ("integration", "vllm", "k8s", "containers")
-SERVICE_FIXTURES = {"s3_server", "mlflow_server"}  # the real servers; every real-S3 fixture depends on s3_server
+# The real servers; every real-S3 fixture depends on s3_server, every test-Hub one on hub_server
+SERVICE_FIXTURES = {"s3_server", "mlflow_server", "hub_server"}
 
 
 def xdist_group(item: pytest.Item) -> str:

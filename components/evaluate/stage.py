@@ -20,6 +20,7 @@ class Evaluate(Stage):
     summary = EvaluateSummary
     pool = "inference"
     timeout_s = 6 * HOUR
+    target_use = "fetch"
     upstream = ("train",)
     continue_on = ("*",)
     doc = "Speculative decoding on every eval suite: tau, per-position acceptance, tokens/s, lossless check."

@@ -172,6 +172,15 @@ def features_source_lines(cfg: RunConfig) -> list[str]:
         if uri else []
 
 
+def _target_weights(revision: str | None, provenance: Provenance) -> str:
+    """Which target weights the drafter was trained and measured on: the run's pinned commit and weight digest."""
+    asked = f"revision `{revision}`" if revision else "the default branch"
+    commit = f"{asked} = commit `{provenance.target_sha}`" if provenance.target_sha else (
+        f"revision `{revision}`" if revision else "a local folder or built target")
+    digest = provenance.target_weights_sha256
+    return commit + (f", weights sha256 `{digest}`" if digest else "")
+
+
 def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str, dtype: str, step: int,
                 final: bool, files: dict[str, bytes], provenance: Provenance) -> str:
     """README.md of one export folder (`files`: the folder's other files, listed with their sizes)."""
@@ -196,7 +205,8 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
         "tags": ["speculative-decoding", g.get("kind", "dflash"), "draft-model", "flashdraft"],
         "flashdraft": {
             "version": provenance.flashdraft, "commit": provenance.commit, "run_id": cfg.run_id, "format": fmt,
-            "target": {"model": target, "revision": revision, "source": cfg.target.source},
+            "target": {"model": target, "revision": revision, "source": cfg.target.source,
+                       "commit": provenance.target_sha, "weights_sha256": provenance.target_weights_sha256},
             "drafter": {**{k: g.get(k) for k in ("kind", "num_layers", "hidden_size", "block_size",
                                                  "target_layer_ids", "draft_vocab_size", "trainable_mask",
                                                  "mask_token_id")}, "dtype": dtype},
@@ -211,7 +221,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
              f"# {kind} drafter for {target}", "",
              f"A {kind} speculative-decoding drafter (block size {g['block_size']}: it drafts "
              f"{g['block_size'] - 1} tokens per target forward) for `{target}` "
-             f"(revision {f'`{revision}`' if revision else 'not pinned: the default branch when trained'}), "
+             f"({_target_weights(revision, provenance)}), "
              f"trained and exported by flashdraft {provenance.flashdraft} "
              f"(commit {provenance.commit or 'unknown'}), run `{cfg.run_id}`, {fmt} format.", "",
              "## Serve", "", "```bash", serve_command(target, folder, fmt, g), "```", "",

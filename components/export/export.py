@@ -34,6 +34,7 @@ from flashdraft.drafter.zlab import (
     zlab_config,
 )
 from flashdraft.run.provenance import current as current_provenance
+from flashdraft.run.target_pin import recorded_pin
 from flashdraft.storage import layout
 from flashdraft.storage.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
 
@@ -221,7 +222,8 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
         else:
             archs = list(getattr(resolve_target(cfg).hf_config(), "architectures", None) or [])
             formats[name] = _files_speculators(drafter, dtype, archs)
-    provenance = current_provenance()
+    pin = recorded_pin(store)
+    provenance = current_provenance(pin.sha, pin.digest) if pin else current_provenance()
     g = drafter.config_dict()
     for name, files in formats.items():
         files[CARD_FILE] = render_card(cfg, store, g, name, dtype, latest["step"], latest["final"], dict(files),

@@ -21,6 +21,7 @@ class Export(Stage):
     summary = ExportSummary
     pool = "cpu"
     timeout_s = HOUR
+    target_use = "fetch"
     # evaluate: the model card in every export folder carries the evaluation, so a new evaluation re-exports
     upstream = ("train", "evaluate")
     continue_on = ("*",)

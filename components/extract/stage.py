@@ -23,6 +23,7 @@ class Extract(Stage):
     makes_features = True
     pool = "inference"
     timeout_s = 24 * HOUR
+    target_use = "fetch"
     per_shard = True
     trains = True
     upstream = ("generate",)

@@ -30,14 +30,13 @@ class VLLMFeatureSource:
     components/extract/source.py)."""
 
     def __init__(self, cfg: RunConfig, layer_ids: list[int]):
-        from flashdraft.target.model import resolve_model_dir
+        from flashdraft.target.model import vllm_target_args
 
         self.layer_ids = layer_ids
         on_gpu = torch.cuda.is_available()
         self.max_len = cfg.generation.max_model_len or (cfg.data.max_prompt_tokens + cfg.data.max_response_tokens + 8)
-        init = {"model": str(resolve_model_dir(cfg.target)), "layer_ids": layer_ids,
-                "dtype": "bfloat16" if on_gpu else cfg.target.dtype, "max_model_len": self.max_len,
-                "trust_remote_code": cfg.target.trust_remote_code}
+        init = {"target": vllm_target_args(cfg.target), "layer_ids": layer_ids,
+                "dtype": "bfloat16" if on_gpu else cfg.target.dtype, "max_model_len": self.max_len}
         python = os.environ.get(VLLM_PYTHON_ENV) or sys.executable
         self.tmp = tempfile.TemporaryDirectory(prefix="flashdraft-vllm-")
         t0 = time.time()

@@ -70,10 +70,11 @@ def _engine(init: dict):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    llm = LLM(model=init["model"], tokenizer=init["model"], dtype=init["dtype"], seed=0,
+    # init["target"]: model, tokenizer, the pinned revision, load_format=safetensors, trust_remote_code
+    # (flashdraft.target.model.vllm_target_args)
+    llm = LLM(**init["target"], dtype=init["dtype"], seed=0,
               tensor_parallel_size=1, max_model_len=init["max_model_len"], enable_prefix_caching=False,
               enable_chunked_prefill=False, max_num_batched_tokens=init["max_model_len"], enforce_eager=True,
-              trust_remote_code=init["trust_remote_code"],
               worker_extension_cls="flashdraft.components.extract.vllm_worker.HiddenStateExtension")
     llm.collective_rpc("fd_install_hooks", args=(init["layer_ids"],))
     return llm

@@ -133,16 +133,15 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, cfg: RunConfig, tok, max_model_len: int):
-        from flashdraft.target.model import load_hf_config, resolve_model_dir
+        from flashdraft.target.model import load_hf_config, vllm_target_args
 
         self.cfg = cfg
         self.stop_ids = stop_token_ids(tok, _generation_config(cfg))
         python = os.environ.get(VLLM_PYTHON_ENV) or sys.executable
         g = cfg.generation
-        init = {"model": str(resolve_model_dir(cfg.target)), "dtype": g.target(cfg.target).dtype, "seed": g.seed,
+        init = {"target": vllm_target_args(cfg.target), "dtype": g.target(cfg.target).dtype, "seed": g.seed,
                 "tensor_parallel": g.tensor_parallel, "max_model_len": g.max_model_len or max_model_len,
-                "enable_prefix_caching": g.enable_prefix_caching,
-                "trust_remote_code": cfg.target.trust_remote_code}
+                "enable_prefix_caching": g.enable_prefix_caching}
         if cfg.target.source == "hf":
             load_hf_config(cfg.target)  # fail early, with the HF message, for a bad model id
         self.workers = []
@@ -200,9 +199,10 @@ class VLLMBackend:
 def _generation_config(cfg: RunConfig):
     from transformers import GenerationConfig
 
-    from flashdraft.target.model import resolve_model_dir
+    from flashdraft.target.model import pinned_dir, resolve_model_dir, target_revision
 
-    kwargs = {"revision": cfg.target.revision} if cfg.target.source == "hf" and cfg.target.revision else {}
+    revision = target_revision(cfg.target) if cfg.target.source == "hf" and pinned_dir(cfg.target) is None else None
+    kwargs = {"revision": revision} if revision else {}
     try:
         return GenerationConfig.from_pretrained(resolve_model_dir(cfg.target), **kwargs)
     except OSError:  # no generation_config.json: the tokenizer's EOS alone

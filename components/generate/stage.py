@@ -20,6 +20,7 @@ class Generate(Stage):
     makes_features = True
     pool = "inference"
     timeout_s = 24 * HOUR
+    target_use = "fetch"
     per_shard = True
     trains = True
     upstream = ("prep",)

@@ -26,9 +26,11 @@ def _engine(init: dict):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    return LLM(model=init["model"], tokenizer=init["model"], dtype=init["dtype"], seed=init["seed"],
+    # init["target"]: model, tokenizer, revision + tokenizer_revision (the run's pinned commit), load_format
+    # (safetensors) and trust_remote_code, from flashdraft.target.model.vllm_target_args
+    return LLM(**init["target"], dtype=init["dtype"], seed=init["seed"],
                tensor_parallel_size=init["tensor_parallel"], max_model_len=init["max_model_len"],
-               enable_prefix_caching=init["enable_prefix_caching"], trust_remote_code=init["trust_remote_code"],
+               enable_prefix_caching=init["enable_prefix_caching"],
                enforce_eager=not on_gpu)  # CPU: no graphs to capture, and torch.compile only costs start-up
 
 

@@ -27,6 +27,7 @@ from flashdraft.components.plan.compare import (
     tokens_to_generate,
 )
 from flashdraft.components.plan.evaluate_plan import evaluate_gate, evaluate_lines, evaluate_plan, evaluate_row
+from flashdraft.components.plan.fetch import fetch_plan
 from flashdraft.components.plan.gpus import GpuSpec, gpu_spec
 from flashdraft.components.plan.rates import TargetCost, stage_rates
 from flashdraft.components.plan.resources import memory_gate, memory_section, train_shape, window_keys
@@ -235,7 +236,8 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
         budget_bytes=budget, fits_budget=fits, memory=memory_section(cfg, work.cost.params, work.gpus,
                                                                      work.calibration),
         train_flops_per_step={k: float(f"{v:.4g}") for k, v in work.step_flops.items()},
-        calibration=work.calibration.origin() if work.calibration else None)
+        calibration=work.calibration.origin() if work.calibration else None,
+        target_fetch=fetch_plan(cfg, work.cost.params))
     evaluate = evaluate_plan(cfg, section)
     if evaluate is not None:  # a CPU pool: no key, so a CPU run's metrics/plan.json keeps its bytes
         plan.evaluate = evaluate
@@ -319,6 +321,7 @@ def plan_markdown(plan: PlanSummary) -> str:
               f"- inference GPUs per trainer GPU (streaming, to keep up): {ratio if ratio is not None else unknown}",
               *evaluate_lines(plan.evaluate)]
     lines += memory_markdown(plan)
+    lines += [f"- {plan.target_fetch.line()}"] if plan.target_fetch else []
     lines += [f"- {RESPONSES_TRADE}"] if plan.responses == "dataset" else []
     line = summary_line(plan.comparison)
     if line:

@@ -18,6 +18,7 @@ class Plan(Stage):
     summary = PlanSummary
     pool = "cpu"
     timeout_s = 900
+    target_use = "recheck"
     reuse = False
     doc = ("Storage, GPU-hour, per-GPU memory and cost plan; on a cluster the gate that refuses an over-budget run "
            "(storage, plan.max_cost_usd, plan.deadline_days), a config whose predicted peak memory exceeds a pool's "

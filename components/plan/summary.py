@@ -8,6 +8,7 @@ from pydantic import Field
 
 from flashdraft.components.plan.compare import Comparison
 from flashdraft.components.plan.evaluate_plan import EvaluatePlan
+from flashdraft.components.plan.fetch import FetchPlan
 from flashdraft.components.plan.sections import CodecPlan, StageEstimate, TargetSection
 from flashdraft.run.stage import StageSummary, numbers
 
@@ -54,6 +55,8 @@ class PlanSummary(StageSummary):
         None, description="per pool: peak_bytes_per_gpu, usable_bytes_per_gpu, fits, phase, parts, peak_source")
     train_flops_per_step: dict[str, float] | None = Field(None, description="one rank's step FLOPs by part")
     calibration: str | None = Field(None, description="where the calibration's measured figures come from")
+    target_fetch: FetchPlan | None = Field(None, description="the Hub target's one fetch into the run's store: "
+                                           "bytes, minutes, tasks reading it (None: a local or built target)")
     evaluate_only: bool | None = Field(None, description="a pretrained drafter evaluated as is: no features stored, "
                                        "no training, so only the inference pool's memory can refuse the run")
     comparison: Comparison | None = Field(

@@ -21,6 +21,7 @@ class Prep(Stage):
     makes_features = True
     pool = "cpu"
     timeout_s = 4 * HOUR
+    target_use = "fetch"
     doc = ("Read, clean, dedupe, length-filter, shuffle and shard the prompts (quarantining bad rows); with "
            "data.responses=dataset also write the rows' own replies as the run's responses.")
     reads = ("data", "target.model", "target.source", "target.revision", "target.architecture",

@@ -28,6 +28,7 @@ from flashdraft.run.provenance import current as current_provenance
 from flashdraft.run.reporting import RunView, Section, StageReport, fmt
 from flashdraft.run.source import read_source
 from flashdraft.run.stage import numbers
+from flashdraft.run.target_pin import recorded_pin
 from flashdraft.storage import layout
 from flashdraft.storage.store import ObjectStore, open_store
 
@@ -136,7 +137,8 @@ def sections(report: Report) -> list[Section]:
     target = (run.config or {}).get("target", {})
     out.append(("Run", [["run", run.run],
                         ["target", f"{target.get('model', '-')} ({target.get('source', '-')}, revision "
-                                   f"{target.get('revision') or 'not pinned'})"],
+                                   f"{target.get('revision') or 'main'})"],
+                        ["target weights", pin.line() if (pin := recorded_pin(run.store)) else "not pinned"],
                         ["date (last task ended)", run_date(run.statuses) or "-"],
                         ["wall time (tasks' busy time)", _duration(busy_seconds(run.statuses))],
                         [f"software ({'as exported' if report.provenance_source == 'export' else 'this report'})",

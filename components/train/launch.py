@@ -10,6 +10,7 @@ train stage's run (this launcher; under torchrun, each rank's `main`), the train
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import subprocess
@@ -81,6 +82,19 @@ def launch_training(cfg: RunConfig) -> TrainSummary:
     return run_train(cfg)
 
 
+def _rank_target(cfg: RunConfig) -> contextlib.AbstractContextManager:
+    """A rank under the runner's task inherits the pinned target (flashdraft/run/target_pin.py); a TrainJob node's
+    rank starts outside it and asks for the run's pinned commit itself (the embedding and head shards only, from
+    the Hub: one rank per GPU copying the whole snapshot from the store would multiply the node's reads)."""
+    from flashdraft.run.target_pin import pinned_target
+    from flashdraft.storage.store import open_store
+    from flashdraft.target.model import TARGET_ID_ENV
+
+    if os.environ.get(TARGET_ID_ENV):
+        return contextlib.nullcontext()
+    return pinned_target(cfg, open_store(cfg.storage, cfg.run_id))
+
+
 def main(argv: list[str] | None = None) -> int:
     """One rank of a torchrun job (launched by `launch_training`, or on every TrainJob node): train, and exit 2 with
     the error's one line when training refuses (TrainError)."""
@@ -92,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="end after this many optimizer steps without a final checkpoint (preempt_after)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = load_config(Path(args.config))
     try:
-        run_train(load_config(Path(args.config)), stop_after=args.stop_after)
+        with _rank_target(cfg):
+            run_train(cfg, stop_after=args.stop_after)
     except TrainError as exc:
         print(exc, file=sys.stderr)
         return 2

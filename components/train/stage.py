@@ -20,6 +20,7 @@ class Train(Stage):
     summary = TrainSummary
     pool = "trainer"
     timeout_s = 7 * 24 * HOUR
+    target_use = "fetch"
     upstream = ("extract",)
     streaming_upstream = ("generate",)
     trains = True

@@ -137,6 +137,9 @@ class PlanConfig(Section):
     prices: PriceConfig = Field(default_factory=PriceConfig, description=PriceConfig.__doc__)
     inference_gpus: int = Field(default=8, ge=1, description="inference-pool GPUs the run uses at once, for the "
                                 "plan's wall-clock days (the trainer's are training.nproc_per_node x num_nodes)")
+    hub_bandwidth_gbps: float = Field(
+        default=0.2, gt=0, description="GB/s the run's one download of the target's pinned snapshot from the Hub "
+        "(or HF_ENDPOINT's mirror) reaches, for the plan's fetch minutes (docs/cluster.md, Model cache)")
     train_variants: int = Field(
         default=1, ge=1, description="trainings that will read the same features (a sweep's variants): offline "
         "rows pay generation and extraction once and training this many times and hold the features for the whole "

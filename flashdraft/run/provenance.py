@@ -1,5 +1,6 @@
-"""Which flashdraft (version, git commit) and which libraries made a result: written into every export's model
-card and metrics, and shown by the report, so a drafter found on disk months later says what produced it.
+"""Which flashdraft (version, git commit), which libraries and which target weights made a result: written into
+every export's model card and metrics, and shown by the report, so a drafter found on disk months later says what
+produced it. The target's commit and weight digest come from the run's pin (flashdraft/run/target_pin.py).
 
 The commit comes from `$FLASHDRAFT_COMMIT` (an image build passes it, a checkout without git can set it), else from
 `git` when flashdraft runs from a checkout ("+dirty" when tracked files differ from it), else it is unknown (None):
@@ -30,6 +31,10 @@ class Provenance(BaseModel):
                                                  "when unknown")
     python: str = Field(description="Python version")
     libraries: dict[str, str] = Field(default_factory=dict, description="installed version of each key library")
+    target_sha: str | None = Field(None, description="the Hub commit of the target every stage loaded (the run's "
+                                                     "target/pin.json); None for a local folder or an older run")
+    target_weights_sha256: str | None = Field(None, description="sha256 over the target's safetensors files' names "
+                                                                "and sha256s (the run's pin)")
 
     @property
     def short_commit(self) -> str:
@@ -63,12 +68,13 @@ def _git_head(folder: str) -> str | None:
     return f"{head}+dirty" if head and dirty else head or None
 
 
-def current() -> Provenance:
-    """This process's provenance."""
+def current(target_sha: str | None = None, target_weights_sha256: str | None = None) -> Provenance:
+    """This process's provenance, with the run's pinned target weights when the caller knows them."""
     libs = {}
     for name in LIBRARIES:
         try:
             libs[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return Provenance(flashdraft=__version__, commit=git_commit(), python=sys.version.split()[0], libraries=libs)
+    return Provenance(flashdraft=__version__, commit=git_commit(), python=sys.version.split()[0], libraries=libs,
+                      target_sha=target_sha, target_weights_sha256=target_weights_sha256)

@@ -19,6 +19,7 @@ values behind it) and, for reusable stages, `metrics/<task>.json`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ from flashdraft.run.contract import Stage
 from flashdraft.run.events import emit, task_output
 from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.run.status import REUSED
+from flashdraft.run.target_pin import pinned_target
 from flashdraft.storage import layout
 from flashdraft.storage.source import source_store
 from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
@@ -245,6 +247,15 @@ def _committed_result(store: ObjectStore, stage: Stage, shard: int | None) -> St
     return registry.current().summary_of(stage.name, {**store.get_json_verified(key), "skipped": True})
 
 
+def _target_for(stage: Stage, cfg: RunConfig, store: ObjectStore) -> contextlib.AbstractContextManager:
+    """The run's pinned target while `stage`'s task runs (`Stage.target_use`). The plan gate leaves a target that
+    flashdraft builds (tiny, random, smollm2-pypi: fixed by their settings) to the first stage that builds it."""
+    use = stage.target_use
+    if use == "none" or (use == "recheck" and cfg.target.source != "hf"):
+        return contextlib.nullcontext()
+    return pinned_target(cfg, store, recheck=use == "recheck", fetch=use == "fetch")
+
+
 def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
              body: Callable[[], StageSummary | dict[str, Any]] | None = None, force: bool = False,
              metrics: Any = None) -> StageSummary:
@@ -294,7 +305,8 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                                     fingerprint=fp.digest, inputs=fp.inputs, upstream=fp.upstream)
         _emit_and_commit(store, record)
         try:
-            result = body() if body is not None else stage.run(cfg, shard)
+            with _target_for(stage, cfg, store):
+                result = body() if body is not None else stage.run(cfg, shard)
             summary = registry.current().summary_of(stage.name, result)
             if stage.reuse and not stage.commits_result:
                 store.commit_json(layout.metrics_key(task), summary.dump())

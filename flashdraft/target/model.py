@@ -43,11 +43,17 @@ if TYPE_CHECKING:
 NO_HUB_KERNELS = {"use_kernels": False}
 
 CACHE_ENV = "FLASHDRAFT_CACHE"
+# Set by flashdraft/run/target_pin.py `pinned_target` while a task runs: the local copy of the run's pinned commit
+# of the Hub target (TARGET_ID_ENV = `<model>@<sha>`), which every loader of the process and its children reads.
+TARGET_DIR_ENV = "FLASHDRAFT_TARGET_DIR"
+TARGET_ID_ENV = "FLASHDRAFT_TARGET_ID"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "flashdraft")).expanduser()
+    """$FLASHDRAFT_CACHE, else `flashdraft` under $XDG_CACHE_HOME (the images: /cache) or ~/.cache."""
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get(CACHE_ENV) or xdg / "flashdraft").expanduser()
 
 
 def _smollm2_package_dir() -> Path:
@@ -260,10 +266,31 @@ def _built_dir(target: TargetConfig) -> Path:
     raise ValueError(f"target.source: unknown {target.source!r}")
 
 
+def _pinned(target: TargetConfig) -> tuple[str | None, Path | None]:
+    """(pinned commit, its local copy) of `target` while a task of its run runs (`TARGET_ID_ENV`,
+    `TARGET_DIR_ENV`); (None, None) outside one, or for another model."""
+    model, _, sha = os.environ.get(TARGET_ID_ENV, "").rpartition("@")
+    if target.source != "hf" or not sha or model != target.model:
+        return None, None
+    folder = os.environ.get(TARGET_DIR_ENV)
+    return sha, Path(folder) if folder else None
+
+
+def pinned_dir(target: TargetConfig) -> Path | None:
+    """The local copy of the run's pinned commit of `target` while a task that fetched it runs, else None."""
+    return _pinned(target)[1]
+
+
+def target_revision(target: TargetConfig) -> str | None:
+    """The revision loaders ask the Hub for: the run's pinned commit while a task runs, else target.revision."""
+    return _pinned(target)[0] or target.revision
+
+
 def resolve_model_dir(target: TargetConfig) -> Path | str:
-    """A local folder (tiny, smollm2-pypi) or the HF id/path (hf) that `from_pretrained` accepts."""
+    """A local folder (tiny, smollm2-pypi; the run's pinned snapshot of a Hub target while a task runs) or the HF
+    id/path (hf) that `from_pretrained` accepts."""
     if target.source == "hf":
-        return target.model
+        return pinned_dir(target) or target.model
     if target.source == "smollm2-pypi":
         return _atomic_save(_build_smollm2, _built_dir(target))
     if target.source == "tiny":
@@ -277,21 +304,44 @@ def target_embeddings(target: TargetConfig) -> tuple[Tensor, Tensor]:
     """(embedding [V, H], LM head [V, H]) of `target`, memory-mapped from its safetensors (target_weights.py)."""
     from flashdraft.target.weights import load_target_embeddings  # torch: not at import (the CLI's start-up)
 
-    return load_target_embeddings(resolve_model_dir(target), target.revision, target.model)
+    return load_target_embeddings(resolve_model_dir(target), target_revision(target), target.model)
 
 
 def target_init(target: TargetConfig, layer_ids: list[int]) -> tuple[list[dict[str, Tensor]], Tensor | None]:
     """The tensors of `target`'s decoder layers `layer_ids` and its final norm (`drafter.init=target`)."""
     from flashdraft.target.weights import load_target_init
 
-    return load_target_init(resolve_model_dir(target), target.revision, target.model, layer_ids)
+    return load_target_init(resolve_model_dir(target), target_revision(target), target.model, layer_ids)
 
 
 def _hub_kwargs(target: TargetConfig) -> dict:
     kw: dict = {"trust_remote_code": target.trust_remote_code}
-    if target.source == "hf" and target.revision:
-        kw["revision"] = target.revision
+    if target.source == "hf" and target_revision(target) and pinned_dir(target) is None:
+        kw["revision"] = target_revision(target)
     return kw
+
+
+def check_local_weights(target: TargetConfig) -> None:
+    """Refuse, before any load, a local target folder without safetensors weights (pytorch_model.bin only)."""
+    from flashdraft.target.snapshot import check_safetensors, folder_files
+
+    folder = Path(str(resolve_model_dir(target))).expanduser()
+    if folder.is_dir():
+        check_safetensors(folder_files(folder), f"{target.model} ({folder})")
+
+
+def vllm_target_args(target: TargetConfig) -> dict:
+    """`vllm.LLM` arguments naming the target's weights, tokenizer and code, as every vLLM engine of a stage takes
+    them: the local folder (a pinned snapshot while a task runs) or the Hub id at the pinned commit
+    (`revision` and `tokenizer_revision` alike), safetensors only (`load_format`: vLLM never unpickles a .bin)."""
+    check_local_weights(target)
+    model = str(resolve_model_dir(target))
+    args = {"model": model, "tokenizer": model, "load_format": "safetensors",
+            "trust_remote_code": target.trust_remote_code}
+    revision = target_revision(target) if target.source == "hf" and pinned_dir(target) is None else None
+    if revision and not Path(model).expanduser().is_dir():
+        args.update(revision=revision, tokenizer_revision=revision)
+    return args
 
 
 class TargetNotFoundError(ConfigError):
@@ -631,7 +681,8 @@ def load_causal_lm(target: TargetConfig, device: str = "cpu", num_layers: int | 
 
     from flashdraft.perf.cpu_gemm import upcast_for_cpu  # torch: not at import
 
-    kwargs = _hub_kwargs(target)
+    check_local_weights(target)
+    kwargs = {**_hub_kwargs(target), "use_safetensors": True}  # never unpickle a checkpoint
     if num_layers is not None:
         cfg = load_hf_config(target)
         text = text_config(cfg, target.model)  # nested for multimodal checkpoints: truncate where the layers live
