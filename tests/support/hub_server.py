@@ -102,7 +102,7 @@ def dataset_card(configs: list[dict[str, Any]] | None = None, splits: Mapping[st
     meta: dict[str, Any] = {"license": "cc-by-4.0", **(extra or {})}
     if splits:
         meta["dataset_info"] = [{"config_name": name, "splits": [
-            {"name": split, "num_examples": rows} for split, rows in per_split.items()]}
+            {"name": split, "num_bytes": 100 * rows, "num_examples": rows} for split, rows in per_split.items()]}
             for name, per_split in splits.items()]
     if configs:
         meta["configs"] = configs
