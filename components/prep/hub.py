@@ -28,6 +28,10 @@ class HubError(RuntimeError):
     caller says which source or suite)."""
 
 
+class HubUnreachable(HubError):
+    """HF_ENDPOINT does not answer: every other entry would fail the same way."""
+
+
 def dataset_id(uri: str) -> str:
     return uri.removeprefix("hf:")
 
@@ -45,7 +49,8 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _access_line(exc: BaseException, name: str) -> str | None:
-    """The one line for a refused or unreachable Hub request, or None for another failure."""
+    """The one line for a refused Hub request, or None for another failure; raises HubUnreachable for an endpoint
+    that does not answer."""
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     token = "HF_TOKEN" in os.environ
@@ -61,14 +66,18 @@ def _access_line(exc: BaseException, name: str) -> str | None:
                     " (a private or gated dataset needs HF_TOKEN set)"))
         if isinstance(cause, ConnectionError | TimeoutError) or type(cause).__name__ in ("ConnectError",
                                                                                          "ConnectTimeout"):
-            return f"cannot reach {endpoint()} for {name} ({cause}); HF_ENDPOINT names the Hub or its mirror"
+            raise HubUnreachable(f"cannot reach {endpoint()} for {name} ({cause}); HF_ENDPOINT names the Hub or its "
+                                 "mirror")
     return None
 
 
 def hub_error(exc: BaseException, name: str) -> HubError:
     """`exc` from huggingface_hub or datasets as one line: access first, then datasets' own config / split
     messages (they list what exists), else the first line of the message."""
-    line = _access_line(exc, name)
+    try:
+        line = _access_line(exc, name)
+    except HubUnreachable as unreachable:
+        return unreachable
     if line is None:
         text = " ".join(str(exc).split("\n")[:2]) if "Config name is missing" in str(exc) else str(exc)
         line = f"{name}: {text.splitlines()[0] if text else type(exc).__name__}"

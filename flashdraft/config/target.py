@@ -73,8 +73,9 @@ class HubDataset(Section):
 
     @model_validator(mode="after")
     def _one_split_setting(self) -> HubDataset:
-        if self.splits is not None and "split" in self.model_fields_set:
-            raise ValueError("set split or splits, not both")
+        # against the default, not model_fields_set: a config dumped and validated again holds both
+        if self.splits is not None and self.split != type(self).model_fields["split"].default:
+            raise ValueError(f"set split or splits, not both (split {self.split!r}, splits {self.splits})")
         return self
 
     @property
