@@ -1,8 +1,8 @@
 """The plan gate's look at every Hub dataset the run reads (`hf:` entries of data.sources and eval.suites), on the
 CPU pool before any GPU task: each is opened at the commit its revision resolves to, as prep and evaluate will
-open it (components/prep/hub.py: HF_ENDPOINT, HF_TOKEN from the pod's environment), and refused in one line when
-access is denied, the revision or the config is missing or a split is not in the config, naming the configs or
-splits that exist. What it saw (commit, config, rows per split where the card says) goes into the plan.
+open it (flashdraft/storage/hub_datasets.py: HF_ENDPOINT, HF_TOKEN from the pod's environment), and refused in
+one line when access is denied, the revision or the config is missing or a split is not in the config, naming the
+configs or splits that exist. What it saw (commit, config, rows per split where the card says) goes into the plan.
 `plan.check_sources: false` skips it (docs/configuration.md).
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from flashdraft.components.prep import hub
 from flashdraft.config import RunConfig
 from flashdraft.config.target import HubDataset
 from flashdraft.run import registry
+from flashdraft.storage import hub_datasets as hub
 
 
 def hub_entries(cfg: RunConfig) -> list[tuple[str, HubDataset, str]]:

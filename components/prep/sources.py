@@ -1,5 +1,5 @@
 """Read raw prompt rows from a source: a local path or object-store URI (JSONL, JSON, Parquet), `hf:<id>` (its
-config, split(s) and revision; hub.py), or `builtin:demo`.
+config, split(s) and revision: flashdraft/storage/hub_datasets.py), or `builtin:demo`.
 
 Each reader yields `(row_number, row)` with 1-based row numbers (JSONL: the line number) so quarantine entries
 point at the exact line. A row that cannot even be decoded is yielded as a `BadRow` instead of a dict. A file
@@ -17,9 +17,9 @@ from typing import Any
 
 from flashdraft.config import SourceSpec, StorageConfig
 from flashdraft.config.features import split_uri
+from flashdraft.storage import hub_datasets as hub
 from flashdraft.storage.store import ObjectStore
 
-from . import hub
 from .demo import code_completion_rows, demo_rows
 from .formats import BadRow
 

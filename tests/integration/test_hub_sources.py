@@ -75,8 +75,8 @@ def plan_task(hub_env, tmp_path):
     process with the environment pointed at the test Hub; returns the refusal line, or None."""
     from flashdraft.components.plan.hub_gate import _view
     from flashdraft.components.plan.planner import PlanGateError
-    from flashdraft.components.prep.hub import resolve_commit
     from flashdraft.run.runner import run_task
+    from flashdraft.storage.hub_datasets import resolve_commit
 
     resolve_commit.cache_clear(), _view.cache_clear()  # other tests' repositories: this server, this process
 
@@ -147,8 +147,8 @@ class _GatedHub(http.server.BaseHTTPRequestHandler):
 
 
 def test_gated_source_mock_hub_names_hf_token(monkeypatch, tmp_path):
-    from flashdraft.components.prep.hub import resolve_commit
     from flashdraft.components.prep.sources import SourceError, source_identity
+    from flashdraft.storage.hub_datasets import resolve_commit
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GatedHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
