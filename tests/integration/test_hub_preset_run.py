@@ -19,6 +19,8 @@ from flashdraft.run import status
 from flashdraft.storage import layout
 from flashdraft.storage.store import open_store
 
+# 552 s under load on the 2-core machine (run-local's nine tasks, each a process loading torch; evaluate decodes
+# one prompt of each of the nine suites): the slow mark says so
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SCALE_DOWN = [
@@ -53,12 +55,12 @@ def test_the_production_preset_runs_against_the_test_hub(hub_server, hub_model, 
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
 
     store = open_store(StorageConfig(root=f"file://{tmp_path}/runs"), preset.run_id)
-    cfg = load_config(preset="qwen3.6-27b", overrides=dict(s.split("=", 1) for s in SCALE_DOWN[:1]))
-    assert cfg.data.sources == preset.data.sources and cfg.eval.suites == preset.eval.suites  # as written
+    assert not [s for s in SCALE_DOWN if s.startswith(("data.sources", "eval.suites"))]  # as written
     resolved = status.read_record(store, "prep").inputs["data.sources@resolved"]
     assert [r["commit"] for r in resolved] == [hub_server.head(NEMOTRON), hub_server.head(CODEALPACA)]
     plan = store.get_json_verified(layout.metrics_key("plan"))
     assert {d["uri"]: d["commit"] for d in plan["hub_datasets"]}[f"hf:{GSM8K}"] == hub_server.head(GSM8K)
     evaluation = store.get_json_verified(layout.metrics_key("evaluate"))
     assert evaluation["lossless"]["checked"] and evaluation["lossless"]["passed"], evaluation["lossless"]
-    assert {s.label for s in preset.eval.suites} <= set(evaluation["suites"]), evaluation.keys()
+    assert [s["name"] for s in evaluation["suites"]] == [s.label for s in preset.eval.suites]
+    assert evaluation["lossless"]["prompts"] == len(preset.eval.suites)  # one prompt a suite, every one checked
