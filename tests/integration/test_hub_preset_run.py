@@ -19,7 +19,7 @@ from flashdraft.run import status
 from flashdraft.storage import layout
 from flashdraft.storage.store import open_store
 
-# 552 s under load on the 2-core machine (run-local's nine tasks, each a process loading torch; evaluate decodes
+# 398-552 s under load on the 2-core machine (run-local's nine tasks, each a process loading torch; evaluate decodes
 # one prompt of each of the nine suites): the slow mark says so
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
