@@ -62,6 +62,12 @@ def _humaneval(spec: EvalSuite, count: int, kwargs: dict[str, Any], tok) -> list
     return out
 
 
+def _source_of(spec: EvalSuite) -> SourceSpec:
+    """The suite's URI as prep reads a source: its format, dataset config, split(s) and revision."""
+    picked = {"splits": spec.splits} if spec.splits is not None else {"split": spec.split}
+    return SourceSpec(uri=spec.source, format=spec.format, config=spec.config, revision=spec.revision, **picked)
+
+
 def _uri_rows(spec: EvalSuite, cfg: RunConfig, count: int, kwargs: dict[str, Any], tok) -> list[EvalPrompt]:
     """The first `count` rows of a URI suite, each normalised by prep's formats; any bad row fails the suite."""
     from flashdraft.components.prep.formats import BadRow, normalize_row
@@ -70,8 +76,7 @@ def _uri_rows(spec: EvalSuite, cfg: RunConfig, count: int, kwargs: dict[str, Any
     where = f"eval suite {spec.label} ({spec.source})"
     out: list[EvalPrompt] = []
     try:
-        for number, row in iter_source(SourceSpec(uri=spec.source, format=spec.format, split=spec.split),
-                                       cfg.storage):
+        for number, row in iter_source(_source_of(spec), cfg.storage):
             try:
                 if isinstance(row, BadRow):
                     raise row

@@ -9,8 +9,9 @@ Predicted peak memory per GPU and pool: resources.py, memory.py.
 
 The gate (`run_plan`) refuses an offline run whose at-rest estimate exceeds storage.budget_bytes (naming a smaller
 codec, streaming mode or fewer samples), any run whose predicted peak memory exceeds a pool's GPU (naming the
-levers: docs/planning.md), and any run whose planned cost or days exceed plan.max_cost_usd / plan.deadline_days
-(naming cheaper or faster topologies: compare.py).
+levers: docs/planning.md), any run whose planned cost or days exceed plan.max_cost_usd / plan.deadline_days
+(naming cheaper or faster topologies: compare.py), and, in the pipeline's plan task, any hf: source or suite that
+cannot be read as configured (naming the configs or splits that exist: hub_gate.py).
 """
 
 from __future__ import annotations
@@ -326,9 +327,22 @@ def plan_markdown(plan: PlanSummary) -> str:
     line = summary_line(plan.comparison)
     if line:
         lines += ["", f"- {line}"]
+    lines += hub_markdown(plan)
     if plan.gate:
         lines += ["", f"**Gate: {plan.gate}**"]
     return "\n".join(lines) + "\n"
+
+
+def hub_markdown(plan: PlanSummary) -> list[str]:
+    """The hf: datasets as the plan task found them (commit, config, rows per split)."""
+    if not plan.hub_datasets:
+        return []
+    lines = ["", "| hf: dataset | entry | config | commit | rows per split |", "|---|---|---|---|---|"]
+    for d in plan.hub_datasets:
+        rows = ", ".join(f"{s} {'?' if n is None else f'{n:,}'}" for s, n in (d.get("rows") or {}).items())
+        lines.append(f"| {d['uri']} | {d['entry']} | {d.get('config') or '-'} | {(d.get('commit') or '-')[:12]} | "
+                     f"{rows or '-'} |")
+    return lines
 
 
 def comparison_of(plan: PlanSummary) -> Comparison | None:
@@ -389,12 +403,17 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def run_plan(cfg: RunConfig) -> PlanSummary:
+def run_plan(cfg: RunConfig, open_sources: bool = False) -> PlanSummary:
     """Pipeline gate: compute the plan, store it as metrics/plan.json, refuse a run that may not start (before
-    any other task)."""
+    any other task). open_sources: also open every hf: dataset the run reads (hub_gate.py), as the plan task does
+    (Plan.run); the plan's own arithmetic needs no network."""
+    from flashdraft.components.plan.hub_gate import hub_gate
     from flashdraft.storage.store import open_store
 
     plan = make_plan(cfg)
+    if open_sources:
+        plan.hub_datasets, refused = hub_gate(cfg)
+        plan.gate = " | ".join(g for g in (plan.gate, refused) if g) or None
     open_store(cfg.storage, cfg.run_id).commit_json(layout.metrics_key("plan"), plan.dump())
     if plan.gate:
         raise PlanGateError(plan.gate)

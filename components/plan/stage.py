@@ -22,14 +22,15 @@ class Plan(Stage):
     reuse = False
     doc = ("Storage, GPU-hour, per-GPU memory and cost plan; on a cluster the gate that refuses an over-budget run "
            "(storage, plan.max_cost_usd, plan.deadline_days), a config whose predicted peak memory exceeds a pool's "
-           "GPU, or changed settings.")
+           "GPU, an hf: source or eval suite that cannot be read as configured (plan.check_sources), or changed "
+           "settings.")
     reads = ("target", "data", "features", "mode", "plan", "pools", "training", "storage.budget_bytes", "drafter",
              "generation.tensor_parallel", "generation.max_model_len")
 
     def run(self, cfg: RunConfig, shard: int | None = None) -> PlanSummary:
         from flashdraft.components.plan.planner import run_plan
 
-        return run_plan(cfg)
+        return run_plan(cfg, open_sources=True)
 
     def command(self) -> Callable[..., None]:
         from flashdraft.components.plan.cli import plan

@@ -61,8 +61,12 @@ class PlanSummary(StageSummary):
                                        "no training, so only the inference pool's memory can refuse the run")
     comparison: Comparison | None = Field(
         None, description="every topology's cost, days and memory fit, sorted by total cost (plan --compare)")
+    hub_datasets: list[dict[str, Any]] | None = Field(
+        None, description="the plan task's look at every hf: source and suite (components/plan/hub_gate.py): entry, "
+        "uri, config, splits, revision, the commit it resolved to and rows per split where the card says")
     gate: str | None = Field(None, description="why the run may not start (storage, free space, memory, cost, "
-                             "days or evaluate's timeout); None when it may")
+                             "days, evaluate's timeout, an hf: dataset that cannot be read as configured); None when "
+                             "it may")
 
     def dump(self) -> dict[str, Any]:
         """The top-level keys the planner set, each section whole: a nested model's defaults (a topology row's

@@ -1,5 +1,5 @@
-"""Read raw prompt rows from a source: a local path or object-store URI (JSONL, JSON, Parquet), `hf:<id>`, or
-`builtin:demo`.
+"""Read raw prompt rows from a source: a local path or object-store URI (JSONL, JSON, Parquet), `hf:<id>` (its
+config, split(s) and revision: flashdraft/storage/hub_datasets.py), or `builtin:demo`.
 
 Each reader yields `(row_number, row)` with 1-based row numbers (JSONL: the line number) so quarantine entries
 point at the exact line. A row that cannot even be decoded is yielded as a `BadRow` instead of a dict. A file
@@ -8,6 +8,7 @@ that cannot be read at all raises `SourceError` naming it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 
 from flashdraft.config import SourceSpec, StorageConfig
 from flashdraft.config.features import split_uri
+from flashdraft.storage import hub_datasets as hub
 from flashdraft.storage.store import ObjectStore
 
 from .demo import code_completion_rows, demo_rows
@@ -110,17 +112,36 @@ def _parquet_rows(uri: str, data: bytes) -> Iterator[tuple[int, Any]]:
 
 
 def _hf_rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
-    dataset_id = spec.uri.removeprefix("hf:")
+    """The rows of the source's splits in order, numbered on across them (the quarantine's row numbers)."""
     try:
-        import datasets
+        import datasets  # noqa: F401 (a package dependency; an image without it says so here)
     except ImportError:
-        raise SourceError(f"source {spec.uri}: Hugging Face datasets need `pip install datasets` and network "
-                          "access; use a local or object-store file offline") from None
+        raise SourceError(f"source {spec.uri}: reading a Hub dataset needs the `datasets` package "
+                          "(a flashdraft dependency: reinstall flashdraft)") from None
     try:
-        ds = datasets.load_dataset(dataset_id, split=spec.split, streaming=True)
-    except Exception as exc:  # offline, unknown id, gated...
-        raise SourceError(f"source {spec.uri}: cannot load split {spec.split!r}: {exc}") from None
-    yield from enumerate(ds, start=1)
+        yield from enumerate(hub.iter_rows(spec, spec.uri), start=1)
+    except hub.HubError as exc:
+        raise SourceError(f"source {spec.uri} {_selection(spec)}: {exc}") from None
+
+
+def _selection(spec: SourceSpec) -> str:
+    """config / splits / revision of an hf: source, as the config names them."""
+    parts = ([f"config {spec.config}"] if spec.config else []) + [f"split {','.join(spec.split_names)}"]
+    return "(" + ", ".join(parts + ([f"revision {spec.revision}"] if spec.revision else [])) + ")"
+
+
+def source_identity(spec: SourceSpec, storage: StorageConfig) -> dict[str, str]:
+    """What this source's URI names now, beside the URI itself: an hf: dataset's commit sha, a file's sha256 (a
+    builtin set is part of flashdraft: nothing). Prep's fingerprint holds it, so a source changed under the same
+    URI is not reused."""
+    if spec.uri.startswith("hf:"):
+        try:
+            return {"uri": spec.uri, "commit": hub.resolve_commit(spec.uri, spec.revision)}
+        except hub.HubError as exc:
+            raise SourceError(f"source {spec.uri} {_selection(spec)}: {exc}") from None
+    if spec.uri.startswith("builtin:"):
+        return {"uri": spec.uri}
+    return {"uri": spec.uri, "sha256": hashlib.sha256(read_bytes(spec.uri, storage)).hexdigest()}
 
 
 def iter_source(spec: SourceSpec, storage: StorageConfig) -> Iterator[tuple[int, Any]]:

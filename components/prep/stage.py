@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.run.contract import Stage
@@ -13,6 +13,10 @@ from flashdraft.storage.layout import STAGE_OUTPUTS
 if TYPE_CHECKING:
     from flashdraft.config import RunConfig
     from flashdraft.run.reporting import RunView, StageReport
+
+
+# Prep's resolved input (Stage.resolved_inputs): not a config field, so named apart from them.
+SOURCE_IDENTITIES = "data.sources@resolved"
 
 
 class Prep(Stage):
@@ -36,6 +40,13 @@ class Prep(Stage):
         if cfg.data.responses == "dataset":
             return tuple(i for i in self.ignores if i != "data.max_response_tokens")
         return self.ignores
+
+    def resolved_inputs(self, cfg: RunConfig) -> dict[str, Any]:
+        """Each source's commit (hf:) or sha256 (files) now: a dataset that moved or a file rewritten in place is
+        a changed input, not "reused: fingerprint matches"."""
+        from flashdraft.components.prep.sources import source_identity
+
+        return {SOURCE_IDENTITIES: [source_identity(spec, cfg.storage) for spec in cfg.data.sources]}
 
     def run(self, cfg: RunConfig, shard: int | None = None) -> PrepSummary:
         from flashdraft.components.prep.prep import run_prep

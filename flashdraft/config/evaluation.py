@@ -8,13 +8,13 @@ from pydantic import Field, field_validator, model_validator
 
 from flashdraft.config.base import Section
 from flashdraft.config.errors import ConfigError
-from flashdraft.config.target import DataConfig
+from flashdraft.config.target import DataConfig, HubDataset
 
 BUILTIN_SUITES = ("heldout", "humaneval")
 SUITE_URI_PREFIXES = ("file://", "s3://", "hf:")
 
 
-class EvalSuite(Section):
+class EvalSuite(HubDataset):
     """One named prompt set the evaluation decodes (components/evaluate/suites.py). In `eval.suites` a bare string
     is the source alone: `heldout`, `humaneval`, or a URI."""
 
@@ -27,7 +27,7 @@ class EvalSuite(Section):
                                          "the built-in name, or the URI's file stem / dataset name")
     format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = Field(
         default="auto", description="URI sources: the row format (prep's)")
-    split: str = Field(default="test", description="hf: sources: the dataset split")
+    split: str = Field(default="test", description="hf: sources: the dataset split; see splits for several")
     prompt_field: str | None = Field(
         default=None, description="URI sources whose request is a plain column outside prep's formats (GSM8K "
                                   "`question`, MATH-500 `problem`, MBPP `text`): that column is the user prompt")

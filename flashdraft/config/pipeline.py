@@ -148,6 +148,11 @@ class PlanConfig(Section):
         default="bf16", description="precision the inference pool holds the target's weights in, for plan's memory "
         "and rates: fp8 plans an FP8 checkpoint (e.g. Qwen/Qwen3.6-27B-FP8; set target.model to run it). Features "
         "must come from the precision that will be served")
+    check_sources: bool = Field(
+        default=True, description="the pipeline's plan task opens every hf: data source and eval suite before any "
+        "GPU task (access with HF_TOKEN, revision, config, splits; rows where the card says) and refuses in one line "
+        "naming what exists; false skips it (a plan pod that cannot reach HF_ENDPOINT: prep and evaluate then fail "
+        "later on the same errors)")
     max_cost_usd: float | None = Field(default=None, gt=0, description="the plan gate stops a run whose planned "
                                        "cost (GPUs, storage, transfer) exceeds this, naming cheaper topologies")
     deadline_days: float | None = Field(default=None, gt=0, description="the plan gate stops a run whose planned "

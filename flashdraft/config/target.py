@@ -65,7 +65,38 @@ class TargetConfig(Section):
         return self
 
 
-class SourceSpec(Section):
+class HubDataset(Section):
+    """What picks the rows of an `hf:<dataset id>` URI (a prompt source or an eval suite): the dataset config, the
+    split(s) and the repository revision, as `datasets.load_dataset(id, config, split=..., revision=...)` takes them
+    (ignored for other URIs). Each class sets its own `split` default."""
+
+    split: str
+    splits: list[str] | None = Field(
+        default=None, min_length=1, description="hf: URIs: several splits of the same dataset config read in this "
+        "order as one source (e.g. [chat, code, math, stem]); instead of split, not with it")
+    config: str | None = Field(
+        default=None, description="hf: URIs: the dataset config (subset) name, e.g. `main` for openai/gsm8k; None = "
+        "the dataset's only or default config (a dataset with several and no default needs one: the plan refuses "
+        "it naming them)")
+    revision: str | None = Field(
+        default=None, description="hf: URIs: the dataset repository's branch, tag or commit; None = main. Rows are "
+        "read at the commit this resolves to, and prep records it: a source that moved since refuses prep's reuse. "
+        "Pin a commit to read the same rows again")
+
+    @model_validator(mode="after")
+    def _one_split_setting(self) -> HubDataset:
+        # against the default, not model_fields_set: a config dumped and validated again holds both
+        if self.splits is not None and self.split != type(self).model_fields["split"].default:
+            raise ValueError(f"set split or splits, not both (split {self.split!r}, splits {self.splits})")
+        return self
+
+    @property
+    def split_names(self) -> list[str]:
+        """The splits this entry reads, in order."""
+        return list(self.splits) if self.splits is not None else [self.split]
+
+
+class SourceSpec(HubDataset):
     """One prompt source: a file/object URI (JSONL, JSON, Parquet), `hf:<dataset id>`, or a builtin set."""
 
     uri: str = Field(description="file path, file://, s3:// (the run's storage credentials) or hf:<dataset id>; "
@@ -74,7 +105,8 @@ class SourceSpec(Section):
     format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt"] = Field(
         default="auto", description="row schema; auto detects it per row from the keys present (messages, "
         "conversations, instruction, prompt)")
-    split: str = Field(default="train", description="dataset split for hf: sources (ignored for files)")
+    split: str = Field(default="train", description="hf: sources: the dataset split to read (ignored for files); "
+                       "see splits for several")
     max_rows: int | None = Field(default=None, ge=1, description="read at most this many rows of this source "
                                  "(before filtering); None = all")
     heldout: bool = Field(default=True, description="false: this source's rows are only trained on, never held "

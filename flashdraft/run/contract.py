@@ -112,6 +112,12 @@ class Stage:
         limit with data.responses=dataset)."""
         return self.ignores
 
+    def resolved_inputs(self, cfg: RunConfig) -> dict[str, Any]:
+        """What the config names now, beside the config itself, that the result depends on (prep: each source's
+        Hub commit or file digest): fingerprinted with the config's fields, so a source changed under the same
+        name is not reused. Called only when the runner records or compares a fingerprint."""
+        return {}
+
     def from_source(self, cfg: RunConfig) -> bool:
         """This run reads this stage's committed results from the data.features_from source run, in place."""
         return self.makes_features and cfg.data.features_from is not None

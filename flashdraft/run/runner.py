@@ -90,6 +90,14 @@ def config_inputs(stage: Stage, cfg: RunConfig) -> dict[str, Any]:
 PARENT_WEIGHTS = "drafter.init_from@sha256"
 
 
+def task_inputs(stage: Stage, cfg: RunConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(inputs, ignorable): `config_inputs` plus what the stage resolves its config to now (`Stage.resolved_inputs`:
+    prep's source commits and file digests), and the fields `changed_fields` skips where a record lacks them (the
+    stage's `ignores`, and the resolved ones: a record made before flashdraft resolved them is not refused for it)."""
+    resolved = stage.resolved_inputs(cfg)
+    return {**config_inputs(stage, cfg), **resolved}, (*stage.ignores, *resolved)
+
+
 def _config_field(path: str) -> FieldInfo | None:
     """The RunConfig field at a dotted path (None for a name that is not one, such as PARENT_WEIGHTS)."""
     model: Any = RunConfig
@@ -274,10 +282,11 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
         check_source(cfg, store)
     task = status.task_name(stage.name, shard)
     previous = status.read_record(store, stage.name, shard)
-    fp = Fingerprint(config_inputs(stage, cfg), upstream_fingerprints(store, stage, cfg, shard))
+    inputs, ignorable = task_inputs(stage, cfg)
+    fp = Fingerprint(inputs, upstream_fingerprints(store, stage, cfg, shard))
     attempt = previous.attempt + 1 if previous else 1
     if stage.reuse and not force and previous is not None and previous.fingerprint is not None:
-        changes = changed_fields(previous, fp.inputs, fp.upstream, stage.ignores)
+        changes = changed_fields(previous, fp.inputs, fp.upstream, ignorable)
         if not changes and previous.state == "done":
             result = _committed_result(store, stage, shard)
             if result is not None:
@@ -359,11 +368,13 @@ def check_run(cfg: RunConfig, store: ObjectStore | None = None) -> None:
     for stage in registry.current():
         if not stage.reuse or stage.from_source(cfg):
             continue
-        inputs = config_inputs(stage, cfg)
-        for record in status.stage_records(store, stage.name, stage.per_shard):
-            if record is None or record.fingerprint is None:
-                continue
-            changes = changed_fields(record, inputs, ignorable=stage.ignores)
+        records = [r for r in status.stage_records(store, stage.name, stage.per_shard)
+                   if r is not None and r.fingerprint is not None]
+        if not records:
+            continue
+        inputs, ignorable = task_inputs(stage, cfg)
+        for record in records:
+            changes = changed_fields(record, inputs, ignorable=ignorable)
             refused = {k: v for k, v in changes.items() if not _continues(stage, cfg, k)}
             if refused:
                 raise refusal(record.task, stage, refused)

@@ -26,7 +26,7 @@ def test_datasets_listing_and_streaming(hub_server, tmp_path):
         print(datasets.get_dataset_config_names("{GSM8K}"))
         print(datasets.get_dataset_split_names("{NEMOTRON}"))
         rows = list(datasets.load_dataset("{NEMOTRON}", split="chat", streaming=True))
-        print(len(rows), rows[0]["messages"][1]["role"])
+        print(len(rows), rows[0]["messages"][0]["role"])
         for kwargs in ({{"path": "{GSM8K}", "split": "test"}}, {{"path": "{NEMOTRON}", "split": "train"}}):
             try:
                 datasets.load_dataset(streaming=True, **kwargs)

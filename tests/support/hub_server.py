@@ -9,6 +9,9 @@ commits are the Hub revisions (branches, tags and 40-hex commits resolve); a rep
 not found. It answers `/api/<type>s/<id>/revision/<rev>` (`HfApi.dataset_info(id, revision=...)`,
 `model_info(id, revision=...)`) but not the bare `/api/models/<id>`; a repository an access rule hides answers 401
 RepositoryNotFound (it cannot express a gated repository: see test_hub_sources.py's `_mock_` test for that error).
+For a file or folder a local repository lacks it answers 401 RepositoryNotFound where the Hub answers 404
+EntryNotFound (transformers probes optional files such as tokenizer.model and takes only a 404 as "absent"):
+olah_hub.py runs olah's own CLI with that one answer corrected.
 
 Fixtures (registered by tests/conftest.py's `pytest_plugins`):
 
@@ -102,7 +105,7 @@ def dataset_card(configs: list[dict[str, Any]] | None = None, splits: Mapping[st
     meta: dict[str, Any] = {"license": "cc-by-4.0", **(extra or {})}
     if splits:
         meta["dataset_info"] = [{"config_name": name, "splits": [
-            {"name": split, "num_examples": rows} for split, rows in per_split.items()]}
+            {"name": split, "num_bytes": 100 * rows, "num_examples": rows} for split, rows in per_split.items()]}
             for name, per_split in splits.items()]
     if configs:
         meta["configs"] = configs
@@ -117,7 +120,7 @@ def _chat_row(split: str, i: int) -> dict[str, Any]:
         split, f"Réponds brièvement ({split}, {i}): quelle est la capitale de la France?")
     return {"uuid": f"{split}-{i:05d}", "license": "CC BY 4.0", "generator": "test", "version": "v2",
             "category": split.split("_")[0], "reasoning": "off",
-            "messages": [{"role": "system", "content": ""}, {"role": "user", "content": question},
+            "messages": [{"role": "user", "content": question},
                          {"role": "assistant", "content": f"An answer to {split} question {i}."}]}
 
 
@@ -299,12 +302,13 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen, timeout_s: float = 60) ->
 
 def start_olah(folder: Path) -> tuple[HubServer, subprocess.Popen]:
     """olah serving `folder`/mirrors on a free port (the repositories must exist before: readiness asks gsm8k)."""
-    binary = OLAH_VENV / "bin" / "olah-cli"
-    if not binary.exists():
-        pytest.fail(f"{binary} is missing: run `make olah-venv` (make test builds it)")
+    python = OLAH_VENV / "bin" / "python"
+    if not (OLAH_VENV / "bin" / "olah-cli").exists():
+        pytest.fail(f"{OLAH_VENV}/bin/olah-cli is missing: run `make olah-venv` (make test builds it)")
     port = free_port()
     log = (folder / "olah.log").open("wb")
-    proc = subprocess.Popen([str(binary), "-c", str(_olah_config(folder, port)), "--host", "127.0.0.1",
+    proc = subprocess.Popen([str(python), str(Path(__file__).with_name("olah_hub.py")), "-c",
+                             str(_olah_config(folder, port)), "--host", "127.0.0.1",
                              "--port", str(port), "--metadata-cache-ttl", "0", "--log-path", str(folder / "logs")],
                             cwd=folder, stdout=log, stderr=subprocess.STDOUT)
     server = HubServer(endpoint=f"http://127.0.0.1:{port}", mirrors=folder / "mirrors")

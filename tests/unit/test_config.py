@@ -150,3 +150,20 @@ def test_export_settings_are_config_fields():
     assert load_config(preset="tiny").export.formats == ["zlab"]
     with pytest.raises(ConfigError, match="export.formats"):
         load_config(preset="tiny", overrides=["export.formats=[onnx]"])
+
+
+def test_hub_entries_take_a_config_one_or_several_splits_and_a_revision():
+    """Sources and suites name a dataset config, a split or a list of splits (not both), and a revision; a config
+    dumped and loaded again (every --set does that) keeps them."""
+    cfg = load_config(preset="qwen3.6-27b")
+    nemotron = cfg.data.sources[0]
+    assert (nemotron.splits, nemotron.split_names, nemotron.config) == (["chat", "code", "math", "stem"],
+                                                                        ["chat", "code", "math", "stem"], None)
+    gsm8k = next(s for s in cfg.eval.suites if s.label == "gsm8k")
+    assert (gsm8k.config, gsm8k.split_names) == ("main", ["test"])
+    again = cfg.with_overrides({"data.seed": 3})
+    assert again.data.sources == cfg.data.sources and again.eval.suites == cfg.eval.suites
+    pinned = load_config(preset="tiny", overrides={"data.sources": [{"uri": "hf:a/b", "revision": "0123abc"}]})
+    assert (pinned.data.sources[0].revision, pinned.data.sources[0].split_names) == ("0123abc", ["train"])
+    with pytest.raises(ConfigError, match=r"data.sources.0: set split or splits, not both \(split 'chat'"):
+        load_config(preset="tiny", overrides={"data.sources": [{"uri": "hf:a/b", "split": "chat", "splits": ["x"]}]})

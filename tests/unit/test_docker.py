@@ -28,7 +28,9 @@ IMAGES = ("base", "inference", "trainer")
 POOL_IMAGE = {"cpu": "base", "inference": "inference", "trainer": "trainer"}
 STAGE_IMAGE = {spec.name: POOL_IMAGE[spec.pool] for spec in registry.current()}
 # What each image must provide for the stages it runs, beyond the base dependencies.
-REQUIRED = {"base": {"kfp", "torch"}, "inference": {"vllm", "torch", "kfp"}, "trainer": {"torch", "kfp"}}
+# datasets: prep and the plan gate (base) and evaluate (inference) read hf: datasets through it.
+REQUIRED = {"base": {"kfp", "torch", "datasets"}, "inference": {"vllm", "torch", "kfp", "datasets"},
+            "trainer": {"torch", "kfp"}}
 
 _spec = importlib.util.spec_from_file_location("docker_requirements", ROOT / "docker" / "requirements.py")
 _docker_requirements = importlib.util.module_from_spec(_spec)

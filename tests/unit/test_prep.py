@@ -1,5 +1,6 @@
 """Prep end to end on local files with the real tokenizer: quarantine counts, survivors, shards, errors, reruns."""
 
+import hashlib
 import json
 
 import pyarrow as pa
@@ -156,3 +157,27 @@ def test_unreadable_or_empty_sources_are_clear_errors(tmp_path):
     for uri, message in cases:
         with pytest.raises(SourceError, match=message):
             run_prep(_cfg(tmp_path, [{"uri": uri}]))
+
+
+def test_a_file_source_rewritten_in_place_is_not_reused(tmp_path):
+    """Issue 57: prep's fingerprint holds each file source's sha256, so the same URI with other bytes is a changed
+    input (refused naming the digests), not "reused: fingerprint matches"; a record made before flashdraft
+    resolved sources (no such field) is not refused for it."""
+    from flashdraft.run import status
+    from flashdraft.run.runner import StageInputsChanged, run_task
+
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"Say {w} twice."}) + "\n" for w in "abcdefghij"))
+    cfg = _cfg(tmp_path, [{"uri": str(source)}]).with_overrides({"data.eval_count": 2, "data.num_shards": 1})
+    run_task(cfg, "prep")
+    store = open_store(cfg.storage, cfg.run_id)
+    record = status.read_record(store, "prep")
+    assert record.inputs["data.sources@resolved"] == [
+        {"uri": str(source), "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}]
+    assert run_task(cfg, "prep").skipped is True
+    source.write_text(source.read_text().replace("Say j", "Say k"))
+    with pytest.raises(StageInputsChanged, match=r"^prep: .*data.sources@resolved\[0\].sha256 .*--from prep"):
+        run_task(cfg, "prep")
+    legacy = record.model_copy(update={"inputs": {k: v for k, v in record.inputs.items() if "@" not in k}})
+    store.commit_json(status.status_key("prep"), legacy.model_dump(mode="json"))
+    assert run_task(cfg, "prep").skipped is True
