@@ -37,7 +37,7 @@ from flashdraft.run.events import emit, task_output
 from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.run.status import REUSED
 from flashdraft.storage import layout
-from flashdraft.storage.lease import LeaseLost, TaskLease
+from flashdraft.storage.lease import LeaseHeld, LeaseLost, TaskLease
 from flashdraft.storage.source import source_store
 from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
 from flashdraft.tracking import log_result
@@ -299,8 +299,14 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     if skipped is not None:
         raise ConfigError(f"{stage.name}: {skipped}")
     store = open_store(cfg.storage, cfg.run_id)
-    with TaskLease(store, status.task_name(stage.name, shard), expiry_s=cfg.storage.lease_expiry_s,
-                   heartbeat_s=cfg.storage.lease_heartbeat_s) as lease:
+    lease = TaskLease(store, status.task_name(stage.name, shard), expiry_s=cfg.storage.lease_expiry_s,
+                      heartbeat_s=cfg.storage.lease_heartbeat_s)
+    try:
+        lease.acquire()
+    except LeaseHeld as exc:  # on the console as the task's failure, like any refusal
+        previous = status.read_record(store, stage.name, shard)
+        raise _refuse(store, stage, shard, previous.attempt + 1 if previous else 1, exc) from None
+    with lease:
         return _run_leased(cfg, stage, shard, store, lease, body=body, force=force, metrics=metrics)
 
 

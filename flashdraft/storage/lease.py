@@ -211,7 +211,8 @@ class TaskLease:
                         exc_info=True)
 
     def __enter__(self) -> TaskLease:
-        self.acquire()
+        if self.record is None:  # not taken yet by an explicit `acquire`
+            self.acquire()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True, name=f"lease-{self.task}")
         self._thread.start()
         return self
