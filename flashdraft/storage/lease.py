@@ -221,5 +221,28 @@ class TaskLease:
         self.release()
 
 
+def current_lease(store: ObjectStore, task: str) -> LeaseRecord | None:
+    """A task's newest lease record (None: never leased), read only: for `flashdraft status`."""
+    gens = [int(k.rsplit("/", 1)[-1][:-5]) for k in store.list(lease_prefix(task))
+            if k.endswith(".json") and k.rsplit("/", 1)[-1][:-5].isdigit()]
+    if not gens:
+        return None
+    try:
+        return LeaseRecord(**json.loads(store.get(_key(task, max(gens)))))
+    except FileNotFoundError:
+        return None
+
+
+def describe_writer(store: ObjectStore, task: str) -> str:
+    """Who writes a task the status records call running: its live holder, or why nobody does and what to do."""
+    lease = current_lease(store, task)
+    if lease is None or lease.released:
+        return "no writer holds its lease: it was interrupted; resubmit the run (or Retry) to resume it"
+    if time.time() > lease.expires:
+        return (f"its writer {lease.host} pid {lease.pid} stopped renewing its lease "
+                f"{time.time() - lease.renewed:.0f} s ago: resubmit the run (or Retry), it takes over")
+    return f"written by {lease.holder()}"
+
+
 def _dump(record: LeaseRecord) -> bytes:
     return json.dumps(asdict(record), sort_keys=True).encode()

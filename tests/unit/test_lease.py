@@ -74,11 +74,12 @@ def test_a_released_lease_is_taken_at_once_and_records_the_release(tmp_path):
     assert store.list(lease_prefix("train")) == [f"{lease_prefix('train')}0000000002.json"], "history pruned"
 
 
-def _dead_lease(store: ObjectStore, *, host: str, pid: int, expires_in_s: float) -> None:
+def _dead_lease(store: ObjectStore, *, host: str, pid: int, expires_in_s: float, task: str = "train",
+                generation: int = 1) -> None:
     now = time.time()
-    record = {"task": "train", "generation": 1, "token": "dead", "host": host, "pid": pid, "started": now - 60,
+    record = {"task": task, "generation": generation, "token": "dead", "host": host, "pid": pid, "started": now - 60,
               "renewed": now, "expires": now + expires_in_s, "released": False}
-    assert store.create_exclusive(f"{lease_prefix('train')}0000000001.json", json.dumps(record).encode())
+    assert store.create_exclusive(f"{lease_prefix(task)}{generation:010d}.json", json.dumps(record).encode())
 
 
 def test_a_lease_that_stops_being_renewed_is_taken_over_after_its_expiry(tmp_path, caplog):
@@ -193,3 +194,27 @@ def test_train_started_while_an_extract_shard_runs_is_refused_never_recorded(tmp
     run_task(cfg, "extract", 2, body=lambda: {"samples": 18, "tokens": 1600})
     run_task(cfg, "train", body=lambda: {"steps": 1})
     assert None not in status.read_record(store, "train").upstream.values(), "recorded with a known upstream"
+
+
+def test_status_names_the_writer_of_a_running_task_or_says_it_stopped(tmp_path):
+    from typer.testing import CliRunner
+
+    from flashdraft.cli.main import app
+
+    cfg = _cfg(tmp_path)
+    store = open_store(cfg.storage, cfg.run_id)
+    started, finish = threading.Event(), threading.Event()
+    writer = threading.Thread(target=run_task, args=(cfg, "generate", 0),
+                              kwargs={"body": lambda: (started.set(), finish.wait(30), {"samples": 1})[-1]})
+    writer.start()
+    assert started.wait(30)
+    live = CliRunner().invoke(app, ["status", "--run", store.root], terminal_width=400).output
+    finish.set()
+    writer.join(30)
+    assert "generate shard 0 running since" in live and f"written by {socket.gethostname()} pid " in live, live
+    store.commit_json(status.status_key("generate", 0), status.read_record(store, "generate", 0).model_copy(
+        update={"state": "running", "ended": None}).model_dump(mode="json"))  # its pod died before the end...
+    _dead_lease(store, host="tiny-generate-pod", pid=7, expires_in_s=-1, task="generate-shard-00000",
+                generation=99)  # ...and stopped renewing its lease
+    dead = CliRunner().invoke(app, ["status", "--run", store.root], terminal_width=400).output
+    assert "its writer tiny-generate-pod pid 7 stopped renewing its lease" in dead and "it takes over" in dead, dead
