@@ -30,6 +30,8 @@ NOT_HERE = {
     "make run-local": "the real 135M chat model end to end, 7 min on a quiet 2-core machine (run by hand; "
                       "the tiny run-local below takes the same path)",
     "make test": "the test suite itself",
+    "flashdraft status --run s3://my-bucket/": "a cluster run's S3 store (the same command on a real S3 server: "
+                                               "tests/integration/test_status.py)",
     ".venv/bin/flashdraft run-local --preset smollm2-quality": "the real 135M chat model on all demo prompts, ~16 min "
                                                                "on a quiet 2-core machine (run by hand)",
     ".venv/bin/flashdraft run-local --preset qwen3.6-27b-rehearsal": "the full-width rehearsal, ~20 min and ~17 GB "
