@@ -58,6 +58,7 @@ class LeaseRecord:
     renewed: float  # its last heartbeat
     expires: float  # renewed + expiry_s, on the holder's clock
     released: bool = False
+    pid_namespace: int = 0  # its pid namespace's inode: pods sharing a node's hostname (hostNetwork) differ here
 
     def holder(self) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
@@ -73,9 +74,17 @@ def _key(task: str, generation: int) -> str:
     return f"{lease_prefix(task)}{generation:010d}.json"
 
 
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def _process_gone(record: LeaseRecord) -> bool:
-    """The holder ran on this host and its process no longer exists (a killed `run-local` rerun on one machine)."""
-    if record.host != socket.gethostname():
+    """The holder ran on this host, in this pid namespace, and its process no longer exists (a killed `run-local`
+    rerun on one machine)."""
+    if record.host != socket.gethostname() or record.pid_namespace != _pid_namespace():
         return False
     try:
         os.kill(record.pid, 0)
@@ -125,7 +134,8 @@ class TaskLease:
     def _new_record(self, generation: int) -> LeaseRecord:
         now = time.time()
         return LeaseRecord(task=self.task, generation=generation, token=uuid.uuid4().hex, host=socket.gethostname(),
-                           pid=os.getpid(), started=now, renewed=now, expires=now + self.expiry_s)
+                           pid=os.getpid(), started=now, renewed=now, expires=now + self.expiry_s,
+                           pid_namespace=_pid_namespace())
 
     def _try_take(self, generation: int) -> bool:
         record = self._new_record(generation)

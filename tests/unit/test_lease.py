@@ -5,6 +5,7 @@ commits nothing, and a task whose upstream still runs is refused."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -78,7 +79,8 @@ def _dead_lease(store: ObjectStore, *, host: str, pid: int, expires_in_s: float,
                 generation: int = 1) -> None:
     now = time.time()
     record = {"task": task, "generation": generation, "token": "dead", "host": host, "pid": pid, "started": now - 60,
-              "renewed": now, "expires": now + expires_in_s, "released": False}
+              "renewed": now, "expires": now + expires_in_s, "released": False,
+              "pid_namespace": os.stat("/proc/self/ns/pid").st_ino}
     assert store.create_exclusive(f"{lease_prefix(task)}{generation:010d}.json", json.dumps(record).encode())
 
 
