@@ -217,3 +217,25 @@ def test_plan_gate_refuses_a_config_the_dag_was_not_compiled_for():
         check_compiled_shape(reader, "offline", 1)
     with pytest.raises(ConfigError, match="compiled without its own prep"):
         check_compiled_shape(cfg.with_overrides({"mode.kind": "offline"}), "offline", 1, compiled_features_from=True)
+
+
+def test_the_launcher_puts_the_runners_train_fingerprint_on_the_job_mock_launch(tmp_path, monkeypatch):
+    """pipelines/runtime.py trainjob_task with launch_and_wait replaced (no API server here): the fingerprint the
+    job carries is the one the runner records for the train task, so a retry compares like with like."""
+    from flashdraft.pipelines import runtime, trainjob
+    from flashdraft.run.status import read_record
+    from flashdraft.storage.store import open_store
+
+    seen = {}
+
+    def launch(cfg, *, fingerprint, **_):
+        seen["fingerprint"] = fingerprint
+        return {"trainjob": trainjob_name(cfg.run_id), "namespace": "team", "state": "Complete", "message": "",
+                "wall_s": 1.0}
+
+    monkeypatch.setattr(trainjob, "launch_and_wait", launch)
+    cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
+    runtime.trainjob_task(yaml.safe_dump(cfg.model_dump(mode="json")), {}, None, image="i", namespace="team",
+                          node_selector={}, tolerations=[], gpus_per_node=8, s3_secret_name="s",
+                          tracking_secret_name="t", runtime_ref="torch-distributed")
+    assert seen["fingerprint"] == read_record(open_store(cfg.storage, cfg.run_id), "train").fingerprint
