@@ -12,6 +12,10 @@ task's committed record (docs/stages.md):
 * any other change: refused with one line naming the changed fields and the choices (a new run_id, or
   `--from <stage>`). Nothing is overwritten.
 
+Before any of that, a task takes its lease in the run's store (one writer per task: a second one is refused
+naming the holder; flashdraft/storage/lease.py) and is refused while an upstream task it reads is not done
+(`UpstreamIncomplete`), so no result is recorded against an unknown upstream.
+
 `check_run` applies the same comparison to every stage before a run starts, so a refused change stops the run
 before any stage works. Each task ends with a committed `status/<task>.json` record (fingerprint and the config
 values behind it) and, for reusable stages, `metrics/<task>.json`.
