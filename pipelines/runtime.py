@@ -20,7 +20,7 @@ from flashdraft.components.report.summary import ReportSummary
 from flashdraft.components.train.summary import StreamStats, TrainSummary
 from flashdraft.config import ConfigError, RunConfig, load_config
 from flashdraft.run import registry
-from flashdraft.run.runner import check_run, run_task
+from flashdraft.run.runner import check_run, run_task, task_fingerprint
 from flashdraft.run.stage import StageSummary
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,14 @@ def trainjob_task(config_yaml: str, overrides: dict[str, Any] | None, metrics: A
     from flashdraft.pipelines.trainjob import launch_and_wait
 
     cfg = stage_config(config_yaml, overrides)
-    body = lambda: launch_and_wait(cfg, config_yaml=config_yaml, overrides=overrides, **placement)  # noqa: E731
+
+    def body() -> dict[str, Any]:
+        """Runs under the train task's lease, after the runner's checks: the job carries the fingerprint the
+        runner records (the same inputs, read the same way), which decides whether a retry may adopt it."""
+        fingerprint = task_fingerprint(cfg, "train").digest
+        return launch_and_wait(cfg, fingerprint=fingerprint, config_yaml=config_yaml, overrides=overrides,
+                               **placement)
+
     return to_json(run_task(cfg, "train", body=body, metrics=metrics))
 
 

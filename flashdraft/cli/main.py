@@ -213,6 +213,7 @@ def status(
         no_run_message,
         read_records,
     )
+    from flashdraft.storage.lease import describe_writer
     from flashdraft.storage.store import ObjectStore, open_store
 
     root = None
@@ -253,8 +254,8 @@ def status(
                               highlight=False, markup=False, soft_wrap=True)
             elif t.state == "running":
                 console.print(f"{t.label} running since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t.started))}"
-                              f" (attempt {t.attempt}; log: {t.log or 'not recorded'})", highlight=False,
-                              markup=False, soft_wrap=True)
+                              f" (attempt {t.attempt}; log: {t.log or 'not recorded'}); "
+                              f"{describe_writer(store, t.task)}", highlight=False, markup=False, soft_wrap=True)
 
 
 app = build_app()

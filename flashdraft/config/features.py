@@ -122,6 +122,13 @@ class StorageConfig(Section):
     retry_base_s: float = Field(default=0.25, gt=0, description="backoff before retry k: a random 50-100% of "
                                 "retry_base_s * 2**k, capped at retry_max_s (defaults: ~16 s of outage ridden out)")
     retry_max_s: float = Field(default=8.0, gt=0, description="the longest single backoff")
+    lease_expiry_s: float = Field(
+        default=180.0, gt=0, description="a task's lease (one writer per task) lapses this long after its last "
+        "renewal: how long a retry waits for a dead pod's lease; it outlasts several missed heartbeats and the "
+        "retry budget of one renewal (docs/failure-model.md#leases)")
+    lease_heartbeat_s: float = Field(
+        default=30.0, gt=0, description="how often a running task renews its lease; a second writer of the task is "
+        "refused once it sees a renewal, so within about this long")
 
     @field_validator("root")
     @classmethod
@@ -130,3 +137,10 @@ class StorageConfig(Section):
         if scheme not in STORAGE_SCHEMES:
             raise ValueError(f"unsupported storage scheme {scheme!r} in {v!r}; use one of {STORAGE_SCHEMES}")
         return v
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> StorageConfig:
+        if self.lease_heartbeat_s * 2 > self.lease_expiry_s:
+            raise ValueError(f"storage.lease_heartbeat_s={self.lease_heartbeat_s} must be at most half of "
+                             f"storage.lease_expiry_s={self.lease_expiry_s}: a lease must survive a missed renewal")
+        return self

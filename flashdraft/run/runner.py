@@ -12,6 +12,10 @@ task's committed record (docs/stages.md):
 * any other change: refused with one line naming the changed fields and the choices (a new run_id, or
   `--from <stage>`). Nothing is overwritten.
 
+Before any of that, a task takes its lease in the run's store (one writer per task: a second one is refused
+naming the holder; flashdraft/storage/lease.py) and is refused while an upstream task it reads is not done
+(`UpstreamIncomplete`), so no result is recorded against an unknown upstream.
+
 `check_run` applies the same comparison to every stage before a run starts, so a refused change stops the run
 before any stage works. Each task ends with a committed `status/<task>.json` record (fingerprint and the config
 values behind it) and, for reusable stages, `metrics/<task>.json`.
@@ -39,6 +43,7 @@ from flashdraft.run.stage import StageSummary, numbers
 from flashdraft.run.status import REUSED
 from flashdraft.run.target_pin import pinned_target
 from flashdraft.storage import layout
+from flashdraft.storage.lease import LeaseHeld, LeaseLost, TaskLease
 from flashdraft.storage.source import source_store
 from flashdraft.storage.store import COMMIT_SUFFIX, ObjectStore, open_store
 from flashdraft.tracking import log_result
@@ -156,6 +161,42 @@ def upstream_fingerprints(store: ObjectStore, stage: Stage, cfg: RunConfig,
     return out
 
 
+class UpstreamIncomplete(ConfigError):
+    """A task started before the upstream results it reads were all committed (a train while an extract shard
+    still runs): refused, never recorded with an unknown upstream. The message is one line naming the tasks."""
+
+
+def _expected_shards(store: ObjectStore) -> int | None:
+    """How many shards prep made (its committed prompts manifest), None before prep committed it."""
+    if not store.is_committed(layout.PROMPTS_MANIFEST):
+        return None
+    return int(store.get_json_verified(layout.PROMPTS_MANIFEST)["summary"]["num_shards"])
+
+
+def incomplete_upstream(store: ObjectStore, stage: Stage, cfg: RunConfig, shard: int | None) -> list[str]:
+    """The upstream tasks this task reads that ran (or are known to exist: every shard prep made) but have no done
+    record with a fingerprint: '<task> <state>'. An upstream stage with no record at all and no known shards ran
+    outside the runner (a test's stand-in, an older run) and is not listed: its fingerprint stays unrecorded."""
+    out: list[str] = []
+    for name in registry.current().upstream_in(stage, cfg):
+        up = registry.current().get(name)
+        up_store = (source_store(cfg) or store) if up.from_source(cfg) else store
+        expected = _expected_shards(up_store) if up.per_shard and shard is None else None
+        if not up.per_shard:
+            wanted: list[int | None] = [None]
+        elif shard is not None:
+            wanted = [shard]
+        else:
+            wanted = list(range(expected)) if expected is not None else list(status.shards(up_store, name))
+        for k in wanted:
+            record = status.read_record(up_store, name, k)
+            if record is None and expected is None:
+                continue  # no record and none known to be due: run outside the runner
+            if record is None or record.state != "done" or record.fingerprint is None:
+                out.append(f"{status.task_name(name, k)} {record.state if record else 'not started'}")
+    return out
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """What a task's result depends on, and its digest (recorded in the task's status record)."""
@@ -172,7 +213,8 @@ def task_fingerprint(cfg: RunConfig, stage_name: str, shard: int | None = None,
                      store: ObjectStore | None = None) -> Fingerprint:
     stage = registry.current().get(stage_name)
     store = store or open_store(cfg.storage, cfg.run_id)
-    return Fingerprint(config_inputs(stage, cfg), upstream_fingerprints(store, stage, cfg, shard))
+    inputs, _ = task_inputs(stage, cfg)
+    return Fingerprint(inputs, upstream_fingerprints(store, stage, cfg, shard))
 
 
 def changed_fields(record: status.StageRecord, inputs: dict[str, Any],
@@ -272,19 +314,50 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
     body: what to call instead of the stage's own `run` (a CLI's options, a pipeline's launcher).
     force: run even when the committed result's fingerprint matches or the change would be refused (the old
     `evaluate --force`). metrics: a KFP Metrics artifact for the task's figures and duration.
-    The stage's own exception propagates unchanged (KFP and kfp.local still see the task fail)."""
+    The task holds its lease (flashdraft/storage/lease.py) from before its first read of the run's records to its
+    last write: a second writer is refused (LeaseHeld) naming the holder. A task whose upstream results are not
+    all committed is refused (UpstreamIncomplete). The stage's own exception propagates unchanged (KFP and
+    kfp.local still see the task fail)."""
     stage = registry.current().get(stage_name)
     skipped = stage.skip_reason(cfg)
     if skipped is not None:
         raise ConfigError(f"{stage.name}: {skipped}")
     store = open_store(cfg.storage, cfg.run_id)
+    lease = TaskLease(store, status.task_name(stage.name, shard), expiry_s=cfg.storage.lease_expiry_s,
+                      heartbeat_s=cfg.storage.lease_heartbeat_s)
+    try:
+        lease.acquire()
+    except LeaseHeld as exc:  # on the console as the task's failure, like any refusal
+        previous = status.read_record(store, stage.name, shard)
+        raise _refuse(store, stage, shard, previous.attempt + 1 if previous else 1, exc) from None
+    with lease:
+        return _run_leased(cfg, stage, shard, store, lease, body=body, force=force, metrics=metrics)
+
+
+def _refuse(store: ObjectStore, stage: Stage, shard: int | None, attempt: int, exc: Exception) -> Exception:
+    """Tell the console a task was refused, without committing: the committed record stays as it was."""
+    now = status.now()
+    _emit_and_commit(store, status.StageRecord(
+        stage=stage.name, shard=shard, state="failed", started=now, ended=now, attempt=attempt,
+        error_type=type(exc).__name__, error=str(exc)), commit=False)
+    return exc
+
+
+def _run_leased(cfg: RunConfig, stage: Stage, shard: int | None, store: ObjectStore, lease: TaskLease, *,
+                body: Callable[[], StageSummary | dict[str, Any]] | None, force: bool, metrics: Any) -> StageSummary:
+    """run_task's work once the task's lease is held."""
     if stage.reuse and cfg.data.features_from is not None:
         check_source(cfg, store)
     task = status.task_name(stage.name, shard)
     previous = status.read_record(store, stage.name, shard)
+    attempt = previous.attempt + 1 if previous else 1
+    missing = incomplete_upstream(store, stage, cfg, shard) if stage.reuse else []
+    if missing:
+        raise _refuse(store, stage, shard, attempt, UpstreamIncomplete(
+            f"{task}: its upstream is not complete ({', '.join(missing)}): run it after those tasks are done "
+            "(resubmitting the run finishes them first and reuses what is committed)"))
     inputs, ignorable = task_inputs(stage, cfg)
     fp = Fingerprint(inputs, upstream_fingerprints(store, stage, cfg, shard))
-    attempt = previous.attempt + 1 if previous else 1
     if stage.reuse and not force and previous is not None and previous.fingerprint is not None:
         changes = changed_fields(previous, fp.inputs, fp.upstream, ignorable)
         if not changes and previous.state == "done":
@@ -300,14 +373,18 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
                 return result
         refused = {k: v for k, v in changes.items() if not _continues(stage, cfg, k)}
         if refused:
-            exc = refusal(status.task_name(stage.name, shard), stage, refused)
-            now = status.now()
-            _emit_and_commit(store, status.StageRecord(
-                stage=stage.name, shard=shard, state="failed", started=now, ended=now, attempt=attempt,
-                error_type=type(exc).__name__, error=str(exc)), commit=False)  # the committed record stays
-            raise exc
+            raise _refuse(store, stage, shard, attempt, refusal(task, stage, refused))
         if changes:
             log.info("%s: carrying on from its committed work after a change of %s", task, ", ".join(changes))
+    return _run_body(cfg, stage, shard, store, lease, fp, attempt, body=body, metrics=metrics)
+
+
+def _run_body(cfg: RunConfig, stage: Stage, shard: int | None, store: ObjectStore, lease: TaskLease,
+              fp: Fingerprint, attempt: int, *, body: Callable[[], StageSummary | dict[str, Any]] | None,
+              metrics: Any) -> StageSummary:
+    """Run the stage (or `body`) and commit its status record, running, then done or failed. A task whose lease
+    was taken over meanwhile commits nothing more: the writer that took it owns the records now."""
+    task = status.task_name(stage.name, shard)
     with task_output(task) as log_path:
         record = status.StageRecord(stage=stage.name, shard=shard, state="running", started=status.now(),
                                     attempt=attempt, log=log_path or status.task_log_location(),
@@ -316,6 +393,9 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
         try:
             with _target_for(stage, cfg, store):
                 result = body() if body is not None else stage.run(cfg, shard)
+            if lease.lost:
+                raise LeaseLost(f"{task}: this writer stalled past its lease's expiry and {lease.lost} took the "
+                                "task over; its result is not committed from here")
             summary = registry.current().summary_of(stage.name, result)
             if stage.reuse and not stage.commits_result:
                 store.commit_json(layout.metrics_key(task), summary.dump())
@@ -325,7 +405,8 @@ def run_task(cfg: RunConfig, stage_name: str, shard: int | None = None, *,
             if len(message) > status.MAX_ERROR_CHARS:
                 message = message[: status.MAX_ERROR_CHARS] + " [truncated; the log has it all]"
             _emit_and_commit(store, record.model_copy(update={"state": "failed", "ended": status.now(),
-                                                              "error_type": type(exc).__name__, "error": message}))
+                                                              "error_type": type(exc).__name__, "error": message}),
+                             commit=lease.lost is None)
             raise
         figures = summary.figures()
         device = summary.device

@@ -14,6 +14,7 @@ METRICS = "metrics"          # metrics/<stage>.json: what each stage measured, r
 STATUS = "status"            # status/<task>.json: each task's state record (flashdraft/run/status.py)
 TENSORBOARD = "tensorboard"  # tensorboard/<stage>[/shard-N]/events.out.tfevents.*: `tensorboard --logdir` it
 READERS = "readers"          # readers/<run_id>.json: runs that read this run's features (flashdraft/run/source.py)
+LEASES = "leases"            # leases/<task>/<generation>.json: one writer per task (flashdraft/storage/lease.py)
 SOURCE = "source.json"       # in a run with data.features_from: the source it reads, as at its start
 
 

@@ -340,6 +340,51 @@ class ObjectStore:
         else:
             self._retry("put", key, lambda: self.fs.pipe_file(path, bytes(data)))
 
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write `key` only if no object of that name exists: True when this call created it, False when one was
+        there (whoever wrote it). The one primitive leases need (flashdraft/storage/lease.py): on file:// the
+        bytes go to a temp file that is hard-linked into place (link(2) fails with EEXIST like O_EXCL, and readers
+        never see a half-written object); on S3 a PutObject with `If-None-Match: *` (AWS S3, SeaweedFS, MinIO;
+        a server that ignores the header is detected once and logged: see `conditional_writes`)."""
+        path = self._p(key)
+        if self.scheme == "file":
+            return self._retry("create_exclusive", key, lambda: _link_exclusive(path, data))
+        if self.scheme == "memory":
+            with _MEMORY_CREATE_LOCK:
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, data)
+                return True
+        try:
+            self._retry("create_exclusive", key, lambda: self.fs.pipe_file(path, data, IfNoneMatch="*"))
+            return True
+        except OSError as exc:
+            if not _precondition_failed(exc):
+                raise
+        try:  # a retried PUT whose first attempt had landed is refused too: then the object is ours
+            return self.get(key) == data
+        except FileNotFoundError:  # created and deleted in between: the caller decides again
+            return False
+
+    def conditional_writes(self) -> bool:
+        """Whether this store refuses a second `create_exclusive` of one key (probed once per S3 endpoint and
+        process; file:// and memory:// always do). rclone's `serve s3` 1.75 ignores If-None-Match: there a lease
+        is best effort and a warning says so once."""
+        if self.scheme != "s3":
+            return True
+        endpoint = str(self.fs.client_kwargs.get("endpoint_url", "aws"))
+        if endpoint not in _CONDITIONAL_WRITES:
+            key = f"{PREFLIGHT_PREFIX}/exclusive-{uuid.uuid4().hex[:12]}"
+            first = self.create_exclusive(key, b"1")
+            second = self.create_exclusive(key, b"2")
+            self.delete(key)
+            _CONDITIONAL_WRITES[endpoint] = first and not second
+            if not _CONDITIONAL_WRITES[endpoint]:
+                log.warning("the S3 server at %s ignores If-None-Match on PutObject: task leases there are best "
+                            "effort (two writers started within a second of each other may both run); AWS S3, "
+                            "SeaweedFS and MinIO honour it", endpoint)
+        return _CONDITIONAL_WRITES[endpoint]
+
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         """Whole object, or bytes [start, end) by range request."""
         path = self._p(key)
@@ -481,6 +526,37 @@ class ObjectStore:
         """Remove the commit record first (readers stop seeing it), then the object."""
         self.delete(key + COMMIT_SUFFIX)
         self.delete(key)
+
+
+_MEMORY_CREATE_LOCK = threading.Lock()
+_CONDITIONAL_WRITES: dict[str, bool] = {}  # S3 endpoint -> it refuses a second If-None-Match create
+
+
+def _link_exclusive(path: str, data: bytes) -> bool:
+    """Create `path` holding `data` unless it exists: a complete temp file, then link(2), which fails if the name
+    exists (O_EXCL's guarantee, without a window where the file is there but empty)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """An S3 412 PreconditionFailed (s3fs raises it as OSError(EINVAL) carrying the server's message)."""
+    cause = exc.__cause__
+    code = getattr(cause, "response", {}).get("Error", {}).get("Code") if cause is not None else None
+    return code == "PreconditionFailed" or "pre-condition" in str(exc) or "PreconditionFailed" in str(exc)
 
 
 def open_store(storage: StorageConfig, run_id: str | None = None, *, read_only: bool = False) -> ObjectStore:

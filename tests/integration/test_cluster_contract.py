@@ -187,13 +187,17 @@ def trainjob_crd() -> CrdValidator:
     return CrdValidator(TRAINJOB_CRD)
 
 
+# A train task fingerprint as flashdraft/run/runner.py makes them (16 hex digits): the launcher puts it on the job.
+FINGERPRINT = "0123456789abcdef"
+
+
 def launcher_trainjob(pipeline: CompiledPipeline, namespace: str) -> tuple[RunConfig, dict[str, Any]]:
     """The TrainJob the multi-node launcher task creates, from the arguments the compiled pipeline passes it by
     default (as its component body does: the config it ships, KFP's float GPU count as an int)."""
     cfg = stage_config(pipeline.task_input(LAUNCHER, "config_yaml"), pipeline.task_input(LAUNCHER, "overrides"))
     args = {arg: pipeline.task_input(LAUNCHER, arg) for arg in LAUNCHER_ARGS}
     args["gpus_per_node"] = int(args["gpus_per_node"])
-    return cfg, render_trainjob(cfg, namespace=namespace, **args)
+    return cfg, render_trainjob(cfg, fingerprint=FINGERPRINT, namespace=namespace, **args)
 
 
 @pytest.fixture(scope="session")
@@ -224,6 +228,10 @@ def test_the_launchers_trainjob_passes_the_crd_schema_and_rules(trainjob_crd, tr
     assert trainjob_crd.rule_errors(job, old=copy.deepcopy(job)) == []
     checked = {r.path for r in trainjob_crd.rules if not r.transition}
     assert {"", "spec.trainer.numProcPerNode"} <= checked
+    # what a retried launcher compares before adopting it (pipelines/trainjob.py `adoption`)
+    meta = job["metadata"]
+    assert meta["annotations"]["flashdraft.io/task-fingerprint"] == FINGERPRINT
+    assert meta["labels"]["flashdraft.io/task-fingerprint"] == FINGERPRINT
 
 
 def _broken(job: dict[str, Any], change) -> dict[str, Any]:

@@ -56,6 +56,8 @@ def test_status_reads_any_store(backend, tmp_path, request):
     assert "running" in row["extract"]
     assert "generate shard 1 failed: RuntimeError: vLLM engine died: CUDA error: an illegal memory access" in out.output
     assert "extract shard 0 running since" in out.output and "kubectl logs flashdraft-x-extract-1" in out.output
+    # no writer holds its lease (the record says running, its pod is gone): the line says what to do
+    assert "no writer holds its lease: it was interrupted; resubmit the run (or Retry) to resume it" in out.output
 
     data = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)
     by_stage = {s["stage"]: s for s in data}

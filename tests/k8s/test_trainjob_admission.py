@@ -21,6 +21,7 @@ from flashdraft.pipelines.runtime import stage_config
 from flashdraft.pipelines.trainjob import (
     API_GROUP,
     API_VERSION,
+    FINGERPRINT_KEY,
     JOBSET_NAME_LABEL,
     NODE_JOB,
     PLURAL,
@@ -28,11 +29,13 @@ from flashdraft.pipelines.trainjob import (
     create_trainjob,
     launch_and_wait,
     render_trainjob,
+    trainjob_state,
 )
 
 pytestmark = pytest.mark.k8s
 
 LAUNCHER = "exec-train-multinode"
+FINGERPRINT = "0123456789abcdef"
 ARGS = ("image", "node_selector", "tolerations", "gpus_per_node", "s3_secret_name", "tracking_secret_name",
         "hub_secret_name", "runtime_ref")
 
@@ -48,6 +51,7 @@ def launcher_args(compiled_pipelines, trainjob_crd, k8s, monkeypatch):
     assert cfg.training.num_nodes == 4
     args = {arg: pipeline.task_input(LAUNCHER, arg) for arg in ARGS}
     args["gpus_per_node"] = int(args["gpus_per_node"])  # as the component body does (KFP hands ints over as floats)
+    args["fingerprint"] = FINGERPRINT  # the body computes the train task's (pipelines/runtime.py trainjob_task)
     return cfg, args
 
 
@@ -99,12 +103,12 @@ def _node_pod_spec(trainjob: dict) -> dict:
     return pod
 
 
-def _complete(k8s, trainjob: dict) -> None:
-    """Mark the TrainJob Complete, as Trainer's controller would when its JobSet succeeds."""
+def _complete(k8s, trainjob: dict, condition: str = "Complete", message: str = "all nodes done") -> None:
+    """Mark the TrainJob Complete (or Failed), as Trainer's controller would when its JobSet ends."""
     meta = trainjob["metadata"]
     k8s.kubectl("patch", "trainjob", meta["name"], "-n", meta["namespace"], "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": {"conditions": [{
-                    "type": "Complete", "status": "True", "reason": "JobSetCompleted", "message": "all nodes done",
+                    "type": condition, "status": "True", "reason": f"JobSet{condition}", "message": message,
                     "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}}))
 
 
@@ -116,6 +120,7 @@ def test_launcher_trainjob_is_admitted_placed_on_b200_and_followed_to_completion
     launch = LaunchInThread(cfg=cfg, config_yaml="", overrides={}, namespace=namespace, poll_s=0.2, **args)
     stored = _wait_trainjob(k8s, namespace, launch)
     rendered = render_trainjob(cfg, namespace=namespace, **args)
+    assert stored["metadata"]["annotations"][FINGERPRINT_KEY] == args["fingerprint"]
     # Admitted as rendered: nothing pruned by the CRD's structural schema (strict field validation refuses
     # unknown fields instead of dropping them), so the placement patch reached the server intact.
     assert stored["spec"]["runtimePatches"] == rendered["spec"]["runtimePatches"]
@@ -234,3 +239,70 @@ def test_the_charts_serviceaccount_can_run_the_launcher(k8s, kube_api, chart, la
     finally:
         k8s.helm("uninstall", "flashdraft", "-n", ns, check=False)
         k8s.kubectl("delete", "pods,trainjobs", "--all", "-n", tj_ns, "--force", "--grace-period=0", check=False)
+
+
+def _wait_replaced(k8s, namespace: str, launch: LaunchInThread, old_uid: str, timeout_s: float = 60) -> dict:
+    """The TrainJob once the launcher has replaced the one of uid `old_uid` (deleted it, waited, created anew)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = _wait_trainjob(k8s, namespace, launch)
+        if job["metadata"]["uid"] != old_uid:
+            return job
+        time.sleep(0.2)
+    raise TimeoutError(f"the TrainJob of uid {old_uid} was not replaced after {timeout_s} s")
+
+
+@pytest.mark.parametrize(("fingerprint", "condition", "message"), [
+    ("fedcba9876543210", "Complete", "all nodes done"),  # training.max_steps raised since: must train again
+    (FINGERPRINT, "Failed", "node-0 OOMKilled"),  # the same task failed: a retry must not fail at once
+], ids=["complete-other-fingerprint", "failed-same-fingerprint"])
+def test_a_finished_or_foreign_trainjob_is_replaced_and_the_new_one_followed(k8s, kube_api, namespace, launcher_args,
+                                                                            fingerprint, condition, message):
+    from kubernetes import client
+
+    cfg, args = launcher_args
+    api = client.CustomObjectsApi(kube_api)
+    assert create_trainjob(api, _rendered(cfg, {**args, "fingerprint": fingerprint}, namespace)) is True
+    old = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, render_trainjob(
+        cfg, namespace=namespace, **args)["metadata"]["name"])
+    _complete(k8s, old, condition, message)
+    launch = LaunchInThread(cfg=cfg, config_yaml="", overrides={}, namespace=namespace, poll_s=0.2, **args)
+    new = _wait_replaced(k8s, namespace, launch, old["metadata"]["uid"])
+    assert new["metadata"]["annotations"][FINGERPRINT_KEY] == FINGERPRINT
+    assert trainjob_state(new)[0] == "Running", "the launcher waits on the new job, not the old outcome"
+    assert launch.thread.is_alive() and launch.error is None, launch.error
+    _complete(k8s, new)
+    launch.join()
+    assert launch.error is None, launch.error
+    assert launch.result["state"] == "Complete"
+    items = api.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL)["items"]
+    assert [i["metadata"]["uid"] for i in items] == [new["metadata"]["uid"]]
+
+
+def test_a_running_trainjob_of_the_same_fingerprint_is_adopted(k8s, kube_api, namespace, launcher_args):
+    from kubernetes import client
+
+    cfg, args = launcher_args
+    api = client.CustomObjectsApi(kube_api)
+    assert create_trainjob(api, _rendered(cfg, args, namespace)) is True
+    name = _rendered(cfg, args, namespace)["metadata"]["name"]
+    uid = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)["metadata"]["uid"]
+    launch = LaunchInThread(cfg=cfg, config_yaml="", overrides={}, namespace=namespace, poll_s=0.2, **args)
+    time.sleep(1.0)
+    stored = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+    assert stored["metadata"]["uid"] == uid, "a running job of this task is adopted, not replaced"
+    _complete(k8s, stored)
+    launch.join()
+    assert launch.error is None and launch.result["trainjob"] == name, launch.error
+
+
+def test_runs_a_b_and_a_dash_b_get_distinct_trainjobs(kube_api, namespace, launcher_args):
+    from kubernetes import client
+
+    cfg, args = launcher_args
+    api = client.CustomObjectsApi(kube_api)
+    for run_id in ("a_b", "a-b"):
+        assert create_trainjob(api, _rendered(cfg.with_overrides({"run_id": run_id}), args, namespace)) is True
+    items = api.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL)["items"]
+    assert sorted(i["metadata"]["labels"]["flashdraft.io/run-id"] for i in items) == ["a-b", "a_b"]
+    assert len({i["metadata"]["name"] for i in items}) == 2
