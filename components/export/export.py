@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 from safetensors.torch import save as save_bytes
 
 from flashdraft.components.export.card import CARD_FILE, render_card
@@ -35,7 +34,15 @@ from flashdraft.drafter.zlab import (
 )
 from flashdraft.run.provenance import current as current_provenance
 from flashdraft.storage import layout
-from flashdraft.storage.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
+from flashdraft.storage.exports import (
+    ExportFile,
+    ExportManifest,
+    UnsafeNameError,
+    read_export_file,
+    read_manifest,
+    safe_name,
+)
+from flashdraft.storage.store import ObjectStore, io_counters, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -46,34 +53,15 @@ class ExportError(RuntimeError):
     """Nothing to export, or an unusable checkpoint; the message says which."""
 
 
-class ExportFile(BaseModel):
-    sha256: str = Field(description="content checksum")
-    size: int = Field(description="bytes")
-
-
-class ExportManifest(BaseModel):
-    """The commit record of one export folder (`export/<format>.manifest.json`)."""
-
-    format: str = Field(description="zlab or speculators")
-    files: dict[str, ExportFile] = Field(description="file name in the folder -> its checksum and size")
-
-
 def exported_formats(store: ObjectStore) -> list[str]:
-    """The formats with a committed export folder."""
+    """The formats with a committed export folder; a listed name that is not one plain folder name (a key
+    `export/...manifest.json` gives `..`) is refused (UnsafeNameError), never used as a local path."""
     out = []
     for key in store.list_committed(layout.EXPORT + "/"):
         fmt = layout.export_format_of(key)
         if fmt is not None:
-            out.append(fmt)
+            out.append(safe_name(fmt, store.url(key)))
     return sorted(out)
-
-
-def read_manifest(store: ObjectStore, fmt: str) -> ExportManifest | None:
-    key = layout.export_manifest_key(fmt)
-    try:
-        return ExportManifest.model_validate(store.get_json_verified(key))
-    except NotCommittedError:
-        return None
 
 
 def commit_export(store: ObjectStore, fmt: str, files: dict[str, bytes]) -> ExportManifest:
@@ -94,32 +82,24 @@ def commit_export(store: ObjectStore, fmt: str, files: dict[str, bytes]) -> Expo
 
 def read_export(store: ObjectStore, fmt: str) -> dict[str, bytes]:
     """Every file of the committed `export/<fmt>/`, each checked against the manifest (re-read up to 3 times on a
-    mismatch, as `ObjectStore.get_verified` does: corruption in flight differs on the next read)."""
+    mismatch, as `ObjectStore.get_verified` does: corruption in flight differs on the next read); the manifest's
+    file names are plain names (`safe_name`)."""
     manifest = read_manifest(store, fmt)
     if manifest is None:
         raise ExportError(f"{store.url(layout.export_manifest_key(fmt))} is not committed: no {fmt} export in this "
                           "run (run `flashdraft export`)")
-    out = {}
-    for name, rec in manifest.files.items():
-        key = layout.export_prefix(fmt) + name
-        for attempt in range(3):
-            data = store.get_chunked(key, 0, rec.size) if rec.size else b""
-            if len(data) == rec.size and sha256_hex(data) == rec.sha256:
-                break
-            if attempt == 2:
-                raise ChecksumError(f"checksum mismatch for {store.url(key)}: expected sha256 {rec.sha256[:12]}… "
-                                    f"size {rec.size} ({store.url(layout.export_manifest_key(fmt))}), got "
-                                    f"{sha256_hex(data)[:12]}… size {len(data)}")
-        out[name] = data
-    return out
+    return {name: read_export_file(store, fmt, name, manifest) for name in manifest.files}
 
 
 def write_folder(folder: str | Path, files: dict[str, bytes]) -> Path:
     """`folder` holding exactly `files`: written beside it, then swapped in, so a reader never sees a mix of two
-    exports and files of an earlier export do not linger."""
+    exports and files of an earlier export do not linger. Every file must land directly in it (checked before
+    anything is written)."""
     folder = Path(folder).resolve()
-    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
+    for name in files:
+        inside(tmp, name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     for name, data in files.items():
         (tmp / name).write_bytes(data)
@@ -133,11 +113,26 @@ def write_folder(folder: str | Path, files: dict[str, bytes]) -> Path:
     return folder
 
 
+def inside(root: Path, name: str) -> Path:
+    """`root / name`, refused (UnsafeNameError) unless it resolves to a path directly inside `root`: the last
+    check on a name read from the store before it becomes a local path."""
+    path = (root / name).resolve()
+    if path.parent != root.resolve():
+        raise UnsafeNameError(f"{name!r} would be written at {path}, outside {root.resolve()}: refused")
+    return path
+
+
 def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
     """Every committed export format of the run into `out_dir/<format>/` (run-local's local copy), each folder
     then named as the format's `local` in the export's summary (metrics/export.json), so the record a script reads
-    says where the copy is, as the console does."""
-    folders = {fmt: write_folder(Path(out_dir) / fmt, read_export(store, fmt)) for fmt in exported_formats(store)}
+    says where the copy is, as the console does. Every format and file name is checked, and every file read and
+    verified, before anything local is touched: a refused name leaves `out_dir` as it was."""
+    out = Path(out_dir).resolve()
+    exports = {fmt: read_export(store, fmt) for fmt in exported_formats(store)}
+    for fmt, files in exports.items():
+        for name in files:
+            inside(inside(out, fmt), name)
+    folders = {fmt: write_folder(out / fmt, files) for fmt, files in exports.items()}
     key = layout.metrics_key("export")
     if folders and store.is_committed(key):
         summary = ExportSummary.model_validate(store.get_json_verified(key))
