@@ -4,17 +4,20 @@ names are what vLLM/SGLang expect; speculators ids are z-lab ids + 1."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from support.shared_runs import copy_run
 
 from flashdraft.components.export.export import read_export, run_export
 from flashdraft.drafter.persistence import build_drafter, load_drafter
 from flashdraft.storage.checkpoint import latest_checkpoint, save_checkpoint
-from flashdraft.storage.store import open_store
+from flashdraft.storage.store import ChecksumError, open_store
 from flashdraft.target.model import load_hf_config
 
 
@@ -127,3 +130,22 @@ def test_draft_vocab_exports_as_vllm_reads_it_and_roundtrips(tiny_cfg, tmp_path)
     outside = torch.ones(model.geometry.vocab_size, dtype=torch.bool)
     outside[ids] = False
     assert torch.isinf(a[:, outside]).all() and torch.isfinite(a[:, ~outside]).all()
+
+
+def test_a_byte_flipped_at_rest_in_the_checkpoint_stops_evaluate_and_export(tiny_evaluated, tmp_path):
+    """The committed checkpoint's weights are read verified: one byte flipped at rest (the file still parses as
+    safetensors, so a plain read loads another drafter) makes evaluate and export refuse, naming the key, and
+    nothing is exported."""
+    from flashdraft.components.evaluate.evaluate import run_evaluate
+
+    cfg, _ = copy_run(tiny_evaluated, tmp_path)
+    store = open_store(cfg.storage, cfg.run_id)
+    key = f"{latest_checkpoint(store)['prefix']}/model.safetensors"
+    path = Path(cfg.storage.root.removeprefix("file://")) / cfg.run_id / key
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01  # inside the last tensor's values
+    path.write_bytes(bytes(data))
+    for stage in (run_evaluate, lambda c: run_export(c, out_dir=tmp_path / "out")):
+        with pytest.raises(ChecksumError, match=rf"checksum mismatch for \S*/{re.escape(key)}: .*corrupt"):
+            stage(cfg)
+    assert not store.list("export/") and not (tmp_path / "out").exists()
