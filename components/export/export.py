@@ -143,7 +143,9 @@ def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
     return folders
 
 
-def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
+def _files_zlab(drafter, dtype: str, mask_pt: bool = False) -> dict[str, bytes]:
+    """The z-lab folder's files; a trained mask embedding in mask_embedding.safetensors, and with `mask_pt`
+    (export.mask_embedding_pt) also in mask_embedding.pt, the pickle vLLM reads it from (never read back here)."""
     g = drafter.config_dict()
     body, mask = split_mask(drafter.weights())
     body = draft_vocab_tensors(body, drafter.head_weight)
@@ -153,9 +155,10 @@ def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
     if mask is not None:
         m = mask.to(DTYPES[dtype]).contiguous()
         files[MASK_ST] = save_bytes({"mask_embedding": m})
-        buf = io.BytesIO()
-        torch.save(m, buf)  # vLLM's optional mask override is a torch file; we never read it back
-        files[MASK_PT] = buf.getvalue()
+        if mask_pt:
+            buf = io.BytesIO()
+            torch.save(m, buf)  # vLLM's optional mask override is a torch file; we never read it back
+            files[MASK_PT] = buf.getvalue()
     return files
 
 
@@ -202,9 +205,11 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     drafter, latest = _exported_drafter(cfg, store)
     if drafter.geometry.trainable_mask:
         log.warning("the drafter's mask embedding is trained (no free row in the target vocabulary): vLLM reads it "
-                    "from mask_embedding.pt, but the z-lab reference code and speculators' DFlash converter embed "
-                    "mask slots with the target's row %d and draft differently; train with an explicit "
-                    "drafter.mask_token_id (a token the chat never produces) for an export every reader shares",
+                    "from mask_embedding.pt (a pickle, %s), but the z-lab reference code and speculators' DFlash "
+                    "converter embed mask slots with the target's row %d and draft differently; train with an "
+                    "explicit drafter.mask_token_id (a token the chat never produces) for an export every reader "
+                    "shares", "written: export.mask_embedding_pt=true" if cfg.export.mask_embedding_pt else
+                    "not written: set export.mask_embedding_pt=true to serve this drafter with vLLM",
                     drafter.geometry.mask_token_id)
     if "speculators" in cfg.export.formats and drafter.geometry.is_dflash2:
         raise ExportError("export.formats: the speculators format is written for DFlash only; a dflash2 drafter "
@@ -212,7 +217,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     formats = {}
     for name in cfg.export.formats:
         if name == "zlab":
-            formats[name] = _files_zlab(drafter, dtype)
+            formats[name] = _files_zlab(drafter, dtype, cfg.export.mask_embedding_pt)
         else:
             archs = list(getattr(resolve_target(cfg).hf_config(), "architectures", None) or [])
             formats[name] = _files_speculators(drafter, dtype, archs)

@@ -63,9 +63,11 @@ def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
             "layers.0.mlp.gate_proj.weight"} <= names
     assert not any("embed" in n or "lm_head" in n or n == "mask_embedding" for n in names)
-    # the tiny target has no free vocabulary row: the trainable mask embedding travels in its own files
+    # the tiny target has no free vocabulary row: the trainable mask embedding travels in its own file, and no
+    # pickle unless asked (export.mask_embedding_pt, for vLLM)
     assert g.trainable_mask
-    assert (folder / "mask_embedding.safetensors").is_file() and (folder / "mask_embedding.pt").is_file()
+    assert (folder / "mask_embedding.safetensors").is_file() and not (folder / "mask_embedding.pt").exists()
+    assert "no mask_embedding.pt (a pickle, off by default)" in (folder / "README.md").read_text()
     # committed to the store too: the same files (a clean folder), committed by one manifest beside it
     store = open_store(tiny_cfg.storage, tiny_cfg.run_id)
     assert store.list("export/zlab/") == sorted(f"export/zlab/{f.name}" for f in folder.iterdir())
@@ -149,3 +151,25 @@ def test_a_byte_flipped_at_rest_in_the_checkpoint_stops_evaluate_and_export(tiny
         with pytest.raises(ChecksumError, match=rf"checksum mismatch for \S*/{re.escape(key)}: .*corrupt"):
             stage(cfg)
     assert not store.list("export/") and not (tmp_path / "out").exists()
+
+
+def test_the_pickle_vllm_reads_a_trained_mask_from_is_written_only_when_asked(tiny_cfg, tmp_path):
+    """By default an export folder holds no pickle, and vllm_spec refuses the folder (vLLM would draft with the
+    placeholder row); with export.mask_embedding_pt the z-lab folder adds mask_embedding.pt (the trained mask,
+    equal to the safetensors copy) and the card says why; the speculators folder never holds one."""
+    from safetensors.torch import load_file
+
+    from flashdraft.components.evaluate.vllm_spec import missing_mask_override
+
+    _checkpointed_drafter(tiny_cfg)
+    run_export(tiny_cfg.with_overrides({"export.formats": ["zlab", "speculators"]}), out_dir=tmp_path / "plain")
+    assert not list((tmp_path / "plain").rglob("*.pt"))
+    assert "re-export with export.mask_embedding_pt=true" in missing_mask_override(str(tmp_path / "plain" / "zlab"))
+    cfg = tiny_cfg.with_overrides({"export.mask_embedding_pt": True, "export.formats": ["zlab", "speculators"]})
+    run_export(cfg, out_dir=tmp_path / "out")
+    folder = tmp_path / "out" / "zlab"
+    mask = torch.load(folder / "mask_embedding.pt", weights_only=True)
+    assert torch.equal(mask, load_file(str(folder / "mask_embedding.safetensors"))["mask_embedding"])
+    assert "vLLM's DFlash loader reads a trained mask only from that file" in (folder / "README.md").read_text()
+    assert missing_mask_override(str(folder)) is None
+    assert not list((tmp_path / "out" / "speculators").glob("*.pt"))
