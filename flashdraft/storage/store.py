@@ -471,6 +471,9 @@ class ObjectStore:
         return self._checked(key, sha256, size, where, lambda: self.get_chunked(key, 0, size) if size else b"")
 
     def _checked(self, key: str, sha256: str, size: int, where: str, read: Callable[[], bytes]) -> bytes:
+        """`read()` until its bytes match (at most 3 re-reads, counted as checksum retries): one place decides
+        what a mismatch is, whichever record holds the expected digest."""
+
         def attempt() -> bytes:
             data = read()
             if len(data) != size or sha256_hex(data) != sha256:
