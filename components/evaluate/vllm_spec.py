@@ -89,6 +89,18 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def missing_mask_override(drafter: str) -> str | None:
+    """Why a z-lab folder would draft wrong in vLLM, or None: a trained mask embedding (config.json's
+    `flashdraft.trainable_mask`) reaches vLLM only through mask_embedding.pt, which export writes only with
+    export.mask_embedding_pt=true (a pickle); without it vLLM drafts mask slots with the placeholder row."""
+    with open(os.path.join(drafter, "config.json")) as f:
+        trained = (json.load(f).get("flashdraft") or {}).get("trainable_mask")
+    if trained and not os.path.exists(os.path.join(drafter, "mask_embedding.pt")):
+        return (f"--drafter {drafter}: the drafter's mask embedding is trained but the folder has no "
+                "mask_embedding.pt, the only file vLLM reads it from: re-export with export.mask_embedding_pt=true")
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
@@ -101,6 +113,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
+    if args.drafter and args.num_speculative_tokens and (problem := missing_mask_override(args.drafter)):
+        ap.error(problem)
     # vLLM and its engine processes log to stdout (even at shutdown): keep stdout for the result alone.
     result_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

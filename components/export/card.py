@@ -21,6 +21,7 @@ from flashdraft.components.plan.rates import decode_weight_bytes
 from flashdraft.components.prep.summary import PrepSummary
 from flashdraft.components.train.summary import TrainSummary
 from flashdraft.config import RunConfig
+from flashdraft.drafter.zlab import MASK_PT, MASK_ST
 from flashdraft.run.provenance import Provenance
 from flashdraft.run.stage import StageSummary
 from flashdraft.storage import layout
@@ -67,7 +68,21 @@ def serve_command(target: str, folder: str, fmt: str, g: dict[str, Any]) -> str:
     return f"vllm serve {target} \\\n  --speculative-config '{spec}' \\\n  --attention-backend flash_attn"
 
 
-def _geometry_rows(g: dict[str, Any], dtype: str) -> list[tuple[str, str]]:
+def _mask_row(g: dict[str, Any], files: dict[str, bytes]) -> str:
+    """Where the mask embedding is, and why a pickle is (or is not) in the folder."""
+    if not g.get("trainable_mask"):
+        return f"the target's embedding of token {g['mask_token_id']}"
+    where = f"trained embedding in {MASK_ST} (row {g['mask_token_id']} is the placeholder it replaces)"
+    if MASK_ST not in files:  # the speculators format carries it in model.safetensors
+        return where.replace(MASK_ST, "model.safetensors (`mask_embedding`)")
+    if MASK_PT in files:
+        return (f"{where}; also in {MASK_PT}, a torch pickle, because vLLM's DFlash loader reads a trained mask only "
+                "from that file (export.mask_embedding_pt=true): load it only from a source you trust")
+    return (f"{where}; no {MASK_PT} (a pickle, off by default): vLLM reads a trained mask only from it, so serve "
+            "this folder with vLLM after re-exporting with export.mask_embedding_pt=true")
+
+
+def _geometry_rows(g: dict[str, Any], dtype: str, files: dict[str, bytes]) -> list[tuple[str, str]]:
     vocab = g["vocab_size"]
     rows = [("kind", g.get("kind", "dflash")),
             ("layers", f"{g['num_layers']} x hidden {g['hidden_size']} (heads {g['num_heads']} x {g['head_dim']}, "
@@ -79,9 +94,7 @@ def _geometry_rows(g: dict[str, Any], dtype: str) -> list[tuple[str, str]]:
             ("draft vocabulary", f"{g['draft_vocab_size']} of {vocab} target tokens (`d2t` and the drafter's own "
                                  f"`lm_head.weight` in model.safetensors)" if g.get("draft_vocab_size")
              else f"the target's {vocab} (embedding and LM head are the target's, not in this folder)"),
-            ("mask", f"trained embedding in mask_embedding.pt (read by vLLM; row {g['mask_token_id']} is the "
-                     "placeholder it replaces)" if g.get("trainable_mask")
-             else f"the target's embedding of token {g['mask_token_id']}"),
+            ("mask", _mask_row(g, files)),
             ("tokenizer", f"the target's ({g.get('target', {}).get('model') or 'see base_model'}); none in this "
                           "folder: the server tokenizes with the target's"),
             ("weights dtype", dtype)]
@@ -230,7 +243,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
              "is lossless: greedy outputs are the target's own.", ""]
     if g.get("kind") == "dflash2":
         lines += ["vLLM serves DFlash2 on its GPU Model Runner V2 only.", ""]
-    lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype)]]), ""]
+    lines += ["## Drafter", "", *_table([["", ""], *[[a, b] for a, b in _geometry_rows(g, dtype, files)]]), ""]
     lines += _recommendation_lines(recs, g["block_size"])
     if parent is not None:
         rev = f", revision `{parent.revision}`" if parent.revision else ""

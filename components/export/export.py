@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 from safetensors.torch import save as save_bytes
 
 from flashdraft.components.export.card import CARD_FILE, render_card
@@ -36,7 +35,15 @@ from flashdraft.drafter.zlab import (
 from flashdraft.run.provenance import current as current_provenance
 from flashdraft.run.target_pin import recorded_pin
 from flashdraft.storage import layout
-from flashdraft.storage.store import ChecksumError, NotCommittedError, ObjectStore, io_counters, open_store, sha256_hex
+from flashdraft.storage.exports import (
+    ExportFile,
+    ExportManifest,
+    UnsafeNameError,
+    read_export_file,
+    read_manifest,
+    safe_name,
+)
+from flashdraft.storage.store import ObjectStore, io_counters, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -47,34 +54,15 @@ class ExportError(RuntimeError):
     """Nothing to export, or an unusable checkpoint; the message says which."""
 
 
-class ExportFile(BaseModel):
-    sha256: str = Field(description="content checksum")
-    size: int = Field(description="bytes")
-
-
-class ExportManifest(BaseModel):
-    """The commit record of one export folder (`export/<format>.manifest.json`)."""
-
-    format: str = Field(description="zlab or speculators")
-    files: dict[str, ExportFile] = Field(description="file name in the folder -> its checksum and size")
-
-
 def exported_formats(store: ObjectStore) -> list[str]:
-    """The formats with a committed export folder."""
+    """The formats with a committed export folder; a listed name that is not one plain folder name (a key
+    `export/...manifest.json` gives `..`) is refused (UnsafeNameError), never used as a local path."""
     out = []
     for key in store.list_committed(layout.EXPORT + "/"):
         fmt = layout.export_format_of(key)
         if fmt is not None:
-            out.append(fmt)
+            out.append(safe_name(fmt, store.url(key)))
     return sorted(out)
-
-
-def read_manifest(store: ObjectStore, fmt: str) -> ExportManifest | None:
-    key = layout.export_manifest_key(fmt)
-    try:
-        return ExportManifest.model_validate(store.get_json_verified(key))
-    except NotCommittedError:
-        return None
 
 
 def commit_export(store: ObjectStore, fmt: str, files: dict[str, bytes]) -> ExportManifest:
@@ -95,32 +83,24 @@ def commit_export(store: ObjectStore, fmt: str, files: dict[str, bytes]) -> Expo
 
 def read_export(store: ObjectStore, fmt: str) -> dict[str, bytes]:
     """Every file of the committed `export/<fmt>/`, each checked against the manifest (re-read up to 3 times on a
-    mismatch, as `ObjectStore.get_verified` does: corruption in flight differs on the next read)."""
+    mismatch, as `ObjectStore.get_verified` does: corruption in flight differs on the next read); the manifest's
+    file names are plain names (`safe_name`)."""
     manifest = read_manifest(store, fmt)
     if manifest is None:
         raise ExportError(f"{store.url(layout.export_manifest_key(fmt))} is not committed: no {fmt} export in this "
                           "run (run `flashdraft export`)")
-    out = {}
-    for name, rec in manifest.files.items():
-        key = layout.export_prefix(fmt) + name
-        for attempt in range(3):
-            data = store.get_chunked(key, 0, rec.size) if rec.size else b""
-            if len(data) == rec.size and sha256_hex(data) == rec.sha256:
-                break
-            if attempt == 2:
-                raise ChecksumError(f"checksum mismatch for {store.url(key)}: expected sha256 {rec.sha256[:12]}… "
-                                    f"size {rec.size} ({store.url(layout.export_manifest_key(fmt))}), got "
-                                    f"{sha256_hex(data)[:12]}… size {len(data)}")
-        out[name] = data
-    return out
+    return {name: read_export_file(store, fmt, name, manifest) for name in manifest.files}
 
 
 def write_folder(folder: str | Path, files: dict[str, bytes]) -> Path:
     """`folder` holding exactly `files`: written beside it, then swapped in, so a reader never sees a mix of two
-    exports and files of an earlier export do not linger."""
+    exports and files of an earlier export do not linger. Every file must land directly in it (checked before
+    anything is written)."""
     folder = Path(folder).resolve()
-    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
+    for name in files:
+        inside(tmp, name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     for name, data in files.items():
         (tmp / name).write_bytes(data)
@@ -134,11 +114,26 @@ def write_folder(folder: str | Path, files: dict[str, bytes]) -> Path:
     return folder
 
 
+def inside(root: Path, name: str) -> Path:
+    """`root / name`, refused (UnsafeNameError) unless it resolves to a path directly inside `root`: the last
+    check on a name read from the store before it becomes a local path."""
+    path = (root / name).resolve()
+    if path.parent != root.resolve():
+        raise UnsafeNameError(f"{name!r} would be written at {path}, outside {root.resolve()}: refused")
+    return path
+
+
 def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
     """Every committed export format of the run into `out_dir/<format>/` (run-local's local copy), each folder
     then named as the format's `local` in the export's summary (metrics/export.json), so the record a script reads
-    says where the copy is, as the console does."""
-    folders = {fmt: write_folder(Path(out_dir) / fmt, read_export(store, fmt)) for fmt in exported_formats(store)}
+    says where the copy is, as the console does. Every format and file name is checked, and every file read and
+    verified, before anything local is touched: a refused name leaves `out_dir` as it was."""
+    out = Path(out_dir).resolve()
+    exports = {fmt: read_export(store, fmt) for fmt in exported_formats(store)}
+    for fmt, files in exports.items():
+        for name in files:
+            inside(inside(out, fmt), name)
+    folders = {fmt: write_folder(out / fmt, files) for fmt, files in exports.items()}
     key = layout.metrics_key("export")
     if folders and store.is_committed(key):
         summary = ExportSummary.model_validate(store.get_json_verified(key))
@@ -149,7 +144,9 @@ def download_export(store: ObjectStore, out_dir: str | Path) -> dict[str, Path]:
     return folders
 
 
-def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
+def _files_zlab(drafter, dtype: str, mask_pt: bool = False) -> dict[str, bytes]:
+    """The z-lab folder's files; a trained mask embedding in mask_embedding.safetensors, and with `mask_pt`
+    (export.mask_embedding_pt) also in mask_embedding.pt, the pickle vLLM reads it from (never read back here)."""
     g = drafter.config_dict()
     body, mask = split_mask(drafter.weights())
     body = draft_vocab_tensors(body, drafter.head_weight)
@@ -159,9 +156,10 @@ def _files_zlab(drafter, dtype: str) -> dict[str, bytes]:
     if mask is not None:
         m = mask.to(DTYPES[dtype]).contiguous()
         files[MASK_ST] = save_bytes({"mask_embedding": m})
-        buf = io.BytesIO()
-        torch.save(m, buf)  # vLLM's optional mask override is a torch file; we never read it back
-        files[MASK_PT] = buf.getvalue()
+        if mask_pt:
+            buf = io.BytesIO()
+            torch.save(m, buf)  # vLLM's optional mask override is a torch file; we never read it back
+            files[MASK_PT] = buf.getvalue()
     return files
 
 
@@ -208,9 +206,11 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     drafter, latest = _exported_drafter(cfg, store)
     if drafter.geometry.trainable_mask:
         log.warning("the drafter's mask embedding is trained (no free row in the target vocabulary): vLLM reads it "
-                    "from mask_embedding.pt, but the z-lab reference code and speculators' DFlash converter embed "
-                    "mask slots with the target's row %d and draft differently; train with an explicit "
-                    "drafter.mask_token_id (a token the chat never produces) for an export every reader shares",
+                    "from mask_embedding.pt (a pickle, %s), but the z-lab reference code and speculators' DFlash "
+                    "converter embed mask slots with the target's row %d and draft differently; train with an "
+                    "explicit drafter.mask_token_id (a token the chat never produces) for an export every reader "
+                    "shares", "written: export.mask_embedding_pt=true" if cfg.export.mask_embedding_pt else
+                    "not written: set export.mask_embedding_pt=true to serve this drafter with vLLM",
                     drafter.geometry.mask_token_id)
     if "speculators" in cfg.export.formats and drafter.geometry.is_dflash2:
         raise ExportError("export.formats: the speculators format is written for DFlash only; a dflash2 drafter "
@@ -218,7 +218,7 @@ def run_export(cfg: RunConfig, *, out_dir: str | Path | None = None) -> ExportSu
     formats = {}
     for name in cfg.export.formats:
         if name == "zlab":
-            formats[name] = _files_zlab(drafter, dtype)
+            formats[name] = _files_zlab(drafter, dtype, cfg.export.mask_embedding_pt)
         else:
             archs = list(getattr(resolve_target(cfg).hf_config(), "architectures", None) or [])
             formats[name] = _files_speculators(drafter, dtype, archs)

@@ -41,13 +41,17 @@ class Export(Stage):
         return export
 
     def tracked_files(self, store: ObjectStore) -> dict[str, bytes]:
-        """Each exported format's model card, for the experiment trackers."""
+        """Each exported format's model card, for the experiment trackers (verified against its manifest)."""
         from flashdraft.components.export.card import CARD_FILE
-        from flashdraft.storage import layout
+        from flashdraft.components.export.export import exported_formats
+        from flashdraft.storage.exports import read_export_file, read_manifest
 
-        cards = [(k, k.removeprefix(f"{layout.EXPORT}/")) for k in store.list(f"{layout.EXPORT}/")
-                 if k.endswith(f"/{CARD_FILE}")]
-        return {f"model-card/{name}": store.get(key) for key, name in cards}
+        cards = {}
+        for fmt in exported_formats(store):
+            manifest = read_manifest(store, fmt)
+            if manifest is not None and CARD_FILE in manifest.files:
+                cards[f"model-card/{fmt}/{CARD_FILE}"] = read_export_file(store, fmt, CARD_FILE, manifest)
+        return cards
 
     def report(self, summary: ExportSummary | None, run: RunView) -> StageReport:
         from flashdraft.components.export.report_section import report

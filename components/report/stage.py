@@ -36,8 +36,8 @@ class Report(Stage):
 
     def tracked_files(self, store: ObjectStore) -> dict[str, bytes]:
         """The rendered report, for the experiment trackers."""
-        return {f"report/{key.rsplit('/', 1)[-1]}": store.get(key) for key in (REPORT_HTML, REPORT_MARKDOWN)
-                if store.exists(key)}
+        return {f"report/{key.rsplit('/', 1)[-1]}": store.get_verified(key) for key in (REPORT_HTML, REPORT_MARKDOWN)
+                if store.is_committed(key)}
 
     def command(self) -> Callable[..., None]:
         from flashdraft.components.report.cli import report

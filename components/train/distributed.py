@@ -5,8 +5,11 @@ Every collective here is a no-op in a single process, so the same trainer code r
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,6 +50,39 @@ def all_reduce(t: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=op)
     return t
+
+
+def from_rank0(compute: Callable[[], Any]) -> Any:
+    """`compute()` run on rank 0 only and its JSON-able result broadcast to every rank, so all ranks work from
+    one answer (the offline part list: ranks that list a store differently would train epochs of different
+    lengths and hang in a collective). An error on rank 0 is raised there as is and on every other rank as
+    RankZeroError with its message, so no rank waits for a broadcast that never comes. Sent as JSON bytes in a
+    tensor (no pickle); without a process group, just `compute()`."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return compute()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    failure: Exception | None = None
+    payload = b""
+    if dist.get_rank() == 0:
+        try:
+            payload = json.dumps({"value": compute()}).encode()
+        except Exception as exc:  # noqa: BLE001 - sent to the other ranks, then raised here
+            failure, payload = exc, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
+    size = torch.tensor([len(payload)], dtype=torch.long, device=device)
+    dist.broadcast(size, 0)
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if payload else \
+        torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, 0)
+    if failure is not None:
+        raise failure
+    message = json.loads(bytes(data.cpu().tolist()))
+    if "error" in message:
+        raise RankZeroError(f"rank 0: {message['error']}")
+    return message["value"]
+
+
+class RankZeroError(RuntimeError):
+    """What rank 0 raised computing a value every rank needed (its type and message)."""
 
 
 def wrap_model(model: torch.nn.Module, training: TrainingConfig, env: DistEnv) -> torch.nn.Module:

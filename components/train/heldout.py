@@ -24,7 +24,6 @@ import torch
 from flashdraft.config import RunConfig
 from flashdraft.drafter.batch import pack
 from flashdraft.drafter.vocab import draft_labels
-from flashdraft.features.manifest import committed_parts
 from flashdraft.features.reader import OfflineReader
 from flashdraft.features.shard import Sample
 
@@ -36,7 +35,7 @@ def select_heldout(reader: OfflineReader, count: int) -> list[tuple[str, int, st
     """(part key, index, sample id) of the `count` held-out samples: the smallest SHA-256 of the sample id."""
     if count <= 0:
         return []
-    keys = committed_parts(reader.store)
+    keys = reader.part_keys()
     items = [(k, i, s.sample_id) for k in keys for i, s in enumerate(reader.header(k).samples)]
     if count >= len(items):
         raise ValueError(f"training.heldout_samples={count} would hold out all {len(items)} extracted samples; "

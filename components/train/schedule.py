@@ -25,15 +25,17 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from flashdraft.components.train.distributed import DistEnv, all_reduce
+from flashdraft.components.train.distributed import DistEnv, all_reduce, from_rank0
 from flashdraft.components.train.heldout import select_heldout
 from flashdraft.config import RunConfig, TrainingConfig
 from flashdraft.drafter.batch import group_sizes, token_budget_groups
+from flashdraft.features.manifest import RecordedPart, recorded_parts
 from flashdraft.features.reader import OfflineReader, StreamReader, open_reader
 from flashdraft.features.shard import Sample
 from flashdraft.run.records import iter_responses
 from flashdraft.storage import layout
 from flashdraft.storage.checkpoint import load_rank_state
+from flashdraft.storage.source import data_store
 from flashdraft.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,13 @@ def response_samples(store: ObjectStore, num_shards: int, rank: int, world_size:
             index += 1
 
 
+def part_list(cfg: RunConfig) -> list[RecordedPart]:
+    """The offline part list: extract's DONE records, checked against the store once, on rank 0, and broadcast,
+    so every rank orders the same parts (a part the store does not hold is refused by name)."""
+    rows = from_rank0(lambda: [p.to_json() for p in recorded_parts(data_store(cfg), cfg.data.num_shards)])
+    return [RecordedPart.from_json(row) for row in rows]
+
+
 def build_schedule(cfg: RunConfig, env: DistEnv) -> DataSchedule:
     """This rank's schedule over the run's feature shards (the reader checks their provenance against `cfg`)."""
     defer = cfg.training.feature_decode == "device" or (cfg.training.feature_decode == "auto"
@@ -226,7 +235,7 @@ def build_schedule(cfg: RunConfig, env: DistEnv) -> DataSchedule:
         store = open_store(cfg.storage, cfg.run_id)
         replies = lambda: response_samples(store, cfg.data.num_shards, env.rank, env.world_size)  # noqa: E731
         return StreamSchedule(reader, cfg.training, stream_total_steps(cfg), replies)
-    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_decode=defer)
+    reader = open_reader(cfg, rank=env.rank, world_size=env.world_size, defer_decode=defer, parts=part_list(cfg))
     try:
         heldout = select_heldout(reader, cfg.training.heldout_samples)
     except ValueError as exc:

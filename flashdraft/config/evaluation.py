@@ -163,6 +163,11 @@ class ExportConfig(Section):
         default_factory=lambda: ["zlab"], min_length=1, description="formats written under export/<format>/: zlab "
         "(vLLM and SGLang's DFlash loader) and speculators (aux layer ids = z-lab ids + 1); "
         "`flashdraft export --speculators` adds speculators")
+    mask_embedding_pt: bool = Field(
+        default=False, description="also write mask_embedding.pt (a torch pickle) into the zlab folder when the "
+        "drafter's mask embedding is trained (a target with no free vocabulary row): vLLM's DFlash loader reads a "
+        "trained mask only from that file. Off by default: loading a pickle can run code, and every other reader "
+        "takes mask_embedding.safetensors (always written); the model card says which the folder holds")
 
     @field_validator("formats")
     @classmethod

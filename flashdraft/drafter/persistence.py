@@ -44,11 +44,13 @@ def load_drafter(source, *, target=None, device: str | torch.device = "cpu", att
                  prefix: str = "") -> DFlashDrafter:
     """Load a drafter folder (local path or an ObjectStore + key prefix) or a z-lab export folder.
 
-    The frozen embedding/LM head come from `target` (a TargetConfig; default: the one recorded in the
-    drafter config)."""
+    From a store, both files are committed bytes read verified against their commit records (a byte flipped at
+    rest is a ChecksumError naming the key, never a different drafter). The frozen embedding/LM head come from
+    `target` (a TargetConfig; default: the one recorded in the drafter config)."""
     if isinstance(source, ObjectStore):
         key = (prefix.rstrip("/") + "/") if prefix else ""
-        config, weights = source.get_json(key + CONFIG_FILE), load_bytes(source.get(key + WEIGHTS_FILE))
+        config = source.get_json_verified(key + CONFIG_FILE)
+        weights = load_bytes(source.get_verified(key + WEIGHTS_FILE))
     else:
         folder = Path(source)
         if (folder / CONFIG_FILE).is_file():

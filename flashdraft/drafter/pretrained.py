@@ -30,6 +30,8 @@ from safetensors.torch import load as load_bytes
 from flashdraft.config.errors import ConfigError
 from flashdraft.drafter.identity import ParentIdentity
 from flashdraft.drafter.zlab import MASK_ST
+from flashdraft.storage.exports import read_export_file, read_manifest
+from flashdraft.storage.layout import EXPORT
 
 ZLAB_CONFIG = "config.json"
 # Drafter settings with no default (None: follow the checkpoint) and where the checkpoint states them.
@@ -90,14 +92,36 @@ def _source_store(uri: str, storage):
 
 
 def _store_reader(uri: str, storage) -> Reader:
+    """Verified reads of the drafter at store `uri`: committed files against their commit records (a checkpoint),
+    the files of a run's `export/<format>/` against the manifest beside it. Bytes nothing vouches for are refused:
+    a byte flipped at rest must stop the run (ChecksumError naming the key), not start it from another drafter."""
     store = _source_store(uri, storage)
+    exported = _export_manifest(store)
 
     def read(name: str) -> bytes | None:
         if store.is_committed(name):
             return store.get_verified(name)
-        return store.get(name) if store.exists(name) else None
+        if exported is not None and name in exported[2].files:
+            run, fmt, manifest = exported
+            return read_export_file(run, fmt, name, manifest)
+        if store.exists(name):
+            raise ConfigError(f"drafter.init_from={uri}: {store.url(name)} has no commit record and no export "
+                              "manifest lists it, so its bytes cannot be verified: name a run's checkpoints/ or "
+                              "export/<format>/, or copy the folder out of the store and name the local folder")
+        return None
 
     return read
+
+
+def _export_manifest(store):
+    """(the run's store, format, manifest) when `store` is a run's `export/<format>/` with a committed manifest."""
+    parent, _, fmt = store.root.rstrip("/").rpartition("/")
+    run, _, folder = parent.rpartition("/")
+    if folder != EXPORT or not run:
+        return None
+    run_store = store.at(run, read_only=True)
+    manifest = read_manifest(run_store, fmt)
+    return None if manifest is None else (run_store, fmt, manifest)
 
 
 def weights_digest(init_from: str, storage=None) -> str:
@@ -122,7 +146,9 @@ def weights_digest(init_from: str, storage=None) -> str:
         record = store.read_commit(WEIGHTS_FILE)
         if record is not None:
             return record.sha256
-        return hashlib.sha256(store.get(WEIGHTS_FILE)).hexdigest() if store.exists(WEIGHTS_FILE) else "missing"
+        exported = _export_manifest(store)
+        listed = exported[2].files.get(WEIGHTS_FILE) if exported is not None else None
+        return listed.sha256 if listed is not None else "missing"
     path = Path(init_from).expanduser() / WEIGHTS_FILE
     return _file_sha256(path) if path.is_file() else "missing"
 

@@ -7,8 +7,9 @@ always `is_causal: false`: vLLM runs a sliding_attention layer causally unless t
 the per-layer window attention.py trains with. A "flashdraft" key records the target and mask-embedding facts for
 our own loader. model.safetensors holds the draft weights, never the embedding nor the full LM head (with a draft
 vocabulary: `d2t` and the drafter's own [K, H] lm_head.weight). A trainable mask embedding adds
-mask_embedding.pt (vLLM's override of the placeholder row mask_token_id) and mask_embedding.safetensors; only
-vLLM reads it, so an explicit drafter.mask_token_id (a fixed row every reader shares) is the portable choice.
+mask_embedding.safetensors and, only with export.mask_embedding_pt (a pickle), mask_embedding.pt: vLLM's override
+of the placeholder row mask_token_id, the one file it reads a trained mask from; only vLLM reads it, so an explicit
+drafter.mask_token_id (a fixed row every reader shares) is the portable choice.
 
 speculators format (`vllm serve <folder>`): speculators_model_type "dflash", aux_hidden_state_layer_ids = z-lab
 ids + 1 (vLLM capture semantics), `sliding_window_non_causal: true`; the z-lab weights plus embed_tokens.weight

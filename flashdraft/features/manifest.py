@@ -14,12 +14,13 @@ Keys (below the run's store root)::
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from importlib import metadata
 
 from flashdraft.config import RunConfig
 from flashdraft.features.codecs import Codec
 from flashdraft.storage import layout
-from flashdraft.storage.store import CommitRecord, ObjectStore
+from flashdraft.storage.store import CommitRecord, NotCommittedError, ObjectStore, StoreError
 from flashdraft.target.model import resolve_target, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,67 @@ def part_stats(rec: CommitRecord) -> dict:
 def committed_parts(store: ObjectStore) -> list[str]:
     """Keys of every committed feature shard, in (generation shard, part) order."""
     return [k for k in store.list_committed(f"{layout.FEATURES}/") if k.endswith(layout.FEATURE_PART_SUFFIX)]
+
+
+class PartListError(StoreError):
+    """The feature parts extract recorded are not what the store holds (a shard not done, a part missing from
+    the store or its listing, a part re-committed since it was recorded); the message names the part."""
+
+
+@dataclass(frozen=True)
+class RecordedPart:
+    """One feature part as its shard's DONE record lists it: what offline training reads, and the bytes it must
+    find there."""
+
+    key: str
+    sha256: str
+    size: int
+    record: str  # the DONE record listing it
+
+    def to_json(self) -> list:
+        return [self.key, self.sha256, self.size, self.record]
+
+    @classmethod
+    def from_json(cls, row: list) -> RecordedPart:
+        return cls(str(row[0]), str(row[1]), int(row[2]), str(row[3]))
+
+
+def recorded_parts(store: ObjectStore, num_shards: int) -> list[RecordedPart]:
+    """Every part of shards 0..num_shards-1 in (shard, part) order, from the shards' DONE records read verified,
+    each required in the store's listing of committed parts: a part a listing misses (an eventually consistent
+    store, a source partly cleared) is refused by name, never silently left out of training. Each reader then
+    checks the part's commit record against the recorded sha256 before reading it (`parts.PartFetcher`)."""
+    parts: list[RecordedPart] = []
+    for shard in range(num_shards):
+        done = layout.features_done_key(shard)
+        try:
+            record = store.get_json_verified(done)
+        except NotCommittedError:
+            raise PartListError(f"{store.url(done)} is not committed: extraction of shard {shard} has not finished "
+                                "(run extract for it first)") from None
+        parts += [RecordedPart(p["key"], p["sha256"], int(p["bytes"]), done) for p in record.get("parts") or []]
+    listed = set(committed_parts(store))
+    missing = [p for p in parts if p.key not in listed]
+    if missing:
+        raise PartListError(f"{store.url(missing[0].key)} is recorded in {store.url(missing[0].record)} but the store "
+                            f"does not list it as committed ({len(missing)} of {len(parts)} recorded parts missing): "
+                            "training would silently skip it; restore it, or recompute the features "
+                            "(run-local --from extract)")
+    return parts
+
+
+def check_unchanged(store: ObjectStore, part: RecordedPart) -> None:
+    """Refuse `part` when the store no longer holds the bytes its DONE record lists (deleted, or re-committed
+    with other bytes: its header and samples may differ from those the epoch order was computed from)."""
+    now = store.read_commit(part.key)
+    if now is None:
+        raise PartListError(f"{store.url(part.key)} is recorded in {store.url(part.record)} but is no longer "
+                            "committed in the store: restore it, or recompute the features (run-local --from extract)")
+    if now.sha256 != part.sha256 or now.size != part.size:
+        raise PartListError(f"{store.url(part.key)} was re-committed since {store.url(part.record)} recorded it "
+                            f"(sha256 {part.sha256[:12]}… recorded, {now.sha256[:12]}… now): refusing to read it with "
+                            "a stale header or order; restart training on the settled features (run-local --from "
+                            "train)")
 
 
 def build_manifest(store: ObjectStore) -> dict:

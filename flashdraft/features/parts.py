@@ -22,17 +22,18 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from flashdraft.features.manifest import check_provenance
+from flashdraft.features.manifest import RecordedPart, check_provenance, check_unchanged
 from flashdraft.features.shard import (
     HEADER_PROBE,
     Sample,
+    ShardFormatError,
     ShardHeader,
     decode_sample,
     header_length,
     parse_header,
     sample_range,
 )
-from flashdraft.storage.store import ObjectStore
+from flashdraft.storage.store import ChecksumError, ObjectStore
 
 PART_CACHE_BYTES = 4 * 2**30  # whole parts one reader may hold at once (see PartCache)
 
@@ -84,8 +85,8 @@ class PartCache:
     would take the cache past `budget_bytes` (while it holds anything) is served by per-sample range GETs instead,
     for all of its samples. Qwen3.6-27B parts are ~512 MB, so the cap is what keeps one rank's memory bounded."""
 
-    def __init__(self, store: ObjectStore, budget_bytes: int):
-        self.store, self.budget = store, budget_bytes
+    def __init__(self, store: ObjectStore, budget_bytes: int, recorded: dict[str, RecordedPart] | None = None):
+        self.store, self.budget, self.recorded = store, budget_bytes, recorded or {}
         self.lock = threading.Lock()
         self.slots: dict[str, _Slot] = {}
         self.held = 0
@@ -112,7 +113,9 @@ class PartCache:
                 return None
         with slot.lock:
             if slot.data is None:
-                slot.data = self.store.get_verified(key)
+                part = self.recorded.get(key)
+                slot.data = self.store.get_verified(key) if part is None else \
+                    self.store.get_expected(key, part.sha256, part.size, part.record)
             return slot.data
 
     def used(self, key: str) -> None:
@@ -129,16 +132,20 @@ class PartFetcher:
 
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None = None, prefetch: int = 8,
                  threads: int = 4, whole_parts: bool | None = None, part_cache_bytes: int = PART_CACHE_BYTES,
-                 defer_decode: bool = False):
+                 defer_decode: bool = False, recorded: list[RecordedPart] | None = None):
         self.store, self.expected = store, expected_provenance
+        # parts as extract's DONE records list them (offline training): each checked against its record
+        self.recorded = {p.key: p for p in recorded or []}
         self.defer_decode = defer_decode  # leave device-decodable features encoded (shard.EncodedFeatures)
         self.prefetch, self.threads = prefetch, threads
         self.whole_parts = whole_parts
-        self.cache = PartCache(store, part_cache_bytes) if whole_parts is not False else None
+        self.cache = PartCache(store, part_cache_bytes, self.recorded) if whole_parts is not False else None
         self._headers: dict[str, ShardHeader] = {}
 
     def header(self, key: str) -> ShardHeader:
         if key not in self._headers:
+            if key in self.recorded:  # its commit record still carries the recorded bytes: the header is theirs
+                check_unchanged(self.store, self.recorded[key])
             h = read_header(self.store, key)
             if self.expected is not None:
                 check_provenance(self.expected, h.provenance, self.store.url(key))
@@ -160,6 +167,14 @@ class PartFetcher:
             self.cache.plan(item.key for item in items)
 
     def fetch(self, key: str, index: int) -> Sample:
+        try:
+            return self._fetch(key, index)
+        except (ShardFormatError, ChecksumError):
+            if key in self.recorded:  # a part re-committed since its header was read: say so, not "corrupt"
+                check_unchanged(self.store, self.recorded[key])
+            raise
+
+    def _fetch(self, key: str, index: int) -> Sample:
         header = self.header(key)
         start, end = sample_range(header, index)
         if self.cache is None or not self.cache.planned(key):  # range read (also a direct, unplanned fetch)

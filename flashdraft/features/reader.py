@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from flashdraft.config import RunConfig
-from flashdraft.features.manifest import committed_parts, expected_provenance
+from flashdraft.features.manifest import RecordedPart, committed_parts, expected_provenance, recorded_parts
 from flashdraft.features.parts import PART_CACHE_BYTES, Drain, Event, Fetch, PartEnd, PartFetcher
 from flashdraft.features.shard import Sample, ShardHeader
 from flashdraft.features.window import WindowConsumer, WindowTimeout
@@ -61,7 +61,7 @@ class _Reader(torch.utils.data.IterableDataset):
 
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None, seed: int, shuffle: bool,
                  rank: int, world_size: int, even: bool, prefetch: int, threads: int, whole_parts: bool | None,
-                 part_cache_bytes: int, defer_decode: bool):
+                 part_cache_bytes: int, defer_decode: bool, recorded: list[RecordedPart] | None = None):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
@@ -69,7 +69,7 @@ class _Reader(torch.utils.data.IterableDataset):
         self.rank, self.world_size, self.even = rank, world_size, even
         self.parts = PartFetcher(store, expected_provenance=expected_provenance, prefetch=prefetch,
                                  threads=threads, whole_parts=whole_parts, part_cache_bytes=part_cache_bytes,
-                                 defer_decode=defer_decode)
+                                 defer_decode=defer_decode, recorded=recorded)
         self._consumed = 0  # samples this worker yielded in the current epoch (or stream)
 
     def header(self, key: str) -> ShardHeader:
@@ -107,20 +107,31 @@ class _Reader(torch.utils.data.IterableDataset):
 
 
 class OfflineReader(_Reader):
-    """Epochs over every committed part. Yields `Sample(sample_id, input_ids int64 [T], loss_mask bool [T],
-    features bf16 [T, n*H])`."""
+    """Epochs over the committed parts. Yields `Sample(sample_id, input_ids int64 [T], loss_mask bool [T],
+    features bf16 [T, n*H])`.
+
+    `parts`: the parts, in order, as extract's DONE records list them (`manifest.recorded_parts`; training passes
+    them, computed once on rank 0 and broadcast, so every rank orders the same list): each is checked against its
+    record before its header is read. Without them (tools, tests) the store's listing of committed parts."""
 
     def __init__(self, store: ObjectStore, *, expected_provenance: dict | None = None, seed: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 256, rank: int = 0, world_size: int = 1,
                  even: bool = True, prefetch: int = 8, threads: int = 4, whole_parts: bool | None = None,
-                 part_cache_bytes: int = PART_CACHE_BYTES, defer_decode: bool = False):
+                 part_cache_bytes: int = PART_CACHE_BYTES, defer_decode: bool = False,
+                 parts: list[RecordedPart] | None = None):
         super().__init__(store, expected_provenance=expected_provenance, seed=seed, shuffle=shuffle, rank=rank,
                          world_size=world_size, even=even, prefetch=prefetch, threads=threads,
-                         whole_parts=whole_parts, part_cache_bytes=part_cache_bytes, defer_decode=defer_decode)
+                         whole_parts=whole_parts, part_cache_bytes=part_cache_bytes, defer_decode=defer_decode,
+                         recorded=parts)
+        self.recorded = parts
         self.buffer = shuffle_buffer
         self.epoch = 0
         self._resume_from = 0
         self.exclude: frozenset[str] = frozenset()  # sample ids never yielded (the trainer's held-out samples)
+
+    def part_keys(self) -> list[str]:
+        """The parts every epoch reads, in (generation shard, part) order."""
+        return [p.key for p in self.recorded] if self.recorded is not None else committed_parts(self.store)
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "consumed": self._consumed}
@@ -133,7 +144,7 @@ class OfflineReader(_Reader):
 
     def epoch_order(self, epoch: int | None = None) -> list[tuple[str, int]]:
         """The full (part key, sample index) order of an epoch, before the split across workers."""
-        keys = committed_parts(self.store)
+        keys = self.part_keys()
         self.parts.headers(keys)
         rng = random.Random(f"{self.seed}:{self.epoch if epoch is None else epoch}")
         if self.shuffle:
@@ -297,16 +308,19 @@ class StreamReader(_Reader):
 
 
 def open_reader(cfg: RunConfig, *, rank: int = 0, world_size: int = 1, follow: bool | None = None,
-                defer_release: bool = False, **kwargs) -> OfflineReader | StreamReader:
+                defer_release: bool = False, parts: list[RecordedPart] | None = None,
+                **kwargs) -> OfflineReader | StreamReader:
     """The reader a trainer uses: the run's data store (a `data.features_from` source's), provenance checked
     against `cfg`, streaming per `cfg.mode` (`defer_release`: streaming parts are released by `release_through`,
-    after the checkpoint covering them; `defer_decode` in kwargs: see the module docstring)."""
+    after the checkpoint covering them; `defer_decode` in kwargs: see the module docstring). Offline, `parts` is
+    the part list (default: `recorded_parts` of the data store, read here)."""
     store = data_store(cfg)
     streaming = cfg.mode.kind == "streaming" if follow is None else follow
     kwargs.setdefault("seed", cfg.training.seed)
     common = dict(expected_provenance=expected_provenance(cfg), rank=rank, world_size=world_size)
     if not streaming:
-        return OfflineReader(store, **common, **kwargs)
+        parts = recorded_parts(store, cfg.data.num_shards) if parts is None else parts
+        return OfflineReader(store, **common, parts=parts, **kwargs)
     kwargs.setdefault("reuse", cfg.mode.reuse)
     kwargs.setdefault("window", WindowConsumer(store, workers=world_size, worker=rank, mode=cfg.mode))
     return StreamReader(store, **common, defer_release=defer_release, **kwargs)

@@ -504,16 +504,30 @@ class ObjectStore:
         record = self.read_commit(key)
         if record is None:
             raise NotCommittedError(f"{self.url(key)} is not committed (missing or a partial write)")
+        if record.inline is not None:
+            return self._checked(key, record.sha256, record.size, "", lambda: record.inline)
+        return self.get_expected(key, record.sha256, record.size)
 
-        def read() -> bytes:
-            data = record.inline if record.inline is not None else self.get_chunked(key, 0, record.size)
-            if len(data) != record.size or sha256_hex(data) != record.sha256:
+    def get_expected(self, key: str, sha256: str, size: int, recorded_in: str | None = None) -> bytes:
+        """The bytes of `key`, checked against a sha256 and size recorded for them: by its own commit record, or
+        (`recorded_in`, a key of this store) by another record that lists it (an export folder's manifest, a
+        shard's DONE record). Re-read on a mismatch as `get_verified` is, then ChecksumError naming both keys."""
+        where = f" ({self.url(recorded_in)})" if recorded_in else ""
+        return self._checked(key, sha256, size, where, lambda: self.get_chunked(key, 0, size) if size else b"")
+
+    def _checked(self, key: str, sha256: str, size: int, where: str, read: Callable[[], bytes]) -> bytes:
+        """`read()` until its bytes match (at most 3 re-reads, counted as checksum retries): one place decides
+        what a mismatch is, whichever record holds the expected digest."""
+
+        def attempt() -> bytes:
+            data = read()
+            if len(data) != size or sha256_hex(data) != sha256:
                 raise ChecksumError(
-                    f"checksum mismatch for {self.url(key)}: expected sha256 {record.sha256[:12]}… size "
-                    f"{record.size}, got {sha256_hex(data)[:12]}… size {len(data)}")
+                    f"checksum mismatch for {self.url(key)}: expected sha256 {sha256[:12]}… size {size}{where}, "
+                    f"got {sha256_hex(data)[:12]}… size {len(data)}")
             return data
 
-        return self._retry("get_verified", key, read, retries=min(self.retries, 3))
+        return self._retry("get_verified", key, attempt, retries=min(self.retries, 3))
 
     def get_json_verified(self, key: str) -> Any:
         return json.loads(self.get_verified(key))

@@ -4,17 +4,20 @@ names are what vLLM/SGLang expect; speculators ids are z-lab ids + 1."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from support.shared_runs import copy_run
 
 from flashdraft.components.export.export import read_export, run_export
 from flashdraft.drafter.persistence import build_drafter, load_drafter
 from flashdraft.storage.checkpoint import latest_checkpoint, save_checkpoint
-from flashdraft.storage.store import open_store
+from flashdraft.storage.store import ChecksumError, open_store
 from flashdraft.target.model import load_hf_config
 
 
@@ -60,9 +63,11 @@ def test_zlab_export_roundtrip_identical_logits(tiny_cfg, tmp_path):
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
             "layers.0.mlp.gate_proj.weight"} <= names
     assert not any("embed" in n or "lm_head" in n or n == "mask_embedding" for n in names)
-    # the tiny target has no free vocabulary row: the trainable mask embedding travels in its own files
+    # the tiny target has no free vocabulary row: the trainable mask embedding travels in its own file, and no
+    # pickle unless asked (export.mask_embedding_pt, for vLLM)
     assert g.trainable_mask
-    assert (folder / "mask_embedding.safetensors").is_file() and (folder / "mask_embedding.pt").is_file()
+    assert (folder / "mask_embedding.safetensors").is_file() and not (folder / "mask_embedding.pt").exists()
+    assert "no mask_embedding.pt (a pickle, off by default)" in (folder / "README.md").read_text()
     # committed to the store too: the same files (a clean folder), committed by one manifest beside it
     store = open_store(tiny_cfg.storage, tiny_cfg.run_id)
     assert store.list("export/zlab/") == sorted(f"export/zlab/{f.name}" for f in folder.iterdir())
@@ -127,3 +132,44 @@ def test_draft_vocab_exports_as_vllm_reads_it_and_roundtrips(tiny_cfg, tmp_path)
     outside = torch.ones(model.geometry.vocab_size, dtype=torch.bool)
     outside[ids] = False
     assert torch.isinf(a[:, outside]).all() and torch.isfinite(a[:, ~outside]).all()
+
+
+def test_a_byte_flipped_at_rest_in_the_checkpoint_stops_evaluate_and_export(tiny_evaluated, tmp_path):
+    """The committed checkpoint's weights are read verified: one byte flipped at rest (the file still parses as
+    safetensors, so a plain read loads another drafter) makes evaluate and export refuse, naming the key, and
+    nothing is exported."""
+    from flashdraft.components.evaluate.evaluate import run_evaluate
+
+    cfg, _ = copy_run(tiny_evaluated, tmp_path)
+    store = open_store(cfg.storage, cfg.run_id)
+    key = f"{latest_checkpoint(store)['prefix']}/model.safetensors"
+    path = Path(cfg.storage.root.removeprefix("file://")) / cfg.run_id / key
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01  # inside the last tensor's values
+    path.write_bytes(bytes(data))
+    for stage in (run_evaluate, lambda c: run_export(c, out_dir=tmp_path / "out")):
+        with pytest.raises(ChecksumError, match=rf"checksum mismatch for \S*/{re.escape(key)}: .*corrupt"):
+            stage(cfg)
+    assert not store.list("export/") and not (tmp_path / "out").exists()
+
+
+def test_the_pickle_vllm_reads_a_trained_mask_from_is_written_only_when_asked(tiny_cfg, tmp_path):
+    """By default an export folder holds no pickle, and vllm_spec refuses the folder (vLLM would draft with the
+    placeholder row); with export.mask_embedding_pt the z-lab folder adds mask_embedding.pt (the trained mask,
+    equal to the safetensors copy) and the card says why; the speculators folder never holds one."""
+    from safetensors.torch import load_file
+
+    from flashdraft.components.evaluate.vllm_spec import missing_mask_override
+
+    _checkpointed_drafter(tiny_cfg)
+    run_export(tiny_cfg.with_overrides({"export.formats": ["zlab", "speculators"]}), out_dir=tmp_path / "plain")
+    assert not list((tmp_path / "plain").rglob("*.pt"))
+    assert "re-export with export.mask_embedding_pt=true" in missing_mask_override(str(tmp_path / "plain" / "zlab"))
+    cfg = tiny_cfg.with_overrides({"export.mask_embedding_pt": True, "export.formats": ["zlab", "speculators"]})
+    run_export(cfg, out_dir=tmp_path / "out")
+    folder = tmp_path / "out" / "zlab"
+    mask = torch.load(folder / "mask_embedding.pt", weights_only=True)
+    assert torch.equal(mask, load_file(str(folder / "mask_embedding.safetensors"))["mask_embedding"])
+    assert "vLLM's DFlash loader reads a trained mask only from that file" in (folder / "README.md").read_text()
+    assert missing_mask_override(str(folder)) is None
+    assert not list((tmp_path / "out" / "speculators").glob("*.pt"))

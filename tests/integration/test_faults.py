@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -238,6 +239,54 @@ def test_a_store_down_past_the_retry_budget_fails_the_stage_clearly_and_commits_
     got = {k: sha(store.get_verified(k)) for k in committed_parts(store)}
     assert got == {k: v for k, v in ref.items() if k.endswith(".fds")}
     figures("store down past the retry budget", injected=proxy.injected(), mismatches=0, error=message[:160])
+
+
+# A stage in its own interpreter, as a pipeline runs it; prints its summary (store_io included) as the last line.
+_STAGE_PROCESS = ("import importlib, sys; from flashdraft.config import RunConfig; stage = sys.argv[1]; "
+                  "run = getattr(importlib.import_module(f'flashdraft.components.{stage}.{stage}'), f'run_{stage}'); "
+                  "print(run(RunConfig.model_validate_json(sys.argv[2])).model_dump_json())")
+DECODED = ("tau", "cycles", "accepted", "tokens", "acceptance_per_position")  # evaluate's figures free of timings
+
+
+def stage_process(stage: str, cfg: RunConfig) -> dict:
+    done = subprocess.run([sys.executable, "-c", _STAGE_PROCESS, stage, cfg.model_dump_json()],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{stage} exited {done.returncode}: {done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_evaluate_and_export_each_verify_the_checkpoint_they_read_when_every_process_gets_corrupt_bytes(
+        clean_runs, s3_server, monkeypatch):
+    """The proxy corrupts the first whole read of every data object in each client process, and evaluate and
+    export run as separate processes (as in a pipeline), so each reads the committed checkpoint corrupted once:
+    evaluate measures the drafter a clean read measures, export ships the clean run's files, each after
+    re-reading (a plain read would have loaded another drafter, and the export manifest would bless it)."""
+    from flashdraft.components.evaluate.evaluate import run_evaluate
+
+    _aws(monkeypatch)
+    ref_cfg, ref = clean_runs["offline"]
+    fixed = {"eval.num_draft_tokens": 3}  # the timed choice of k would make tau differ between two evaluations
+    proxy = S3FaultProxy(s3_server, FaultPlan(seed=3, corrupt=1.0, corrupt_per_process=True))
+    try:
+        cfg, clean = (make_cfg(endpoint, name, **fixed) for endpoint, name in
+                      ((proxy.endpoint, "per-process"), (s3_server, "per-process-clean")))
+        for run in (cfg, clean):  # everything up to a trained drafter, byte for byte
+            seed_from(direct(ref_cfg, s3_server), direct(run, s3_server),
+                      prefixes=(layout.PROMPTS, layout.RESPONSES, layout.FEATURES, layout.CHECKPOINTS))
+        evaluated, exported = stage_process("evaluate", cfg), stage_process("export", cfg)
+    finally:
+        proxy.close()
+    weights = f"{direct(cfg, s3_server).get_json_verified(layout.CHECKPOINT_LATEST)['prefix']}/model.safetensors"
+    readers = {pid for pid, path in proxy.corrupted if path.endswith(weights)}
+    want = run_evaluate(clean)
+    got_export = {f"{layout.export_prefix(fmt)}{n}": sha(d) for fmt in exported_formats(direct(cfg, s3_server))
+                  for n, d in read_export(direct(cfg, s3_server), fmt).items() if n != CARD_FILE}
+    figures("corrupt first read per process", injected=proxy.injected(), weight_readers=len(readers),
+            checksum_retries=[s["store_io"].get("retries_checksum", 0) for s in (evaluated, exported)])
+    assert len(readers) == 2, f"evaluate and export each got the weights corrupted once: {proxy.corrupted}"
+    assert all(s["store_io"].get("retries_checksum", 0) >= 1 for s in (evaluated, exported))
+    assert {k: evaluated["drafter"][k] for k in DECODED} == {k: getattr(want.drafter, k) for k in DECODED}
+    assert got_export == {k: v for k, v in ref.items() if k.startswith(f"{layout.EXPORT}/")}
 
 
 WRITES = ("PUT", "POST", "DELETE")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from flashdraft.features.manifest import codec_from_config, expected_provenance
+from flashdraft.features.manifest import codec_from_config, expected_provenance, part_stats
 from flashdraft.features.shard import build_shard, encode_sample
 from flashdraft.run.records import RESPONSE_SCHEMA, rows_to_table, table_to_parquet_bytes
-from flashdraft.storage.layout import feature_part_key
+from flashdraft.storage.layout import feature_part_key, features_done_key
 from flashdraft.storage.store import ObjectStore, open_store
 
 _PROVENANCE: dict[str, dict] = {}
@@ -38,13 +38,17 @@ def part_bytes(cfg, shard: int, part: int, n: int, hidden: int | None = None) ->
 
 
 def commit_parts(store: ObjectStore, cfg, layout: dict[int, list[int]]) -> list[str]:
-    """layout: generation shard -> samples per part. Returns the committed keys."""
+    """layout: generation shard -> samples per part. Commits the parts, then each shard's DONE record listing
+    them as extract does (what offline training reads its part list from). Returns the committed keys."""
     keys = []
     for shard, counts in layout.items():
+        parts = []
         for part, n in enumerate(counts):
             data, meta = part_bytes(cfg, shard, part, n)
-            store.commit(feature_part_key(shard, part), data, meta)
+            record = store.commit(feature_part_key(shard, part), data, meta)
             keys.append(feature_part_key(shard, part))
+            parts.append({"key": keys[-1], **part_stats(record)})
+        store.commit_json(features_done_key(shard), {"shard": shard, "parts": parts})
     return keys
 
 

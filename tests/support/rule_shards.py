@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from flashdraft.features.manifest import codec_from_config, make_provenance
+from flashdraft.features.manifest import codec_from_config, make_provenance, part_stats
 from flashdraft.features.shard import Sample, build_shard, encode_sample
 from flashdraft.storage import layout
 from flashdraft.storage.store import open_store
@@ -54,12 +54,17 @@ def write_shards(cfg, seqs, parts: int = 2) -> None:
     feats = target_features(cfg, seqs)
     store = open_store(cfg.storage, cfg.run_id)
     per = -(-len(seqs) // parts)
+    recorded = []
     for p in range(parts):
         rows = [(sid, len(t), encode_sample(codec, t, m, f))
                 for (sid, t, m), f in zip(seqs[p * per:(p + 1) * per], feats[p * per:(p + 1) * per], strict=True)]
         data = build_shard(codec, ids, hf.hidden_size, prov, rows)
-        store.commit(layout.feature_part_key(0, p), data, {"samples": len(rows), "tokens": sum(r[1] for r in rows),
-                                            "provenance": prov})
+        record = store.commit(layout.feature_part_key(0, p), data, {"samples": len(rows),
+                                                                    "tokens": sum(r[1] for r in rows),
+                                                                    "provenance": prov})
+        recorded.append({"key": layout.feature_part_key(0, p), **part_stats(record)})
+    for shard in range(cfg.data.num_shards):  # the DONE records, as extraction commits them (all parts in shard 0)
+        store.commit_json(layout.features_done_key(shard), {"shard": shard, "parts": recorded if shard == 0 else []})
 
 
 def as_samples(cfg, seqs) -> list[Sample]:

@@ -4,7 +4,9 @@ tests start (rclone serve s3) and misbehaves the way production object stores do
 Per request, with seeded probabilities: 503 SlowDown (not forwarded, like S3 throttling), 500 InternalError (not
 forwarded), a connection reset after part of the response body (forwarded first: the server applied a PUT the
 client never hears about), added latency, and a byte flipped in the body of a whole-object GET of a data object
-(bytes corrupted in flight, which only a checksum catches). `outage(seconds)` (or `outage_after`) takes the whole
+(bytes corrupted in flight, which only a checksum catches): the first such read of a key in the run, or with
+`FaultPlan.corrupt_per_process` the first in each client process (a pipeline's stages are processes: each must
+verify what it reads, not only the first stage to read a key). `outage(seconds)` (or `outage_after`) takes the whole
 store down: every connection is reset until it ends. Everything is counted in `counts`. `intercept(hook)` lets a
 test act at an exact point of a client's request stream (the kill loops SIGKILL the client at its n-th write).
 
@@ -50,6 +52,7 @@ class FaultPlan:
     latency: float = 0.0
     latency_s: float = 0.05
     corrupt_suffixes: tuple[str, ...] = (".fds", ".safetensors", ".parquet")
+    corrupt_per_process: bool = False  # "first read" per client process (found by its connection), not per run
 
     @classmethod
     def mixed(cls, seed: int, rate: float) -> FaultPlan:
@@ -67,6 +70,8 @@ class S3FaultProxy:
         self.log: list[tuple[str, str, str]] = []  # (method, path, fault) of every injected fault
         self._outage_when: tuple[Callable[[str, str], bool], float | None] | None = None
         self._seen: Counter = Counter()
+        self._read_by: set[tuple[int | None, str]] = set()  # (client pid, request) already served once
+        self.corrupted: list[tuple[int | None, str]] = []  # (client pid, path) of every corrupted read
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._hook: Callable[[str, str, str], bool] | None = None
@@ -107,7 +112,7 @@ class S3FaultProxy:
 
     def set_plan(self, plan: FaultPlan) -> None:
         with self._lock:
-            self.plan, self._seen = plan, Counter()
+            self.plan, self._seen, self._read_by = plan, Counter(), set()
 
     def close(self) -> None:
         self._server.shutdown()
@@ -118,7 +123,17 @@ class S3FaultProxy:
         return dict(self.counts)
 
     # -- decisions --------------------------------------------------------------------------------------------
-    def _decide(self, method: str, path: str, rng_key: str) -> str | None:
+    def client_pid(self, port: int) -> int | None:
+        """The pid of the local process whose TCP connection to this proxy comes from `port` (psutil)."""
+        import psutil
+
+        mine = self._server.server_address[1]
+        for c in psutil.net_connections(kind="tcp4"):
+            if c.laddr and c.laddr.port == port and c.raddr and c.raddr.port == mine:
+                return c.pid
+        return None
+
+    def _decide(self, method: str, path: str, rng_key: str, pid: int | None = None) -> str | None:
         with self._lock:
             self.counts["requests"] += 1
             if self._outage_when is not None and self._outage_when[0](method, path):
@@ -133,6 +148,10 @@ class S3FaultProxy:
             n = self._seen[rng_key]
             self._seen[rng_key] += 1
             plan = self.plan
+            first = n == 0
+            if plan.corrupt_per_process:
+                first = (pid, rng_key) not in self._read_by
+                self._read_by.add((pid, rng_key))
         rng = random.Random(hashlib.sha256(f"{plan.seed}|{rng_key}|{n}".encode()).digest())
         x = rng.random()
         for kind in ("slowdown", "error500", "reset", "latency"):
@@ -143,7 +162,7 @@ class S3FaultProxy:
         # Corruption is drawn separately, over the requests it can hit: there are few of them (whole-object reads
         # of data objects), and a rate over all requests would rarely reach one.
         # Only first reads: in-flight corruption is transient, the re-read comes back clean.
-        if (n == 0 and method == "GET" and path.split("?")[0].endswith(plan.corrupt_suffixes)
+        if (first and method == "GET" and path.split("?")[0].endswith(plan.corrupt_suffixes)
                 and rng.random() < plan.corrupt):
             return "corrupt"
         return None
@@ -159,6 +178,7 @@ class S3FaultProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             upstream: http.client.HTTPConnection | None = None
+            pid: int | None = None  # the client process, looked up once per connection (corrupt_per_process)
 
             def log_message(self, *args) -> None:  # quiet
                 pass
@@ -235,7 +255,9 @@ class S3FaultProxy:
                     self._reset()
                     return
                 rng_key = f"{method} {path} {self.headers.get('Range', '')}"
-                fault = proxy._decide(method, path, rng_key)
+                if proxy.plan.corrupt_per_process and self.pid is None:
+                    self.pid = proxy.client_pid(self.client_address[1])
+                fault = proxy._decide(method, path, rng_key, self.pid)
                 if fault == "outage":
                     self._reset()
                     return
@@ -267,6 +289,7 @@ class S3FaultProxy:
                 if fault == "corrupt":
                     if status in (200, 206) and data and _covers_whole(dict(headers)):
                         proxy._record(method, path, fault)
+                        proxy.corrupted.append((self.pid, path.split("?")[0]))
                         i = int.from_bytes(hashlib.sha256(data).digest()[:4], "big") % len(data)
                         data = data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1:]
                 self._send(status, reason, headers, data)

@@ -176,3 +176,28 @@ def test_a_dflash_checkpoint_starts_a_dflash2_drafter(source, tmp_path):
     save_drafter(loaded, dflash2)
     with pytest.raises(ConfigError, match=r"drafter\.kind=\"dflash\" contradicts .*: set drafter.kind: dflash2"):
         _pretrained(cfg, str(dflash2))
+
+
+@pytest.mark.parametrize("where", ["checkpoints", "store-export", "unrecorded"])
+def test_a_store_drafter_is_read_verified_or_refused(source, tmp_path, where):
+    """drafter.init_from=<store URI> reads committed bytes verified (a checkpoint against its commit records, a
+    run's export/<format>/ against its manifest): a byte flipped at rest stops the run naming the key; a store
+    folder whose files nothing vouches for is refused rather than read as is."""
+    from flashdraft.storage.store import ChecksumError
+
+    cfg, _ = source
+    store = open_store(cfg.storage, cfg.run_id)
+    folder = {"checkpoints": "checkpoints/step-00000007", "store-export": "export/zlab",
+              "unrecorded": "copied/zlab"}[where]
+    if where == "unrecorded":  # an export copied within the store by hand: no record travels with it
+        for name, data in ((k.rsplit("/", 1)[-1], store.get(k)) for k in store.list("export/zlab/")):
+            store.put(f"{folder}/{name}", data)
+    path = tmp_path / "runs" / cfg.run_id / folder / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    init_from = store.url("checkpoints/" if where == "checkpoints" else folder)
+    error, match = ((ConfigError, "has no commit record and no export manifest lists it") if where == "unrecorded"
+                    else (ChecksumError, rf"checksum mismatch for \S*{folder}/model.safetensors"))
+    with pytest.raises(error, match=match):
+        _pretrained(cfg, init_from)

@@ -184,7 +184,7 @@ def test_streaming_draft_vocabulary_counts_the_replies_exactly_as_offline_counts
     store.commit_json(layout.responses_done_key(0), {"samples": 9})
     run_extract(cfg, 0)
     vocab = 49152
-    offline = count_response_tokens((vars(s) for s in open_reader(cfg)), vocab)
+    offline = count_response_tokens((vars(s) for s in open_reader(cfg.with_overrides({"data.num_shards": 1}))), vocab)
     per_rank = [count_response_tokens((vars(s) for s in response_samples(store, 1, r, 2)), vocab) for r in (0, 1)]
     assert int(offline.sum()) > 0 and torch.equal(per_rank[0] + per_rank[1], offline)
     assert 0 < int(per_rank[0].sum()) < int(offline.sum()), "each rank counts its own share"

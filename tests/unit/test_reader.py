@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.feature_fixtures import commit_parts, provenance
+from support.feature_fixtures import commit_parts, part_bytes, provenance
 
-from flashdraft.features.manifest import ProvenanceError
+from flashdraft.features.manifest import PartListError, ProvenanceError, recorded_parts
 from flashdraft.features.parts import PartCache, read_header
 from flashdraft.features.reader import OfflineReader, open_reader
 from flashdraft.features.shard import EncodedFeatures, ShardFormatError
 from flashdraft.storage import layout
-from flashdraft.storage.store import ChecksumError, ObjectStore
+from flashdraft.storage.store import ChecksumError, ObjectStore, open_store
 
 LAYOUT = {0: [7, 5], 1: [6], 2: [4, 4, 3]}
 TOTAL = sum(sum(v) for v in LAYOUT.values())
@@ -163,7 +163,7 @@ def test_corrupted_sample_is_reported_with_its_shard(store):
 
 def test_provenance_mismatch_is_refused_with_the_fields(tiny_cfg):
     s = ObjectStore(tiny_cfg.storage.root).child(tiny_cfg.run_id)
-    commit_parts(s, tiny_cfg, {0: [2]})
+    commit_parts(s, tiny_cfg, {0: [2], 1: []})
     assert len(ids(open_reader(tiny_cfg))) == 2
     other = tiny_cfg.with_overrides({"features.layer_ids": [0, 2, 4, 6, 7], "features.codec": "fp8"})
     with pytest.raises(ProvenanceError) as err:
@@ -183,3 +183,48 @@ def test_dataloader_workers_split_disjointly(tiny_cfg, tmp_path):
     flat = per_rank[0] + per_rank[1]
     assert len(flat) == len(set(flat)) == TOTAL - TOTAL % 2
     assert len(per_rank[0]) == len(per_rank[1])
+
+
+@pytest.mark.parametrize("how", ["deleted", "unlisted"])
+def test_training_refuses_a_recorded_part_the_store_does_not_hold(tiny_cfg, monkeypatch, how):
+    """Offline training's part list is extract's DONE records: a part the store lost, or one its listing misses
+    (an eventually consistent store, a source partly cleared), is refused by name, never silently not trained."""
+    from flashdraft.components.train.distributed import DistEnv
+    from flashdraft.components.train.schedule import build_schedule
+
+    cfg = tiny_cfg.with_overrides({"data.num_shards": 3})
+    store = open_store(cfg.storage, cfg.run_id)
+    commit_parts(store, cfg, LAYOUT)
+    gone = layout.feature_part_key(2, 1)
+    if how == "deleted":
+        store.uncommit(gone)
+    else:
+        listed = ObjectStore.list
+        monkeypatch.setattr(ObjectStore, "list", lambda self, prefix="": [k for k in listed(self, prefix)
+                                                                          if not k.startswith(gone)])
+    with pytest.raises(PartListError, match=rf"/{gone} is recorded in \S+/features/shard-00002/DONE but the store "
+                                            r"does not list it as committed \(1 of 6"):
+        build_schedule(cfg, DistEnv(0, 1, 0, torch.device("cpu")))
+
+
+def test_training_refuses_a_shard_whose_extraction_has_not_finished(tiny_cfg):
+    cfg = tiny_cfg.with_overrides({"data.num_shards": 4})
+    commit_parts(open_store(cfg.storage, cfg.run_id), cfg, LAYOUT)
+    with pytest.raises(PartListError, match=r"features/shard-00003/DONE is not committed: extraction of shard 3"):
+        open_reader(cfg)
+
+
+@pytest.mark.parametrize("whole_parts", [True, False])
+def test_a_part_re_committed_during_training_is_refused_not_decoded_with_its_stale_header(tiny_cfg, whole_parts):
+    """The epoch order comes from the recorded parts' headers; a part re-committed with other bytes afterwards
+    (a concurrent writer) is refused by name, whether read whole (sha256 against the DONE record) or by sample
+    ranges (crc32, then its commit record against the DONE record)."""
+    store = ObjectStore(f"memory://recommit-{whole_parts}", backoff_s=0.001)
+    commit_parts(store, tiny_cfg, LAYOUT)
+    reader = OfflineReader(store, parts=recorded_parts(store, 3), shuffle=False, whole_parts=whole_parts)
+    reader.epoch_order()  # every header read
+    key = layout.feature_part_key(0, 0)
+    data, meta = part_bytes(tiny_cfg, 5, 5, 7)  # other samples under the same key
+    store.commit(key, data, meta)
+    with pytest.raises(PartListError, match=rf"{key} was re-committed since \S+/shard-00000/DONE recorded it"):
+        ids(reader)

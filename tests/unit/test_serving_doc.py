@@ -26,7 +26,8 @@ from flashdraft.components.export.export import (
 from flashdraft.components.export.report_section import drafter_uris
 from flashdraft.run.provenance import current
 from flashdraft.storage import layout
-from flashdraft.storage.store import ChecksumError, ObjectStore, open_store
+from flashdraft.storage.exports import UnsafeNameError
+from flashdraft.storage.store import ChecksumError, ObjectStore, open_store, sha256_hex
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
@@ -76,8 +77,10 @@ def test_the_docs_paths_file_table_and_serve_command_match_a_real_export(exporte
         assert (folder / "README.md").is_file(), f"{folder}: no model card"
     zlab = cwd / "exports" / cfg.run_id / "zlab"
     table = doc_file_table()
-    assert set(table) == {f.name for f in zlab.iterdir()}, "the doc's file table is exactly what is written"
+    assert set(table) - {"mask_embedding.pt"} == {f.name for f in zlab.iterdir()}, \
+        "the doc's file table is exactly what is written, and the pickle only when asked"
     assert all("only with" in table[f] for f in ("mask_embedding.pt", "mask_embedding.safetensors"))
+    assert "export.mask_embedding_pt: true" in table["mask_embedding.pt"]
 
     store = open_store(cfg.storage, cfg.run_id)
     for fmt in named:  # the store's folder is the served folder, byte for byte: no *.commit inside
@@ -162,3 +165,32 @@ def test_the_local_copy_is_named_in_the_export_summary(exported, tmp_path):
         assert {k: v for k, v in f.items() if k != "local"} == \
             {k: v for k, v in before["formats"][fmt].items() if k != "local"}
     assert {k: v for k, v in after.items() if k != "formats"} == {k: v for k, v in before.items() if k != "formats"}
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("bad", ["format", "file", "dot-file"])
+def test_names_from_the_store_stay_inside_the_local_folder(tmp_path, bad):
+    """download_export takes format names from listed keys and file names from the manifest: a committed
+    `export/...manifest.json` (format `..`) or a manifest naming `../../x` is refused before the local folder is
+    touched (the format `..` would otherwise swap out and delete the whole exports/ tree)."""
+    store = ObjectStore(f"memory://names-{bad}/run")
+    commit_export(store, "zlab", {"config.json": b"{}", "model.safetensors": b"w" * 10})
+    if bad == "format":
+        commit_export(store, "..", {"config.json": b"{}"})
+    else:
+        name = "../../x" if bad == "file" else ".."
+        store.put(f"export/zlab/{name}", b"evil")
+        manifest = store.get_json_verified("export/zlab.manifest.json")
+        manifest["files"][name] = {"sha256": sha256_hex(b"evil"), "size": 4}
+        store.commit_json("export/zlab.manifest.json", manifest)
+    out = tmp_path / "exports" / "run"
+    (out / "zlab").mkdir(parents=True)
+    (out / "zlab" / "config.json").write_text("earlier")
+    (tmp_path / "exports" / "other.txt").write_text("keep")
+    before = _tree(tmp_path)
+    with pytest.raises(UnsafeNameError, match=r"refusing the name '(\.\.|\.\./\.\./x)'"):
+        download_export(store, out)
+    assert _tree(tmp_path) == before and not (tmp_path / "x").exists()

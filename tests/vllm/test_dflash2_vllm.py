@@ -49,7 +49,7 @@ def test_vllm_dflash2_model_equals_flashdraft(vllm_python, tmp_path):
     assert model.geometry.trainable_mask, "the tiny target has no free row: the mask goes via mask_embedding.pt"
     export = tmp_path / "export"
     export.mkdir()
-    for name, data in _files_zlab(model, "float32").items():
+    for name, data in _files_zlab(model, "float32", mask_pt=True).items():
         (export / name).write_bytes(data)
     gen = torch.Generator().manual_seed(0)
     S, anchor = 12, 77

@@ -11,7 +11,8 @@ and evaluated by flashdraft. vLLM then decodes the same prompts twice, with `spe
 * acceptance: per prompt, vLLM's vllm:spec_decode_num_drafts == flashdraft's draft cycles and
   vllm:spec_decode_num_accepted_tokens == flashdraft's accepted draft tokens, so tau is equal too.
 The tiny target has no free vocabulary row, so the drafter's mask embedding is trainable and vLLM must read it
-from the export's mask_embedding.pt: a wrong mask changes every draft and the counts.
+from the export's mask_embedding.pt (written with export.mask_embedding_pt): a wrong mask changes every draft and
+the counts.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def evaluated_run(tmp_path_factory):
         "storage.root": f"file://{tmp}/runs", "data.max_samples": 16, "data.num_shards": 1, "data.eval_count": 4,
         "training.epochs": 12, "training.tokens_per_step": 1024, "training.lr": 3e-3,
         "eval.num_prompts": 4, "eval.max_new_tokens": MAX_NEW, "export.dtype": "float32",
-        "eval.num_draft_tokens": 7})
+        "eval.num_draft_tokens": 7, "export.mask_embedding_pt": True})  # vLLM reads a trained mask only from it
     run_prep(cfg)
     run_generate(cfg, 0)
     run_extract(cfg, 0)
@@ -152,7 +153,7 @@ def test_vllm_serves_a_sliding_window_export_like_flashdraft(vllm_python, evalua
     drafter = drafter_from_parts(geometry, weights, target=cfg.target, attn_impl="sdpa")
     folder = tmp / "export-window"
     folder.mkdir()
-    for name, data in _files_zlab(drafter, "float32").items():
+    for name, data in _files_zlab(drafter, "float32", mask_pt=True).items():
         (folder / name).write_bytes(data)
     assert all(len(p.input_ids) > WINDOW for p in prompts)
 
