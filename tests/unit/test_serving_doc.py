@@ -113,7 +113,10 @@ def test_the_model_card_carries_the_run(exported):
     fd = meta["flashdraft"]
     assert meta["base_model"] == cfg.target.model and "speculative-decoding" in meta["tags"]
     assert fd["version"] == current().flashdraft and fd["commit"] == current().commit
-    assert fd["target"] == {"model": cfg.target.model, "revision": cfg.target.revision, "source": cfg.target.source}
+    assert {k: fd["target"][k] for k in ("model", "revision", "source")} == {
+        "model": cfg.target.model, "revision": cfg.target.revision, "source": cfg.target.source}
+    # a built (not Hub) target: no commit, the digest of its weight files instead (flashdraft/run/target_pin.py)
+    assert fd["target"]["commit"] is None and re.fullmatch(r"[0-9a-f]{64}", fd["target"]["weights_sha256"])
     assert fd["drafter"]["block_size"] == cfg.drafter.block_size and fd["drafter"]["kind"] == "dflash"
     assert fd["drafter"]["target_layer_ids"] == [1, 2, 3, 4, 5] and fd["training"]["step"] == 1
     heldout = evaluated.suites[0]
