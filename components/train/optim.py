@@ -8,8 +8,11 @@ the rest, stepped together behind one object.
 * One lr for both: `adjust_lr_fn="match_rms_adamw"` scales each matrix's update to the RMS an AdamW update has
   (0.2 sqrt(max(rows, cols)); Moonshot's rule, the speculators default), so `training.lr`, its warmup and cosine
   serve both and `training.muon_lr_scale` (default 1) is the only knob between them.
-* Under FSDP2 the parameters are DTensor shards; Muon's Newton-Schulz runs on them as DTensor ops (gathering what
-  it needs), so the update is the unsharded one (the gloo rehearsal checks it against one process).
+* Under FSDP2 the parameters are DTensor shards. torch's Muon accepts them, but its Newton-Schulz then runs as
+  DTensor ops whose bf16 partial products are reduced across ranks: measured on 2 gloo ranks, one matrix's first
+  update differed from the unsharded one by 16% of its size. `WholeMatrixMuon` instead gathers each matrix (its
+  weights, gradient and momentum), runs torch's own Muon step on the whole tensors and keeps this rank's rows:
+  the unsharded update exactly, one matrix's gather at a time (tests/integration/test_muon_fsdp2.py).
 * Checkpoints: `parts` is the list `torch.distributed.checkpoint.state_dict` takes for several optimizers; its
   state is keyed by parameter name, so a run resumes either optimizer exactly.
 """
@@ -19,8 +22,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.optim._muon import muon as muon_step
 
 MUON_MOMENTUM = 0.95
+
+
+class WholeMatrixMuon(torch.optim.Muon):
+    """torch.optim.Muon whose DTensor parameters (FSDP2 shards) are updated as whole matrices (module docstring);
+    plain tensors take torch's own step unchanged."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._step_whole(p, group)
+        return loss
+
+    def _step_whole(self, p: DTensor, group: dict) -> None:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p.grad)
+        buf = state["momentum_buffer"]
+        whole_p, whole_buf = p.full_tensor(), buf.full_tensor()
+        muon_step([whole_p], [p.grad.full_tensor()], [whole_buf], lr=group["lr"],
+                  weight_decay=group["weight_decay"], momentum=group["momentum"], nesterov=group["nesterov"],
+                  ns_coefficients=group["ns_coefficients"], eps=group["eps"], ns_steps=group["ns_steps"],
+                  adjust_lr_fn=group["adjust_lr_fn"], has_complex=False)
+        for shard, whole in ((p, whole_p), (buf, whole_buf)):  # this rank's rows of the updated whole tensors
+            shard.to_local().copy_(distribute_tensor(whole, shard.device_mesh, shard.placements,
+                                                     src_data_rank=None).to_local())
 
 
 def muon_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -61,7 +99,7 @@ def build_optimizers(model: torch.nn.Module, params: list[torch.nn.Parameter], k
     matrices = {id(p) for p in muon_matrices(model)}
     muon = [p for p in params if id(p) in matrices]
     rest = [p for p in params if id(p) not in matrices]
-    parts = [torch.optim.Muon(muon, lr=lr * muon_lr_scale, weight_decay=weight_decay, momentum=MUON_MOMENTUM,
+    parts = [WholeMatrixMuon(muon, lr=lr * muon_lr_scale, weight_decay=weight_decay, momentum=MUON_MOMENTUM,
                               nesterov=True, adjust_lr_fn="match_rms_adamw")]
     scales = [muon_lr_scale]
     if rest:
