@@ -71,6 +71,50 @@ def counts(s: TrainShape) -> Counts:
                   loss_rows, selector)
 
 
+def muon_params(s: TrainShape) -> int:
+    """Parameters Muon updates under training.optimizer=muon (components/train/optim.py `muon_matrices`): the
+    Linear weights (fc; q/k/v/o and the MLP of every layer; DFlash2's kernel projections and the selector's hidden
+    projection); 0 under AdamW. The rest (norms, DFlash2's base kernels and codebooks) stay on AdamW."""
+    if s.optimizer != "muon":
+        return 0
+    H, q, kv, inter = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
+    layer = 2 * H * q + 2 * H * kv + 3 * H * inter
+    extra = 0
+    if s.kind == "dflash2":
+        extra = s.num_layers * 2 * H * 2 * s.conv_kernel_size * (H // s.conv_group_size) + H * s.selector_rank
+    return s.num_layers * layer + s.num_features * H * H + extra
+
+
+def optimizer_state_parts(s: TrainShape) -> dict[str, int]:
+    """The optimizer state one rank holds (sharded under FSDP2): AdamW's two fp32 moments a parameter, Muon's one
+    fp32 momentum buffer."""
+    P, muon, shard = counts(s).params, muon_params(s), _shard(s)
+    parts = {"Muon momentum (fp32)": 4 * muon // shard} if muon else {}
+    if P > muon:
+        parts["AdamW moments (fp32)"] = 8 * (P - muon) // shard
+    return parts
+
+
+def optimizer_step_temporaries(s: TrainShape, device: Device) -> dict[str, int]:
+    """Temporaries of the optimizer step. AdamW: CUDA's foreach keeps a state-sized list, a CPU step one tensor's
+    worth at a time. Muon (one matrix at a time, no foreach): the largest matrix's fp32 Nesterov update, its bf16
+    Newton-Schulz iterate and the next, and two bf16 Gram matrices of its short side; under FSDP2 also the whole
+    fp32 weights, gradient and momentum of that matrix (components/train/optim.py `WholeMatrixMuon`)."""
+    H, q, inter = s.hidden_size, s.num_heads * s.head_dim, s.intermediate_size
+    P, muon, shard = counts(s).params, muon_params(s), _shard(s)
+    matrices = [(H, inter), (H, q), (H, s.num_features * H)]
+    out = {}
+    if muon:
+        a, b = max(matrices, key=lambda m: m[0] * m[1])
+        gathered = 3 * 4 * a * b if shard > 1 else 0
+        out["Muon step temporaries"] = 4 * a * b + 2 * 2 * a * b + 2 * 2 * min(a, b) ** 2 + gathered
+    biggest = H if muon else max(a * b for a, b in matrices)
+    if s.kind == "dflash2":
+        biggest = max(biggest, s.vocab_size * s.selector_rank)
+    out["AdamW step temporaries"] = 4 * (P - muon) // shard if device == "cuda" else 2 * 4 * biggest
+    return out
+
+
 def _shard(s: TrainShape) -> int:
     return s.world_size if s.strategy == "fsdp2" else 1
 
@@ -141,7 +185,7 @@ def selector_saved_bytes(s: TrainShape) -> tuple[int, int]:
 
 
 def resident_parts(s: TrainShape, device: Device = "cuda") -> tuple[dict[str, int], int, int]:
-    """What one rank holds through every moment of its step: fp32 weights and AdamW moments (sharded under FSDP2),
+    """What one rank holds through every moment of its step: fp32 weights and optimizer state (sharded under FSDP2),
     the frozen embedding and head, CUDA's bf16 weight copies, (CPU) the samples the row was packed from, the
     activations outside the draft layers, and the communication buffers. Returns (the parts, the activations
     outside the layers, the communication bytes): the later moments free or add to those two."""
@@ -152,7 +196,7 @@ def resident_parts(s: TrainShape, device: Device = "cuda") -> tuple[dict[str, in
     V_rows = s.target_vocab_size or s.vocab_size
     parts: dict[str, int] = {}
     parts["weights (fp32)"] = 4 * P // shard
-    parts["AdamW moments (fp32)"] = 8 * P // shard
+    parts.update(optimizer_state_parts(s))
     parts["frozen embedding + LM head"] = V_rows * H * hb * 2 + (s.vocab_size * H * hb if s.vocab_size < V_rows else 0)
     if cuda and s.autocast == "bfloat16":  # not the selector's: it runs after the autocast region
         parts["autocast bf16 weight copies"] = 2 * (P - g.params_selector)
@@ -198,7 +242,7 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
     cuda = device == "cuda"
     a = 2 if cuda and s.autocast == "bfloat16" else 4          # bytes of an autocast-saved MLP activation
     H, L, M = s.hidden_size, s.num_layers, g.positions
-    q, inter = s.num_heads * s.head_dim, s.intermediate_size
+    inter = s.intermediate_size
     P, shard = g.params, _shard(s)
     dflash2 = s.kind == "dflash2"
     common, once, comm = resident_parts(s, device)
@@ -241,12 +285,9 @@ def trainer_memory(s: TrainShape, device: Device = "cuda") -> MemoryEstimate:
         # last layer's backward starts in mlp_conv.finish (one more [positions, width] gradient, the MLP's dtype)
         at_backward["selector gradients (fp32)"] = 4 * g.params_selector // shard
         at_backward["backward: first gradients"] += a * M * H
-    # 3. The optimizer step: gradients (sharded) + AdamW temporaries (CUDA foreach: a state-sized list; CPU: per
-    #    tensor), activations gone.
-    biggest = max(H * inter, H * q, s.num_features * H * H, s.vocab_size * s.selector_rank if dflash2 else 0)
+    # 3. The optimizer step: gradients (sharded) + the optimizers' temporaries, activations gone.
     at_step = {k: v for k, v in common.items() if k != "activations: context, RoPE, final norm"}
-    at_step.update({"gradients (fp32)": 4 * P // shard,
-                    "AdamW step temporaries": 4 * P // shard if cuda else 2 * 4 * biggest})
+    at_step.update({"gradients (fp32)": 4 * P // shard, **optimizer_step_temporaries(s, device)})
     moments.append((at_step, "optimizer step"))
     parts, phase = max(moments, key=lambda m: sum(m[0].values()))
     return MemoryEstimate(parts, int(sum(parts.values())), phase, loss_chunk)

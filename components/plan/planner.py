@@ -387,6 +387,10 @@ def memory_markdown(plan: PlanSummary) -> list[str]:
         top = sorted(m["parts"].items(), key=lambda kv: -kv[1])[:4]
         lines.append(f"- {pool}: " + ", ".join(f"{k} {_gib(v)}" for k, v in top) + f" ({m['peak_source']})")
     train = plan.memory.get(next((p for p, m in plan.memory.items() if m["stage"] == "train"), ""), {})
+    state = {k: v for k, v in train.get("parts", {}).items() if "moments" in k or "momentum" in k}
+    if state:
+        lines.append("- optimizer state per trainer GPU (training.optimizer): "
+                     + ", ".join(f"{k} {_gib(v)}" for k, v in state.items()))
     if train.get("assumed"):
         lines.append(f"- assumed drafter geometry (not in the config): {', '.join(train['assumed'])}")
     flops = plan.train_flops_per_step

@@ -73,7 +73,7 @@ def train_shape(cfg: RunConfig, **changes: Any) -> tuple[TrainShape, list[str]]:
         activation_checkpointing=changes.get("activation_checkpointing", t.activation_checkpointing),
         kind=d.kind, conv_kernel_size=d.conv_kernel_size, conv_group_size=d.conv_group_size,
         selector_rank=d.selector_rank, selector_top_k=changes.get("selector_top_k", d.selector_top_k),
-        selector_detach=changes.get("selector_detach", d.selector_detach))
+        selector_detach=changes.get("selector_detach", d.selector_detach), optimizer=t.optimizer)
     return shape, assumed
 
 
@@ -210,7 +210,7 @@ def _train_levers(cfg: RunConfig, gpu: GpuSpec, entry: dict[str, Any]) -> list[s
     if t.strategy != "fsdp2" or t.world_size == 1:
         sharded = _fits(cfg, gpu, factor, strategy="fsdp2", world_size=max(t.world_size, 2))
         levers.append(f"training.strategy=fsdp2 over training.nproc_per_node x num_nodes (shards weights, "
-                      f"gradients and AdamW state; {'fits' if sharded else 'not enough alone'})")
+                      f"gradients and optimizer state; {'fits' if sharded else 'not enough alone'})")
     if d.kind == "dflash2":
         # the selector loss keeps the LM head's rows of every slot's top-k candidates, [slots, k, width], for its
         # backward (memory.py `selector_saved_bytes`); detached it keeps none (and stops training the drafter)

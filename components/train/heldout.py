@@ -7,8 +7,10 @@ across a resume. The offline reader leaves them out of every epoch and of the dr
 reads them once and keeps them in memory. Scored teacher-forced on the target's own features, anchors drawn as in
 training (seed, epoch 0) so every evaluation scores the same blocks:
 * `acc_by_pos`: per block position k, the fraction of valid slots whose argmax equals the label;
-* `tau`: 1 + the mean over anchor blocks of the number of leading correct slots (a slot past the response end
-  stops the count). Its gap to the evaluate stage's served tau is the drafter's drift on its own context.
+* `tau`: the expected acceptance length on the scale vLLM reports ("mean acceptance length", the bonus token
+  included; speculators' `eal` since its PR #1032): per anchor block with a valid slot, the leading run of slots
+  whose argmax equals the label, plus 1; a masked slot (past the response end) ends the run. Its gap to the
+  evaluate stage's served tau is the drafter's drift on its own context.
 Offline mode only: a streaming run has no data up front to hold out (the trainer logs that and goes on).
 """
 
@@ -41,6 +43,14 @@ def select_heldout(reader: OfflineReader, count: int) -> list[tuple[str, int, st
         raise ValueError(f"training.heldout_samples={count} would hold out all {len(items)} extracted samples; "
                          "lower it (a few percent of the data is enough for a curve)")
     return sorted(items, key=lambda t: hashlib.sha256(t[2].encode()).hexdigest())[:count]
+
+
+def acceptance_lengths(hit: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per block [N, B-1] -> [blocks]: 1 + the leading run of hits, over the blocks with at least one valid slot
+    (a hit needs a valid slot: a masked slot breaks the run)."""
+    hit = hit.bool() & valid.bool()
+    blocks = valid.bool().any(dim=1)
+    return 1.0 + hit[blocks].float().cumprod(dim=1).sum(dim=1)
 
 
 @dataclass
@@ -84,10 +94,9 @@ class HeldOutProbe:
         model.train(was_training)
         if not hits:
             return {"step": step, "acc_by_pos": [], "tau": None, "blocks": 0, "seconds": 0.0}
-        hit, ok = torch.cat(hits).float(), torch.cat(valid).float()
-        acc = hit.sum(0) / ok.sum(0).clamp_min(1)
-        blocks = ok[:, 0] > 0  # blocks with at least one response slot to judge
-        accepted = hit[blocks].cumprod(1).sum(1)
+        hit, ok = torch.cat(hits), torch.cat(valid)
+        acc = hit.float().sum(0) / ok.float().sum(0).clamp_min(1)
+        lengths = acceptance_lengths(hit, ok)
         return {"step": step, "acc_by_pos": [round(float(a), 5) for a in acc],
-                "tau": round(1.0 + float(accepted.mean()), 4) if int(blocks.sum()) else None,
-                "blocks": int(blocks.sum()), "seconds": round(time.perf_counter() - t0, 3)}
+                "tau": round(float(lengths.mean()), 4) if lengths.numel() else None,
+                "blocks": int(lengths.numel()), "seconds": round(time.perf_counter() - t0, 3)}

@@ -4,7 +4,8 @@
   `training.tokens_per_step` tokens (`group_sizes`), so every rank knows its micro-batch count per epoch without
   reading data (ranks agree on the minimum). Streaming: the reader's follow mode, packed on the fly; ranks stop
   together when one runs dry.
-* Step (`Trainer.step`): `grad_accum` micro-batches, each normalised on its own, averaged; AdamW, cosine warmup,
+* Step (`Trainer.step`): `grad_accum` micro-batches, each normalised on its own, averaged; AdamW or Muon + AdamW
+  (optim.py), cosine warmup,
   grad-norm clip, bf16 autocast on CUDA; DDP, or FSDP2 with `training.strategy=fsdp2` (distributed.py).
 * Checkpoints (flashdraft/storage/checkpoint.py) every `checkpoint_every` steps and at the end, with the data position
   (epoch and micro-batches done, or each rank's stream position); anchors are a pure function of (seed, epoch,
@@ -26,6 +27,7 @@ from tqdm import tqdm
 
 from flashdraft.components.train.distributed import DistEnv, all_reduce, setup_distributed, wrap_model
 from flashdraft.components.train.heldout import HeldOutProbe
+from flashdraft.components.train.optim import build_optimizers
 from flashdraft.components.train.schedule import MicroBatch, TrainError, build_schedule
 from flashdraft.components.train.state import TrainState
 from flashdraft.components.train.stats import StepStats
@@ -81,7 +83,8 @@ def drafter_loss(raw, hidden: torch.Tensor, batch: PackedBatch, drafter: Drafter
         labels, valid = draft_labels(labels, valid, raw.target_to_draft())
     selector = raw.candidate_selector
     out = dflash_loss(hidden, raw.head_weight, labels, valid, drafter.resolved_gamma, drafter.loss_normalization,
-                      top_k=selector.top_k if selector is not None else 0)
+                      top_k=selector.top_k if selector is not None else 0, weighting=drafter.loss_weights,
+                      dpace_alpha=drafter.dpace_alpha)
     if selector is None:
         return out
     B = batch.block_size
@@ -144,14 +147,14 @@ class Trainer:
         self.tracker = Tracker("train", [])
 
     def setup(self) -> None:
-        """The model (wrapped for DDP/FSDP2), AdamW, this rank's data schedule and, in a fresh run, the draft
+        """The model (wrapped for DDP/FSDP2), the optimizers, this rank's data schedule and, in a fresh run, the draft
         vocabulary; then, when there is a checkpoint, its weights, optimizer, RNG and data position."""
         cfg, t = self.cfg, self.cfg.training
         torch.manual_seed(t.seed)
         self.raw = build_model(cfg, self.env)
         self.model = wrap_model(self.raw, t, self.env)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
+        self.optimizer = build_optimizers(self.raw, self.params, t.optimizer, t.lr, t.weight_decay, t.muon_lr_scale)
         self.schedule = build_schedule(cfg, self.env)
         self.state = TrainState()
         # a resumed run gets its vocabulary back with the weights, a pretrained drafter keeps its own
@@ -159,7 +162,7 @@ class Trainer:
             build_draft_vocab(self.raw, self.schedule.vocabulary_samples())
         if self.latest:
             prefix = self.latest["prefix"]
-            self.state.load_state_dict(load_checkpoint(self.store, prefix, self.model, self.optimizer),
+            self.state.load_state_dict(load_checkpoint(self.store, prefix, self.model, self.optimizer.parts),
                                        self.store.url(f"{prefix}/trainer_state.json"))
             if self.raw.d2t is not None:
                 self.raw.refresh_head()
@@ -186,14 +189,15 @@ class Trainer:
         self.state.heldout.append(entry)
         self.tracker.log("train/heldout", {k: v for k, v in entry.items() if k != "step"}, entry["step"])
         if self.env.rank == 0:
-            log.info("held-out at step %d: offline tau %s, accuracy by position %s", entry["step"], entry["tau"],
+            log.info("held-out at step %d: acceptance length %s (vLLM's scale: leading matching slots + 1 per "
+                     "block, teacher-forced), accuracy by position %s", entry["step"], entry["tau"],
                      " ".join(f"{a:.2f}" for a in entry["acc_by_pos"]))
 
     def step(self, micro_batches: Iterator[MicroBatch]) -> dict | None:
         """One optimizer step: `grad_accum` micro-batches from `micro_batches` (gradients synchronised on the
-        last), grad-norm clip, the scheduled lr, AdamW; statistics summed over ranks and recorded in the trainer
-        state. Returns the step's history entry, or None when the schedule is done (its data ran out, or its last
-        step was taken)."""
+        last), grad-norm clip, the scheduled lr, the optimizers' step; statistics summed over ranks and recorded in
+        the trainer state. Returns the step's history entry, or None when the schedule is done (its data ran out,
+        or its last step was taken)."""
         t0 = time.perf_counter()
         accum, total = self.cfg.training.grad_accum, self.schedule.total_steps
         stats = StepStats.zeros(self.cfg.drafter.block_size)
@@ -208,10 +212,9 @@ class Trainer:
             self.schedule.trained(len(mb.samples))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
         lr = lr_at(self.steps_done, total, self.cfg)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        self.optimizer.set_lr(lr)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         self.steps_done += 1
         stats.all_reduce()
         elapsed = time.perf_counter() - t0
@@ -225,7 +228,7 @@ class Trainer:
 
     def checkpoint(self, final: bool = False) -> str:
         """Save (with this rank's data state, if it has one); then the schedule may let go of covered data."""
-        prefix = save_checkpoint(self.store, self.model, self.optimizer, self.drafter_config,
+        prefix = save_checkpoint(self.store, self.model, self.optimizer.parts, self.drafter_config,
                                  self.state.state_dict(), final=final, rank_state=self.schedule.rank_state())
         self.schedule.checkpointed(final)
         return prefix

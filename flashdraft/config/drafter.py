@@ -29,9 +29,18 @@ class DrafterConfig(Section):
     mask_token_id: int | None = Field(
         default=None, description="token id fed in the predicted slots; default: the tokenizer's mask token, else "
         "the first free embedding row, else a trainable mask embedding (see export's warning about that case)")
+    loss_weights: Literal["decay", "dpace"] = Field(
+        default="decay", description="per-slot weights w of the CE: decay = exp(-(k-1)/gamma) (the DFlash paper); "
+        "dpace = D-PACE (arXiv 2605.18810): per block, from the drafter's own confidence q = exp(-CE) of each slot "
+        "(no gradient), w_j = sum over valid m >= j of the product over valid i <= m of (1-dpace_alpha) q_i + "
+        "dpace_alpha (flashdraft/drafter/loss.py; measured in docs/training.md)")
+    dpace_alpha: float = Field(default=0.5, gt=0, le=1, description="D-PACE's smoothing of the confidences "
+                               "(loss_weights=dpace): q~ = (1-alpha) q + alpha; 1 = uniform continuation weights; "
+                               "the paper's 0.5")
     loss_normalization: Literal["weights", "mask"] = Field(
-        default="weights", description="weights: sum(w*ce)/sum(w), a weighted mean whose scale does not depend "
-        "on gamma (SpecForge); mask: sum(w*ce)/valid slots (speculators)")
+        default="weights", description="weights: sum(w*ce)/sum(w), a weighted mean whose scale depends neither "
+        "on gamma nor on D-PACE's confidence (SpecForge decay, Model-Optimizer D-PACE); mask: sum(w*ce)/valid "
+        "slots (speculators)")
     head_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="dtype of the frozen LM head in the loss GEMMs (softmax/CE stay fp32); "
                                     "auto = bfloat16 on CUDA, float32 on CPU")
@@ -166,11 +175,22 @@ class TrainingConfig(Section):
     max_steps: int | None = Field(default=None, ge=0, description="stop after this many optimizer steps (the "
                                   "schedule is sized to it); None = epochs over the data; 0 (with "
                                   "drafter.init=pretrained) = evaluate only: no generate, extract or train task")
-    lr: float = Field(default=6e-4, gt=0, description="peak AdamW learning rate (the DFlash paper's 6e-4)")
+    lr: float = Field(default=6e-4, gt=0, description="peak learning rate (the DFlash paper's AdamW 6e-4); Muon's "
+                      "is lr x muon_lr_scale")
+    optimizer: Literal["adamw", "muon"] = Field(
+        default="adamw", description="adamw: AdamW on every trainable parameter; muon: torch.optim.Muon (momentum "
+        "0.95, Nesterov, 5 Newton-Schulz steps, adjust_lr_fn match_rms_adamw) on the drafter's trainable 2-D "
+        "hidden matrices (the weights of its Linear layers: fc, attention, MLP, DFlash2's kernel and selector "
+        "projections) and AdamW on the rest (norms, the mask embedding, DFlash2's codebooks and base kernels) "
+        "(components/train/optim.py)")
+    muon_lr_scale: float = Field(
+        default=1.0, gt=0, description="optimizer=muon: Muon's peak lr = lr x this. match_rms_adamw scales each "
+        "matrix's orthogonalised update to AdamW's update RMS (0.2 sqrt(max(rows, cols))), so 1 reuses the AdamW "
+        "lr (Moonshot's rule); speculators runs 10 at lr 1e-4")
     schedule: Literal["cosine", "constant"] = Field(default="cosine", description="learning-rate shape after "
                                                     "warmup: cosine decay to 0, or constant")
     warmup_ratio: float = Field(default=0.04, ge=0, lt=1, description="share of the steps spent in linear warmup")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay")
+    weight_decay: float = Field(default=0.0, ge=0, description="decoupled weight decay (AdamW and Muon alike)")
     grad_clip: float = Field(default=1.0, gt=0, description="clip the global gradient norm to this")
     tokens_per_step: int = Field(default=65536, ge=16, description="token budget per micro-batch and rank")
     grad_accum: int = Field(default=1, ge=1, description="micro-batches accumulated per optimizer step")

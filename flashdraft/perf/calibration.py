@@ -90,6 +90,8 @@ class TrainShape(_Strict):
     selector_top_k: int = Field(16, ge=1, description="dflash2: drafter.selector_top_k (LM-head candidates a slot)")
     selector_detach: bool = Field(False, description="dflash2: drafter.selector_detach (the selector loss keeps no "
                                                      "gathered LM-head rows for the backward)")
+    optimizer: Literal["adamw", "muon"] = Field("adamw", description="training.optimizer: muon keeps one fp32 "
+                                                "buffer per hidden-matrix parameter, AdamW two per parameter")
 
 
 class ExtractShape(_Strict):

@@ -4,8 +4,9 @@ Layout under `checkpoints/`:
 
     step-00000100/drafter_config.json     the drafter geometry (drafter.persistence.load_drafter reads this folder)
     step-00000100/model.safetensors       trainable weights (z-lab names)
-    step-00000100/optimizer.safetensors   AdamW state tensors, keyed "<param fqn>/<exp_avg|exp_avg_sq|step>"
-    step-00000100/optimizer.json          param groups (hyper-parameters and fqn order)
+    step-00000100/optimizer.safetensors   optimizer state tensors, keyed "<param fqn>/<name>" (AdamW: exp_avg,
+                                          exp_avg_sq, step; Muon: momentum_buffer)
+    step-00000100/optimizer.json          param groups of every optimizer (hyper-parameters and fqn order)
     step-00000100/trainer_state.json      step, data position, lr schedule, metrics so far
     step-00000100/rng-rank-00000.safetensors  per-rank torch (and CUDA) RNG states
     step-00000100/state-rank-00000.json   per-rank extra state (streaming: the reader's stream position)
@@ -34,6 +35,9 @@ from torch.distributed.checkpoint.state_dict import (
 from flashdraft.storage import layout
 from flashdraft.storage.layout import CONFIG_FILE, WEIGHTS_FILE
 from flashdraft.storage.store import ObjectStore
+
+TUPLE_HYPERPARAMETERS = ("betas", "ns_coefficients")  # AdamW's and Muon's tuples, lists in JSON
+Optimizers = torch.optim.Optimizer | list[torch.optim.Optimizer]  # several: one state dict over all of them
 
 
 def _distributed() -> bool:
@@ -73,7 +77,7 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     for key, t in tensors.items():
         fqn, name = key.rsplit("/", 1)
         state.setdefault(fqn, {})[name] = t
-    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    groups = [{k: (tuple(v) if k in TUPLE_HYPERPARAMETERS else v) for k, v in g.items()} for g in meta["param_groups"]]
     return {"state": state, "param_groups": groups}
 
 
@@ -84,7 +88,7 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return out
 
 
-def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(store: ObjectStore, model: torch.nn.Module, optimizer: Optimizers,
                     drafter_config: dict, trainer_state: dict, *, final: bool = False,
                     rank_state: dict | None = None) -> str:
     """Collective: every rank calls it. Rank 0 writes model/optimizer/state, each rank its RNG state (and its
@@ -139,7 +143,7 @@ def latest_checkpoint(store: ObjectStore) -> dict | None:
 
 
 def load_checkpoint(store: ObjectStore, prefix: str, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer) -> dict:
+                    optimizer: Optimizers) -> dict:
     """Restore model, optimizer and this rank's RNG; returns trainer_state. Checksums are verified."""
     opts = StateDictOptions(full_state_dict=True, strict=True)
     set_model_state_dict(model, _load_in_order(store.get_verified(f"{prefix}/{WEIGHTS_FILE}")), options=opts)

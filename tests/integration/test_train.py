@@ -71,8 +71,11 @@ DFLASH2 = {"drafter.kind": "dflash2", "drafter.selector_rank": 16, "drafter.sele
            "drafter.selector_ramp": 0.5}  # a warm-up and ramp: the resumed run must pick the weight up mid-ramp
 
 
-@pytest.mark.parametrize("vocab,kind", [(None, {}), (64, {}), (None, DFLASH2)],
-                         ids=["full-vocab", "draft-vocab", "dflash2"])
+RECIPE = {"training.optimizer": "muon", "drafter.loss_weights": "dpace"}  # Muon's momentum and D-PACE's weights
+
+
+@pytest.mark.parametrize("vocab,kind", [(None, {}), (64, {}), (None, DFLASH2), (None, RECIPE)],
+                         ids=["full-vocab", "draft-vocab", "dflash2", "muon-dpace"])
 def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab, kind):
     seqs = rule_sequences(96, seed=1)
     full = train_cfg(tiny_cfg, **{"run_id": "full", "training.epochs": 2, "training.grad_accum": 2,
@@ -93,12 +96,18 @@ def test_interrupted_and_resumed_equals_uninterrupted(tiny_cfg, tmp_path, vocab,
         torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=1e-5, msg=k)
     for ha, hb in zip(a.history, b.history, strict=True):
         assert abs(ha["loss"] - hb["loss"]) < 1e-5
-    if kind:  # DFlash2's parts trained and were checkpointed; the selector loss entered after its warm-up
+    if kind.get("drafter.kind") == "dflash2":  # its parts trained and were checkpointed; the selector loss entered
+        # after its warm-up
         assert "candidate_selector.predecessor_codebook" in pa and "layers.0.mlp_conv.base_kernel" in pa
         assert pa["candidate_selector.hidden_projection.weight"].abs().sum() > 0
         assert [h["selector_weight"] for h in b.history] == pytest.approx([0, 0, 0.6, 2.8 / 3, 1, 1])
         # fractions, recorded every step (a 6-step random drafter's top-k may still miss every gold token: >= 0)
         assert all(0 <= h["selector_acc"] <= 1 and 0 <= h["topk_coverage"] <= 1 for h in b.history)
+    if kind.get("training.optimizer") == "muon":  # Muon's momentum on the matrices, AdamW's moments on the rest
+        store = open_store(part.storage, part.run_id)
+        state = load_bytes(store.get_verified(f"{latest_checkpoint(store)['prefix']}/optimizer.safetensors"))
+        assert "fc.weight/momentum_buffer" in state and "fc.weight/exp_avg" not in state
+        assert "layers.0.input_layernorm.weight/exp_avg_sq" in state
     if vocab:  # the draft vocabulary: every response token (ids 1000..1047), then the most frequent others
         assert pa["d2t"].dtype == torch.int64 and set(range(1000, 1048)) <= set(pa["d2t"].tolist())
 
@@ -158,14 +167,16 @@ def test_two_gloo_processes_under_torchrun(tiny_cfg, strategy, kind):
 
 
 @pytest.mark.slow
-def test_fsdp2_preempted_and_resumed_equals_uninterrupted(tiny_cfg):
+@pytest.mark.parametrize("recipe", [{}, RECIPE], ids=["adamw", "muon-dpace"])
+def test_fsdp2_preempted_and_resumed_equals_uninterrupted(tiny_cfg, recipe):
     """A 2-rank FSDP2 run killed after its step-3 checkpoint and relaunched ends with the uninterrupted run's
     weights: the full state dicts (gathered on save, scattered to the shards on load, every rank walking the keys
-    in the same order) restore every shard. DDP's resume: the streaming 2-rank test above."""
+    in the same order) restore every shard. With Muon, its Newton-Schulz runs on the DTensor shards. DDP's
+    resume: the streaming 2-rank test above."""
     strategy = "fsdp2"
     seqs = rule_sequences(64, seed=2)
     over = {"training.nproc_per_node": 2, "training.epochs": 2, "training.checkpoint_every": 1,
-            "training.strategy": strategy}
+            "training.strategy": strategy, **recipe}
     full = train_cfg(tiny_cfg, run_id=f"{strategy}-full", **over)
     part = full.with_overrides({"run_id": f"{strategy}-resumed"})
     for cfg in (full, part):
