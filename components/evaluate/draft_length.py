@@ -126,7 +126,7 @@ def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], lay
     with capture_layers(model, layer_ids) as cap:
         verifying = _prefill(model, ids)
         session = drafter.new_session()
-        session.extend(cap.features()[0])
+        session.extend(cap.features()[0], ids[0])
     step: list[float] = []
     verify: list[list[float]] = [[] for _ in range(block_size - 1)]
     draft: list[list[float]] = [[] for _ in range(block_size - 1)]

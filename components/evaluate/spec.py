@@ -30,9 +30,11 @@ from .target_cache import VerifyCache
 
 class DraftSession(Protocol):
     """One sequence's drafting state (flashdraft.drafter.session.DraftSession keeps the context's projected keys/
-    values, so a cycle costs the newly verified positions plus one block, not the whole context)."""
+    values, so a cycle costs the newly verified positions plus one block, not the whole context). `extend` gets
+    the newly verified positions' target features and their token ids: a DFlash drafter reads the features,
+    prompt lookup (ngram.py) the ids."""
 
-    def extend(self, features: torch.Tensor) -> None: ...   # target features of newly verified positions
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor | None = None) -> None: ...
 
     def propose(self, last_token: int, num_drafts: int | None = None) -> torch.Tensor: ...  # B-1 (or k) drafts
 
@@ -151,7 +153,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
     with capture_layers(model, layer_ids) as cap:
         out = model(input_ids=verified[None], cache=cache, use_cache=True, logits_to_keep=1)
         session = drafter.new_session()
-        session.extend(cap.features()[0])                 # [S, n*H] for positions 0..S-1
+        session.extend(cap.features()[0], verified)       # [S, n*H] for positions 0..S-1
         target_cache = VerifyCache(model, cache) if reuse_cache else None
         tokens = [_pick(out.logits[0, -1], temperature, generator)]
         done = tokens[-1] in eos_ids
@@ -159,14 +161,15 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             last = tokens[-1]
             draft = session.propose(last, num_drafts).to(device=device, dtype=torch.long).reshape(-1)
             block = torch.cat([torch.tensor([last], device=device), draft])
-            block_size = block.numel()
+            block_size = max(block_size, block.numel())   # prompt lookup may propose fewer (or no) drafts
             if target_cache is not None:
                 target_cache.checkpoint()
                 out = model(input_ids=block[None], cache=cache, use_cache=True)
             else:
-                out = model(input_ids=torch.cat([verified, block])[None], use_cache=False, logits_to_keep=block_size)
-            logits = out.logits[0, -block_size:]          # [B, V]: the target's distribution after each position
-            features = cap.features()[0][-block_size:]    # [B, n*H]
+                out = model(input_ids=torch.cat([verified, block])[None], use_cache=False,
+                            logits_to_keep=block.numel())
+            logits = out.logits[0, -block.numel():]       # [B, V]: the target's distribution after each position
+            features = cap.features()[0][-block.numel():]  # [B, n*H]
             if temperature == 0:
                 choice = logits.argmax(-1)
                 n_ok = accept(draft, choice)
@@ -177,7 +180,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             if target_cache is not None:
                 target_cache.keep(block, n_ok + 1, capture=cap)
             verified = torch.cat([verified, block[: n_ok + 1]])
-            session.extend(features[: n_ok + 1])
+            session.extend(features[: n_ok + 1], block[: n_ok + 1])
             new = draft[:n_ok].tolist() + [nxt]
             tokens.extend(new)
             accepted.append(n_ok)

@@ -154,6 +154,51 @@ class DraftLength(BaseModel):
         return self.tau if self.num_drafts == self.block_size - 1 else None
 
 
+class BaselineResult(BaseModel):
+    """A free alternative to the trained drafter (eval.baselines: ngram, mtp, published), decoded on every suite by
+    the same speculative decoder at its own best k (components/evaluate/baselines.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="ngram, mtp or published")
+    num_drafts: int = Field(description="k it decoded every suite with (its best on this device, or the fixed k)")
+    tau_full_block: float | None = Field(None, description="headline suite's tau drafting the longest k tried")
+    speculative_config: dict[str, Any] | None = Field(None, description="what vLLM serves it with at k")
+    note: str | None = Field(None, description="what its figures mean (e.g. random MTP weights: tau meaningless)")
+    suites: dict[str, DecodeStats] = Field(default_factory=dict, description="its figures per suite")
+    lossless: dict[str, bool | None] = Field(default_factory=dict, description="per suite: its outputs equal the "
+                                             "target's (None: sampling, not checked)")
+
+
+class Verdict(BaseModel):
+    """Which decoder to serve for one suite: the highest measured tokens/s among those that passed the lossless
+    check (the target alone included), and by how much it beat the next (components/evaluate/baselines.py)."""
+
+    suite: str = Field(description="the eval suite")
+    winner: str = Field(description="drafter (the trained one), ngram, mtp, published, or target (no speculation)")
+    tokens_per_s: float | None = Field(None, description="the winner's measured tokens/s")
+    speedup: float | None = Field(None, description="the winner's tokens/s over the target alone's")
+    num_drafts: int | None = Field(None, description="the winner's k")
+    tau: float | None = Field(None, description="the winner's tau at its k")
+    tau_full_block: float | None = Field(None, description="the winner's headline tau drafting the whole block")
+    runner_up: str | None = Field(None, description="the next fastest")
+    margin: float | None = Field(None, description="winner tokens/s over the runner-up's (1.10 = 10% faster)")
+    speculative_config: dict[str, Any] | None = Field(None, description="vLLM's speculative_config of the winner")
+    candidates: dict[str, float | None] = Field(default_factory=dict, description="every candidate's tokens/s")
+
+    def line(self) -> str:
+        """The verdict in one line (report, console, card)."""
+        k = "" if self.num_drafts is None else f" at k={self.num_drafts} (tau {_fmt(self.tau)}, full block " \
+            f"{_fmt(self.tau_full_block)})"
+        margin = "" if self.runner_up is None else f", {_fmt(self.margin)}x the runner-up {self.runner_up}"
+        return (f"{self.suite}: serve {self.winner}{k}: {_fmt(self.tokens_per_s, '.1f')} tok/s, "
+                f"{_fmt(self.speedup)}x the target alone{margin}")
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
                       "published tau"]
 
@@ -193,6 +238,9 @@ class EvaluateSummary(StageSummary):
                                              "every tau and speedup above is at this k")
     target_model: str | None = Field(None, description="the run's target.model: the suite table marks a published "
                                      "figure for another model as such")
+    baselines: list[BaselineResult] = Field(default_factory=list, description="eval.baselines, decoded")
+    baselines_refused: list[str] = Field(default_factory=list, description="baselines that do not apply, and why")
+    verdicts: list[Verdict] = Field(default_factory=list, description="which to serve, per suite")
 
     def figures(self) -> dict[str, float]:
         """The headline (first suite) figures, and per suite `tau_<suite>`, `speedup_<suite>`,
@@ -250,6 +298,14 @@ class EvaluateSummary(StageSummary):
                          num(s.tau), " ".join(f"{a:.2f}" for a in s.acceptance_per_position or []) or "-",
                          "-" if s.speedup is None else f"{s.speedup:.2f}x", published or "-"])
         return rows
+
+    def verdict_text(self) -> str:
+        """Which to serve, one line per suite (the report, the console and the evaluate log end with it)."""
+        if not self.verdicts:
+            return ""
+        refused = "".join(f"\n  ({line})" for line in self.baselines_refused)
+        return "which to serve (highest measured tokens/s that passed the lossless check):\n" + "\n".join(
+            f"  {v.line()}" for v in self.verdicts) + refused
 
     def status_detail(self) -> str:
         table = self.suite_table_text()
