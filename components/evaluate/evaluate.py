@@ -241,7 +241,8 @@ def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequenc
     The costs of every k are measured on the first prompt (draft_length.measure_cycle_costs). A fixed
     eval.num_draft_tokens is used as is (no full-block pass). `auto` first decodes `prompts` (the headline suite)
     drafting the whole block, the acceptance per position of which gives each k's expected tokens per cycle; the
-    k of the highest expected speedup is chosen (the full block when no cycle ran)."""
+    k of the highest expected speedup is chosen, or a shorter one within the timings' spread of it (the full block
+    when no cycle ran)."""
     import torch
 
     costs = measure_cycle_costs(model, drafter, prompts[0].input_ids, layer_ids, block_size)
@@ -254,7 +255,7 @@ def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequenc
         gens.append(speculative_generate(model, drafter, p.input_ids, layer_ids, max_new, eos, temp, generator))
     full = summarize(gens)
     acceptance = full.acceptance_per_position or []
-    k = best_num_drafts(draft_length_curve(costs, acceptance)) if acceptance else block_size - 1
+    k = best_num_drafts(draft_length_curve(costs, acceptance), costs.spread) if acceptance else block_size - 1
     log.info("evaluate: draft length %d of %d on %s (full-block tau %s, acceptance %s; expected speedup %s)", k,
              block_size - 1, device_name(next(model.parameters()).device), full.tau, acceptance,
              [p.expected_speedup for p in draft_length_curve(costs, acceptance)])
@@ -278,6 +279,7 @@ def draft_length_record(k: int, block_size: int, costs: CycleCosts, full: Decode
     curve[k - 1].measured_speedup = headline.drafter.speedup
     return DraftLength(mode="auto" if full is not None else "fixed", num_drafts=k, block_size=block_size,
                        device_name=device_name(device), step_ms=round(costs.step_ms, 3), curve=curve,
+                       spread=costs.spread,
                        tau=headline.drafter.tau, speedup=headline.drafter.speedup,
                        expected_tokens=round(expected_tokens(acceptance, k), 4) if acceptance else None,
                        full_block=full_block)
@@ -396,7 +398,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
              summary.drafter.tau or 0, summary.baseline.tau or 0 if summary.baseline else 0,
              summary.target.tokens_per_s or 0, summary.drafter.tokens_per_s or 0,
              ll.passed if ll.checked else "not checked (sampling)", summary.suite_table_text(),
-             summary.verdict_text())
+             summary.decoder_table_text())
     if ll.mismatches:
         store.commit_json(METRICS_KEY, summary.dump())
         bad = ll.mismatches[0]

@@ -140,6 +140,8 @@ class DraftLength(BaseModel):
     block_size: int = Field(description="the drafter's block B (k <= B-1)")
     device_name: str | None = Field(None, description="where the costs were measured")
     step_ms: float | None = Field(None, description="the target's plain one-token step, measured")
+    spread: float | None = Field(None, description="relative timing noise (MAD / median of the step plus the "
+                                 "worst cycle): a longer k is chosen only when it is expected faster by more")
     curve: list[DraftLengthPoint] = Field(default_factory=list, description="every k = 1 .. B-1")
     tau: float | None = Field(None, description="headline suite's tau at k (the drafter row's)")
     speedup: float | None = Field(None, description="headline suite's measured speedup at k")
@@ -193,6 +195,9 @@ class Verdict(BaseModel):
         margin = "" if self.runner_up is None else f", {_fmt(self.margin)}x the runner-up {self.runner_up}"
         return (f"{self.suite}: serve {self.winner}{k}: {_fmt(self.tokens_per_s, '.1f')} tok/s, "
                 f"{_fmt(self.speedup)}x the target alone{margin}")
+
+
+LOSSLESS_WORD = {True: "passed", False: "FAILED", None: "not checked"}
 
 
 def _fmt(v: float | None, spec: str = ".2f") -> str:
@@ -255,6 +260,12 @@ class EvaluateSummary(StageSummary):
         if dl is not None:
             out.update(numbers({"num_draft_tokens": dl.num_drafts, "tau_full_block": dl.full_block_tau,
                                 "speedup_full_block": dl.full_block.speedup if dl.full_block else None}))
+        for b in self.baselines:  # trackers: each baseline at its own k beside its full-block tau
+            out.update(numbers({f"{b.name}_num_draft_tokens": b.num_drafts, f"{b.name}_tau_full_block":
+                                b.tau_full_block}))
+            for name, d in b.suites.items():
+                key = name.replace("-", "_").replace(".", "_")
+                out.update(numbers({f"{b.name}_tau_{key}": d.tau, f"{b.name}_speedup_{key}": d.speedup}))
         for s in self.suites:
             key = s.name.replace("-", "_").replace(".", "_")
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
@@ -299,6 +310,32 @@ class EvaluateSummary(StageSummary):
                          "-" if s.speedup is None else f"{s.speedup:.2f}x", published or "-"])
         return rows
 
+    def decoder_table(self) -> list[list[str]]:
+        """Every decoder on every suite side by side, each at its own k beside the full-block tau that compares
+        across k (taus at different k do not compare); then the baselines that did not apply, and why."""
+        dl = self.draft_length
+        k, full = (dl.num_drafts, dl.full_block_tau) if dl else (None, None)
+        rows = [["suite", "decoder", "k", "tau at k", "full-block tau (headline suite)", "tokens/s", "speedup",
+                 "lossless"]]
+        for s in self.suites:
+            rows.append([s.name, "pretrained drafter, as is" if self.evaluate_only else "trained drafter", _fmt(k, "d"),
+                         _fmt(s.tau), _fmt(full), _fmt(s.drafter_tokens_per_s, ".1f"), _fmt(s.speedup),
+                         LOSSLESS_WORD[s.lossless_passed]])
+            if s is self.suites[0] and self.baseline is not None and self.baseline_init != "pretrained":
+                b = self.baseline
+                rows.append([s.name, f"untrained ({b.prompts} prompts)", _fmt(k, "d"), _fmt(b.tau), "-",
+                             _fmt(b.tokens_per_s, ".1f"), _fmt(b.speedup), "-"])
+            for b in self.baselines:
+                d = b.suites.get(s.name)
+                if d is not None:
+                    rows.append([s.name, b.name, str(b.num_drafts), _fmt(d.tau), _fmt(b.tau_full_block),
+                                 _fmt(d.tokens_per_s, ".1f"), _fmt(d.speedup), LOSSLESS_WORD[b.lossless.get(s.name)]])
+        return rows + [[line, "", "", "", "", "", "", ""] for line in self.baselines_refused]
+
+    def decoder_table_text(self) -> str:
+        """`decoder_table` and the verdict as plain text (run-local's console)."""
+        return "\n".join(filter(None, [_text(self.decoder_table()), self.verdict_text()]))
+
     def verdict_text(self) -> str:
         """Which to serve, one line per suite (the report, the console and the evaluate log end with it)."""
         if not self.verdicts:
@@ -313,8 +350,12 @@ class EvaluateSummary(StageSummary):
 
     def suite_table_text(self) -> str:
         """`suite_table` as aligned plain text (logs and terminals)."""
-        rows = self.suite_table()
-        if len(rows) == 1:
-            return ""
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+        return _text(self.suite_table())
+
+
+def _text(rows: list[list[str]]) -> str:
+    """A table (header first) as aligned plain text; "" when it has no rows."""
+    if len(rows) == 1:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

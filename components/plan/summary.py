@@ -55,6 +55,9 @@ class PlanSummary(StageSummary):
                                        "no training, so only the inference pool's memory can refuse the run")
     comparison: Comparison | None = Field(
         None, description="every topology's cost, days and memory fit, sorted by total cost (plan --compare)")
+    free_alternatives: list[str] = Field(default_factory=list, description="what to measure before paying for "
+                                         "training: prompt lookup, the target's MTP head, the published drafter, "
+                                         "and the evaluate-only command that measures them on the run's prompts")
     gate: str | None = Field(None, description="why the run may not start (storage, free space, memory, cost or "
                              "days); None when it may")
 
