@@ -37,9 +37,6 @@ def select_baselines(cfg: RunConfig, has_mtp: bool) -> tuple[list[str], list[str
     why: dict[str, str] = {}
     if not has_mtp:
         why["mtp"] = f"mtp: {cfg.target.model} ships no mtp.* weights (no MTP head to draft with)"
-    else:
-        why["mtp"] = (f"mtp: {cfg.target.model} ships mtp.* weights, but flashdraft's MTP proposer is not built yet "
-                      "(serve-side only: vLLM's {\"method\": \"mtp\"})")
     if cfg.evaluate_only:
         why["published"] = "published: drafter.init_from is the drafter this evaluate-only run evaluates"
     elif not cfg.drafter.init_from:
@@ -52,11 +49,28 @@ def select_baselines(cfg: RunConfig, has_mtp: bool) -> tuple[list[str], list[str
     return [n for n in wanted if n not in why], [why[n] for n in wanted if n in why]
 
 
-def build_proposers(cfg: RunConfig, names: Sequence[str], max_drafts: int, parent: Any | None) -> dict[str, Any]:
-    """One Proposer per selected baseline (`parent`: the loaded drafter.init_from drafter, for `published`)."""
+def build_proposers(cfg: RunConfig, names: Sequence[str], max_drafts: int, parent: Any | None,
+                    model: Any) -> tuple[dict[str, Any], list[str]]:
+    """(one Proposer per selected baseline, the ones refused while loading). `parent`: the loaded
+    drafter.init_from drafter (`published`); `model`: the target, whose embedding, LM head and final norm the MTP
+    head shares. An MTP head of a layout not built here is refused in one line: an error when eval.baselines
+    names mtp, a note in the report when it was only a default."""
+    from flashdraft.target.model import resolve_model_dir
+
+    from .mtp import MtpError, load_mtp_proposer
+
     lo, hi = cfg.eval.prompt_lookup()
-    made = {"ngram": lambda: NgramProposer(max_drafts, lo, hi), "published": lambda: parent}
-    return {n: made[n]() for n in names}
+    made = {"ngram": lambda: NgramProposer(max_drafts, lo, hi), "published": lambda: parent,
+            "mtp": lambda: load_mtp_proposer(model, resolve_model_dir(cfg.target), cfg.target.revision, max_drafts)}
+    out, refused = {}, []
+    for name in names:
+        try:
+            out[name] = made[name]()
+        except MtpError as exc:
+            if cfg.eval.baselines is not None:
+                raise ConfigError(f"eval.baselines: {exc}") from None
+            refused.append(str(exc))
+    return out, refused
 
 
 def speculative_config(name: str, proposer: Any, k: int) -> dict[str, Any] | None:
@@ -69,6 +83,10 @@ def speculative_config(name: str, proposer: Any, k: int) -> dict[str, Any] | Non
     return {"method": "dflash", "model": source, "num_speculative_tokens": k} if source else None
 
 
+MTP_NOTE = ("the checkpoint's own MTP head, as shipped: on a randomly initialised test checkpoint its tau is "
+            "meaningless, only its losslessness is")
+
+
 def baseline_result(name: str, proposer: Any, k: int, full: DecodeStats | None, suites: Sequence[Any],
                     runs: Sequence[Any]) -> BaselineResult:
     """One baseline's record from the decoded suites (evaluate.SuiteRun): its k, full-block tau, and per suite
@@ -77,6 +95,7 @@ def baseline_result(name: str, proposer: Any, k: int, full: DecodeStats | None, 
                 for s, r in zip(suites, runs, strict=True)}
     return BaselineResult(name=name, num_drafts=k, tau_full_block=full.tau if full else None,
                           speculative_config=speculative_config(name, proposer, k), lossless=lossless,
+                          note=MTP_NOTE if name == "mtp" else None,
                           suites={s.name: r.decoders[name] for s, r in zip(suites, runs, strict=True)})
 
 

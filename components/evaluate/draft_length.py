@@ -22,7 +22,7 @@ import torch
 
 from flashdraft.target.capture import capture_layers
 
-from .spec import Proposer, new_target_cache
+from .spec import Proposer, new_target_cache, reads_layers
 from .target_cache import VerifyCache
 
 
@@ -130,6 +130,7 @@ def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], lay
     wall time (what decoding costs), or `time.process_time` (CPU seconds of every thread: on a host shared with
     other work, closer to what the forward would cost alone, for benchmarks)."""
     device = next(model.parameters()).device
+    layer_ids = reads_layers(drafter, layer_ids)
     ids = torch.tensor([list(prompt_ids)], device=device)
     last = torch.tensor([[int(prompt_ids[-1])]], device=device)
     plain = _prefill(model, ids)

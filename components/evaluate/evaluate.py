@@ -367,7 +367,8 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
                                                     baseline=n_base0 > 0 or "published" in chosen)
     eos = _eos_ids(tok, model)
     k, costs, full = tune_draft_length(cfg, model, trained, first, eos, layer_ids, block, suites[0].max_new_tokens)
-    extras = build_proposers(cfg, chosen, block - 1, baseline)
+    extras, unloaded = build_proposers(cfg, chosen, block - 1, baseline, model)
+    refused += unloaded
     tuned = {n: tune_draft_length(cfg, model, p, first, eos, layer_ids, block, suites[0].max_new_tokens)
              for n, p in extras.items()}  # each baseline at its own best k on this device
     log.info("evaluate: suites %s, drafter %s, baselines %s, device %s, %d threads",

@@ -45,6 +45,12 @@ class Proposer(Protocol):
     def new_session(self) -> DraftSession: ...
 
 
+def reads_layers(drafter: Proposer, layer_ids: Sequence[int]) -> Sequence[int]:
+    """The target layers whose outputs `drafter` reads: its own `reads_layers` (the MTP head: the last layer's), else
+    the run's DFlash feature layers."""
+    return getattr(drafter, "reads_layers", None) or layer_ids
+
+
 @dataclass
 class Generation:
     """Tokens generated after the prompt, and for speculative runs the accepted draft count of every cycle."""
@@ -145,6 +151,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
     num_speculative_tokens=k (draft_length.py picks k for the device).
     """
     device = next(model.parameters()).device
+    layer_ids = reads_layers(drafter, layer_ids)
     start = time.perf_counter()
     cache = new_target_cache(model)
     accepted: list[int] = []

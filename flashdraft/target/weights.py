@@ -133,3 +133,8 @@ def load_target_init(model_dir: Path | str, revision: str | None, model: str, la
     norm_name = _pick([n for n in files if ".layers." not in n and n.endswith(".norm.weight")], "norm.weight")
     return layers, (read(norm_name) if norm_name else None)
 
+
+
+def read_tensors(model_dir, revision: str | None, wanted) -> dict[str, torch.Tensor]:
+    """The tensors whose names `wanted` accepts, read from only the shards that hold them (a target's MTP head)."""
+    return {name: mmap_tensor(path, name) for name, path in _weight_files(model_dir, revision, wanted).items()}
