@@ -309,6 +309,17 @@ def combined_lossless(suites: Sequence[Suite], runs: Sequence[SuiteRun]) -> Loss
                          ties=tagged("ties"), tie_margin=first.tie_margin)
 
 
+def _untrained_prompts(cfg: RunConfig, prompts: int, baselines: Sequence[str]) -> int:
+    """Prompts of the first suite the `baseline` decoder (the untrained drafter, or the pretrained parent) decodes:
+    none in an evaluate-only run or when the parent decodes every suite as the `published` baseline."""
+    limit = cfg.eval.baseline_prompts
+    if cfg.evaluate_only or limit == 0 or "published" in baselines:
+        return 0
+    if limit is None or cfg.drafter.init == "pretrained":  # a parent's tau is "before", on the prompts of "after"
+        return prompts
+    return min(limit, prompts)
+
+
 def _decode_suites(cfg: RunConfig, model, tok, suites: Sequence[Suite], drafters: dict[str, Proposer],
                    untrained: Proposer | None, n_base0: int, layer_ids: Sequence[int],
                    draft_counts: dict[str, int]) -> list[SuiteRun]:
@@ -356,13 +367,7 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     kernels = pack_for_cpu(model) if device == "cpu" else "stock"  # both decoders run the same modules
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
-    limit = cfg.eval.baseline_prompts
-    if cfg.evaluate_only or limit == 0 or "published" in chosen:  # published: the parent decodes as a baseline
-        n_base0 = 0
-    elif limit is None or cfg.drafter.init == "pretrained":  # a parent's tau is "before", on the prompts of "after"
-        n_base0 = len(first)
-    else:
-        n_base0 = min(limit, len(first))
+    n_base0 = _untrained_prompts(cfg, len(first), chosen)
     trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device,
                                                     baseline=n_base0 > 0 or "published" in chosen)
     eos = _eos_ids(tok, model)

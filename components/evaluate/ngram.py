@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+
 def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """The (up to) k tokens after the earliest earlier occurrence of the longest suffix of `tokens` whose length
     is in [min_n, max_n]; [] when none occurs."""

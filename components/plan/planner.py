@@ -257,8 +257,8 @@ def free_alternatives(cfg: RunConfig, model_type: str, origin: str | None = None
            if any(f in family for f in MTP_FAMILIES) else
            "the target's MTP head where its checkpoint ships `mtp.*` weights (evaluate says if it does not)")
     published = cfg.drafter.init_from or "hf:<a published drafter for this target>"
-    command = (f"flashdraft run-local {origin or '--preset <yours>'} --set drafter.init=pretrained --set drafter.init_from={published} "
-               "--set drafter.kind=dflash --set training.max_steps=0")
+    command = (f"flashdraft run-local {origin or '--preset <yours>'} --set drafter.init=pretrained "
+               f"--set drafter.init_from={published} --set drafter.kind=dflash --set training.max_steps=0")
     if cfg.evaluate_only:
         return [f"Evaluate only: prompt lookup (vLLM `{{\"method\": \"ngram\"}}`) and {mtp} are decoded beside "
                 "the published drafter; the report ends with which to serve."]

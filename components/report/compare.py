@@ -275,7 +275,8 @@ def render_html(comparison: Comparison) -> str:
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
             "</style></head><body><h1>flashdraft compare</h1>"
-            f"<ul>{runs}</ul>{_html_table(comparison.table())}<p>{html.escape(comparison.k_note())}</p><h2>Config keys that differ</h2>"
+            f"<ul>{runs}</ul>{_html_table(comparison.table())}<p>{html.escape(comparison.k_note())}</p>"
+            "<h2>Config keys that differ</h2>"
             f"{_html_table(comparison.difference_table())}<h2>Curves</h2>"
             f"<img alt='loss and held-out tau curves' src='data:image/png;base64,{_curves_png(comparison)}'>"
             "</body></html>")

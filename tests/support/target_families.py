@@ -88,7 +88,6 @@ def add_mtp_weights(model_dir: Path, seed: int = 11) -> Path:
     production checkpoints ship them. Random weights: the head's tau means nothing, only its decoding is tested."""
     import torch
     from safetensors.torch import load_file, save_file
-
     from transformers import AutoConfig
 
     from flashdraft.components.evaluate.mtp import MtpHead
