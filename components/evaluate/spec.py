@@ -58,6 +58,7 @@ class Generation:
     tokens: list[int]
     seconds: float
     accepted: list[int] = field(default_factory=list)  # a per cycle (bonus excluded; tau counts a + 1)
+    drafted: list[int] = field(default_factory=list)   # drafts proposed per cycle (prompt lookup: 0 on no match)
     block_size: int = 0                                 # drafted tokens per cycle + 1 (0: plain decode)
     margins: list[float] = field(default_factory=list)  # plain decode: top-1 minus top-2 logit per token
 
@@ -155,6 +156,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
     start = time.perf_counter()
     cache = new_target_cache(model)
     accepted: list[int] = []
+    drafted: list[int] = []
     block_size = 0
     verified = torch.tensor(list(prompt_ids), device=device)  # x_0..x_{S-1}: tokens with features
     with capture_layers(model, layer_ids) as cap:
@@ -191,6 +193,7 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             new = draft[:n_ok].tolist() + [nxt]
             tokens.extend(new)
             accepted.append(n_ok)
+            drafted.append(draft.numel())
             done = any(t in eos_ids for t in new)
     return Generation(tokens=_finish(tokens, max_new_tokens, eos_ids), seconds=time.perf_counter() - start,
-                      accepted=accepted, block_size=block_size)
+                      accepted=accepted, drafted=drafted, block_size=block_size)

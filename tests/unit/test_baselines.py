@@ -117,3 +117,29 @@ def test_a_draft_of_no_tokens_is_a_plain_step():
     session = proposer.new_session()
     session.extend(torch.zeros(3, 1), torch.tensor([1, 2, 3]))
     assert session.propose(4).numel() == 0
+
+
+def test_compare_sets_each_tau_beside_its_k_and_the_full_block_tau_and_says_when_ks_differ():
+    from flashdraft.components.report.compare import Comparison, RunRow, render_text
+
+    rows = [RunRow(run="a", heldout_tau=1.91, num_drafts=4, tau_full_block=2.01,
+                   baselines={"ngram": "1.30 @k=2 (full 1.35; 1.10x)"}, serve="drafter (1.05x ngram)"),
+            RunRow(run="b", heldout_tau=2.005, num_drafts=7, tau_full_block=2.005)]
+    comparison = Comparison(rows, {})
+    head, a, b = comparison.table()
+    assert head[7:10] == ["k", "held-out tau at k", "full-block tau"] and "ngram tau at its k" in head
+    assert a[7:10] == ["4", "1.91", "2.01"] and b[head.index("ngram tau at its k")] == "-"
+    assert a[head.index("serve")] == "drafter (1.05x ngram)"
+    assert "different k (4, 7" in comparison.k_note() and comparison.k_note() in render_text(comparison)
+    assert Comparison(rows[:1], {}).k_note() == ""
+
+
+def test_the_plan_prints_the_free_alternatives_and_the_evaluate_only_command_beside_the_training_cost():
+    from flashdraft.components.plan.planner import make_plan, plan_markdown
+
+    cfg = load_config(preset="qwen3.6-27b")
+    text = plan_markdown(make_plan(cfg, origin="--preset qwen3.6-27b"))
+    cost, free = text.index("cost: $"), text.index("cost nothing to try")
+    assert cost < free and "the target's own MTP head" in text
+    assert ("flashdraft run-local --preset qwen3.6-27b --set drafter.init=pretrained --set drafter.init_from="
+            in text and "--set training.max_steps=0" in text)
