@@ -22,12 +22,18 @@ NOT_SERVED = {"baseline"}  # the untrained drafter: a reference point, never an 
 
 
 def has_mtp_weights(cfg: RunConfig) -> bool:
-    """Whether the target checkpoint ships a multi-token-prediction head (`mtp.*` tensors, Qwen3.5/3.6 layout)."""
+    """Whether the target checkpoint ships a multi-token-prediction head (`mtp.*` tensors, Qwen3.5/3.6 layout),
+    read from its safetensors index or header alone."""
     from flashdraft.target.model import resolve_model_dir
     from flashdraft.target.weights import tensor_names
 
-    return any(n.startswith("mtp.") or ".mtp." in n
-               for n in tensor_names(resolve_model_dir(cfg.target), cfg.target.revision))
+    if cfg.eval.baselines is not None and "mtp" not in cfg.eval.baselines:
+        return False  # not asked for: the checkpoint's index is not read
+    try:
+        names = tensor_names(resolve_model_dir(cfg.target), cfg.target.revision)
+    except FileNotFoundError:  # no safetensors (a .bin checkpoint): no MTP head flashdraft can read
+        return False
+    return any(n.startswith("mtp.") for n in names)
 
 
 def select_baselines(cfg: RunConfig, has_mtp: bool) -> tuple[list[str], list[str]]:
