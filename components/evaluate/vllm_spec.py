@@ -5,7 +5,8 @@ with vLLM (the inference image, or `make vllm-venv` on CPU)::
     python -m flashdraft.components.evaluate.vllm_spec --target /models/Qwen3.6-27B \\
         --drafter /exports/zlab --prompts prompts.json --num-speculative-tokens 15 --max-new-tokens 256
 
-`--method ngram` measures vLLM's prompt lookup instead (no drafter; `--prompt-lookup-min/-max`).
+`--method ngram` measures vLLM's prompt lookup instead (no drafter; `--prompt-lookup-min/-max`), `--method mtp` the
+target's own MTP head.
 `prompts.json`: a JSON list of token-id lists. `--num-speculative-tokens` is the drafter's block size - 1 (vLLM
 ignores `block_size`); 0 runs the target alone (the reference). Prompts are decoded one at a time, so each one's
 counters are its own. Stdout is JSON: per prompt the generated ids and vLLM's counters (vllm:spec_decode_num_drafts,
@@ -56,6 +57,8 @@ def speculative_config(method: str, drafter: str | None, num_speculative_tokens:
     """vLLM's speculative_config: the DFlash drafter folder, or prompt lookup (`ngram`) with its (min, max)."""
     if not num_speculative_tokens:
         return None
+    if method == "mtp":  # the target's own head: no drafter folder
+        return {"method": "mtp", "num_speculative_tokens": num_speculative_tokens}
     if method == "ngram":
         lo, hi = prompt_lookup or (5, 5)
         return {"method": "ngram", "num_speculative_tokens": num_speculative_tokens, "prompt_lookup_min": lo,
@@ -111,8 +114,8 @@ def main() -> None:
     ap.add_argument("--tensor-parallel", type=int, default=1)
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--method", default="dflash", choices=["dflash", "ngram"],
-                    help="dflash: the --drafter folder; ngram: vLLM's prompt lookup (no drafter)")
+    ap.add_argument("--method", default="dflash", choices=["dflash", "ngram", "mtp"],
+                    help="dflash: the --drafter folder; ngram: vLLM's prompt lookup; mtp: the target's MTP head")
     ap.add_argument("--prompt-lookup-min", type=int, default=5, help="ngram: vLLM's prompt_lookup_min")
     ap.add_argument("--prompt-lookup-max", type=int, default=5, help="ngram: vLLM's prompt_lookup_max")
     ap.add_argument("--out", help="also write the JSON here")
