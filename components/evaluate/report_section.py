@@ -86,7 +86,9 @@ def sections(ev: EvaluateSummary, run: RunView) -> list:
         ["device", f"{ev.device} ({ev.threads} threads)"], ["target kernels", fmt(ev.target_kernels)],
         ["host", f"{fmt(ev.host_cpus)} CPUs, load average {fmt(ev.host_load_1m)} after decoding"],
         ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
-    if ev.verdicts:
+    if ev.baselines_refused:
+        out.append(("Baselines not decoded", "; ".join(ev.baselines_refused)))
+    if ev.verdicts:  # the section ends with the answer
         out.append(("Which to serve", verdict_table(ev)))
     return out
 

@@ -192,9 +192,12 @@ class Verdict(BaseModel):
         """The verdict in one line (report, console, card)."""
         k = "" if self.num_drafts is None else f" at k={self.num_drafts} (tau {_fmt(self.tau)}, full block " \
             f"{_fmt(self.tau_full_block)})"
-        margin = "" if self.runner_up is None else f", {_fmt(self.margin)}x the runner-up {self.runner_up}"
+        margin = "" if self.runner_up is None else f"{_fmt(self.margin)}x the runner-up {self.runner_up}"
+        if self.winner == "target":  # nothing measured faster than no speculation
+            return (f"{self.suite}: serve the target alone (no speculation): {_fmt(self.tokens_per_s, '.1f')} "
+                    f"tok/s, {margin}")
         return (f"{self.suite}: serve {self.winner}{k}: {_fmt(self.tokens_per_s, '.1f')} tok/s, "
-                f"{_fmt(self.speedup)}x the target alone{margin}")
+                f"{_fmt(self.speedup)}x the target alone" + (f", {margin}" if margin else ""))
 
 
 LOSSLESS_WORD = {True: "passed", False: "FAILED", None: "not checked"}
@@ -312,7 +315,7 @@ class EvaluateSummary(StageSummary):
 
     def decoder_table(self) -> list[list[str]]:
         """Every decoder on every suite side by side, each at its own k beside the full-block tau that compares
-        across k (taus at different k do not compare); then the baselines that did not apply, and why."""
+        across k (taus at different k do not compare). The baselines that did not apply are in `verdict_text`."""
         dl = self.draft_length
         k, full = (dl.num_drafts, dl.full_block_tau) if dl else (None, None)
         rows = [["suite", "decoder", "k", "tau at k", "full-block tau (headline suite)", "tokens/s", "speedup",
@@ -330,7 +333,7 @@ class EvaluateSummary(StageSummary):
                 if d is not None:
                     rows.append([s.name, b.name, str(b.num_drafts), _fmt(d.tau), _fmt(b.tau_full_block),
                                  _fmt(d.tokens_per_s, ".1f"), _fmt(d.speedup), LOSSLESS_WORD[b.lossless.get(s.name)]])
-        return rows + [[line, "", "", "", "", "", "", ""] for line in self.baselines_refused]
+        return rows
 
     def decoder_table_text(self) -> str:
         """`decoder_table` and the verdict as plain text (run-local's console)."""

@@ -160,7 +160,7 @@ def test_every_evaluation_decodes_prompt_lookup_beside_the_drafter_and_says_whic
                                         "prompt_lookup_max": 5, "prompt_lookup_min": 5}
     for stats in ngram.suites.values():
         assert stats.tau >= 1.0 and stats.tokens_per_s > 0 and stats.speedup > 0
-    assert [line.split(":")[0] for line in metrics.baselines_refused] == ["mtp", "published"]
+    assert [line.split(":")[0] for line in metrics.baselines_refused] == ["published", "mtp"]
     assert [v.suite for v in metrics.verdicts] == [s.name for s in metrics.suites]
     for v in metrics.verdicts:
         fastest = max(v.candidates.values())
@@ -172,7 +172,7 @@ def test_every_evaluation_decodes_prompt_lookup_beside_the_drafter_and_says_whic
     assert "full-block tau" in lines[2]
     assert len(verdict_table(metrics)) == 1 + len(metrics.suites)
     text = metrics.decoder_table_text()
-    assert "ngram" in text and "untrained" in text and text.splitlines()[-1].startswith("  (published:")
+    assert "ngram" in text and "untrained" in text and text.splitlines()[-1].startswith("  (mtp: ")
     card = "\n".join(verdict_lines(metrics, "exports/x/zlab"))
     assert card.startswith("## Which to serve") and "vLLM:" in card
     winner = metrics.verdicts[0]
