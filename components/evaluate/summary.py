@@ -188,8 +188,15 @@ class Verdict(BaseModel):
     speculative_config: dict[str, Any] | None = Field(None, description="vLLM's speculative_config of the winner")
     candidates: dict[str, float | None] = Field(default_factory=dict, description="every candidate's tokens/s")
 
+    def card_line(self) -> str:
+        """The verdict without timings (the model card: the same evaluation gives the same card bytes)."""
+        if self.winner == "target":
+            return f"{self.suite}: the target alone (no speculative decoder measured faster)"
+        return (f"{self.suite}: {self.winner} at k={self.num_drafts} (tau {_fmt(self.tau)}, full block "
+                f"{_fmt(self.tau_full_block)}), the fastest lossless decoder measured")
+
     def line(self) -> str:
-        """The verdict in one line (report, console, card)."""
+        """The verdict in one line (report, console, evaluate log)."""
         k = "" if self.num_drafts is None else f" at k={self.num_drafts} (tau {_fmt(self.tau)}, full block " \
             f"{_fmt(self.tau_full_block)})"
         margin = "" if self.runner_up is None else f"{_fmt(self.margin)}x the runner-up {self.runner_up}"

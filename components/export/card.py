@@ -80,14 +80,16 @@ def verdict_lines(ev: EvaluateSummary, folder: str) -> list[str]:
     its k beside the full-block tau, and the speculative_config vLLM serves it with, whichever it is."""
     if not ev.verdicts:
         return []
-    lines = ["## Which to serve", "", "Per suite, the decoder with the highest tokens/s measured by `flashdraft "
-             "evaluate` (its device, not yours: the run's report has the timings) whose greedy output equalled the "
-             "target's; the free alternatives (prompt lookup, the target's MTP head, the published drafter) were "
-             "decoded by the same decoder on the same prompts:", ""]
+    device = ev.draft_length.device_name if ev.draft_length else ev.device
+    lines = ["## Which to serve", "", "Per suite, the decoder with the highest tokens/s that `flashdraft evaluate` "
+             f"measured on {device} (not necessarily your hardware: the run's report has the timings and margins) "
+             "whose greedy output equalled the target's; the free alternatives (prompt lookup, the target's MTP "
+             "head, the published drafter) were decoded by the same decoder on the same prompts, each at its best "
+             "k there:", ""]
     for v in ev.verdicts:
         config = served_config(v, folder)
-        lines += [f"- {v.line()}; vLLM: " + (f"`--speculative-config '{json.dumps(config)}'`" if config
-                                             else "no speculative decoding")]
+        lines += [f"- {v.card_line()}; vLLM: " + (f"`--speculative-config '{json.dumps(config)}'`" if config
+                                                  else "no speculative decoding")]
     return [*lines, *(f"- ({line})" for line in ev.baselines_refused), ""]
 
 
