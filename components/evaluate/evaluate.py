@@ -374,8 +374,9 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     k, costs, full = tune_draft_length(cfg, model, trained, first, eos, layer_ids, block, suites[0].max_new_tokens)
     extras, unloaded = build_proposers(cfg, chosen, block - 1, baseline, model)
     refused += unloaded
-    tuned = {n: tune_draft_length(cfg, model, p, first, eos, layer_ids, block, suites[0].max_new_tokens)
-             for n, p in extras.items()}  # each baseline at its own best k on this device
+    probe = first[: cfg.eval.baseline_prompts or len(first)]  # each baseline's full-block pass, for its own k
+    tuned = {n: tune_draft_length(cfg, model, p, probe, eos, layer_ids, block, suites[0].max_new_tokens)
+             for n, p in extras.items()}
     log.info("evaluate: suites %s, drafter %s, baselines %s, device %s, %d threads",
              ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri,
              {n: t[0] for n, t in tuned.items()} or "none", device, torch.get_num_threads())

@@ -97,7 +97,8 @@ class EvalConfig(Section):
                                      "0 = none): at tau ~1 it costs a verify forward per token, as much as the "
                                      "target alone, and its tau is ~1.0 on any prompt. A pretrained parent "
                                      "(drafter.init=pretrained, trained on) decodes every prompt unless 0: its tau "
-                                     "is the 'before' beside the trained drafter's, on the same prompts")
+                                     "is the 'before' beside the trained drafter's, on the same prompts. The "
+                                     "eval.baselines' full-block passes (their k) also decode these first N only")
     num_draft_tokens: Literal["auto"] | int = Field(
         default="auto", description="draft tokens per speculative cycle k (vLLM's num_speculative_tokens), 1 .. "
                                     "drafter.block_size - 1; `auto`: the k with the highest expected tokens/s on "
