@@ -190,6 +190,7 @@ def outcome(cfg: RunConfig) -> dict[str, Any]:
     stream = metrics(StreamStats, "stream")
     out["tau"] = evaluation.drafter.tau if evaluation and evaluation.drafter else None
     out["suites"] = evaluation.suite_table_text() if evaluation else ""
+    out["verdict"] = evaluation.decoder_table_text() if evaluation else ""
     train = metrics(TrainSummary, "train")
     out["heldout"] = [(p["step"], p["tau"]) for p in train.heldout if p.get("tau") is not None] if train else []
     out["baseline_tau"] = evaluation.baseline.tau if evaluation and evaluation.baseline else None
@@ -235,6 +236,8 @@ def print_outcome(console: Any, result: dict[str, Any]) -> None:
             + " ".join(f"{step}:{tau:.2f}" for step, tau in result["heldout"]))
     for fmt, folder in (result.get("exports") or {}).items():
         say(f"drafter ({fmt}, serve the folder as is; its README.md has the command): {folder}")
+    if result.get("verdict"):  # every decoder side by side, then which to serve per suite
+        say("does training pay? every decoder on every suite:\n" + result["verdict"])
     say(f"report: {result.get('report') or 'not written'}")
     say(f"logs: {result['log_dir']} (kfp-local.log: kfp's own output; <task>.log: each task's)")
     if result["state"] == "SUCCEEDED":

@@ -22,7 +22,7 @@ import torch
 
 from flashdraft.target.capture import capture_layers
 
-from .spec import Proposer, new_target_cache
+from .spec import Proposer, new_target_cache, reads_layers
 from .target_cache import VerifyCache
 
 
@@ -35,6 +35,7 @@ class CycleCosts:
     step_ms: float
     verify_ms: list[float]
     draft_ms: list[float]
+    spread: float = 0.0  # relative noise of an expected speedup: the step's and the worst cycle's MAD / median
 
     @property
     def max_drafts(self) -> int:
@@ -72,13 +73,22 @@ def draft_length_curve(costs: CycleCosts, acceptance: Sequence[float]) -> list[D
     return points
 
 
-def best_num_drafts(points: Sequence[DraftLengthPoint]) -> int:
-    """The k of the highest expected speedup (the shorter k on a tie: less drafter work for the same rate).
-    Raises ValueError when no point has an expected speedup."""
+def best_num_drafts(points: Sequence[DraftLengthPoint], spread: float = 0.0) -> int:
+    """The shortest k whose expected speedup is within the measurement's `spread` (relative) of the highest: a
+    longer k is chosen only when it wins by more than the timing noise, so two runs on one machine pick the same
+    k (issue 59: k=4 in one run, k=7 in the next, from noise). Raises ValueError when no point has an expected
+    speedup."""
     known = [p for p in points if p.expected_speedup is not None]
     if not known:
         raise ValueError("no draft length has an expected speedup: the acceptance per position is empty")
-    return max(known, key=lambda p: (p.expected_speedup, -p.num_drafts)).num_drafts
+    best = max(p.expected_speedup for p in known)
+    return min(p.num_drafts for p in known if p.expected_speedup * (1 + spread) >= best)
+
+
+def relative_spread(samples: Sequence[float]) -> float:
+    """Median absolute deviation over the median: how far one timing strays, robust to one outlier rep."""
+    mid = statistics.median(samples)
+    return statistics.median(abs(x - mid) for x in samples) / mid if mid > 0 else 0.0
 
 
 def _sync(device: torch.device) -> None:
@@ -120,13 +130,14 @@ def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], lay
     wall time (what decoding costs), or `time.process_time` (CPU seconds of every thread: on a host shared with
     other work, closer to what the forward would cost alone, for benchmarks)."""
     device = next(model.parameters()).device
+    layer_ids = reads_layers(drafter, layer_ids)
     ids = torch.tensor([list(prompt_ids)], device=device)
     last = torch.tensor([[int(prompt_ids[-1])]], device=device)
     plain = _prefill(model, ids)
     with capture_layers(model, layer_ids) as cap:
         verifying = _prefill(model, ids)
         session = drafter.new_session()
-        session.extend(cap.features()[0])
+        session.extend(cap.features()[0], ids[0])
     step: list[float] = []
     verify: list[list[float]] = [[] for _ in range(block_size - 1)]
     draft: list[list[float]] = [[] for _ in range(block_size - 1)]
@@ -142,7 +153,10 @@ def measure_cycle_costs(model, drafter: Proposer, prompt_ids: Sequence[int], lay
                     draft[k - 1].append(ms_draft)
         if rep:
             step.append(ms_step)
-    return CycleCosts(statistic(step), [statistic(v) for v in verify], [statistic(d) for d in draft])
+    cycles = [[a + b for a, b in zip(v, d, strict=True)] for v, d in zip(verify, draft, strict=True)]
+    spread = relative_spread(step) + max(relative_spread(c) for c in cycles)
+    return CycleCosts(statistic(step), [statistic(v) for v in verify], [statistic(d) for d in draft],
+                      round(spread, 4))
 
 
 def device_name(device: torch.device | str) -> str:

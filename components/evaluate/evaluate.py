@@ -39,6 +39,7 @@ from flashdraft.storage import layout
 from flashdraft.storage.source import data_store
 from flashdraft.storage.store import ObjectStore, io_counters, open_store
 
+from .baselines import baseline_result, build_proposers, has_mtp_weights, select_baselines, verdicts
 from .cpu_kernels import pack_for_cpu
 from .draft_length import (
     CycleCosts,
@@ -173,13 +174,15 @@ def _load_drafters(cfg: RunConfig, store: ObjectStore, tok, device: str,
 def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], drafters: dict[str, Proposer],
                      layer_ids: Sequence[int], accept: Callable = greedy_accept,
                      prompt_limits: dict[str, int] | None = None, max_new_tokens: int | None = None,
-                     num_drafts: int | None = None, batch: int = 1) -> SuiteRun:
+                     num_drafts: int | None = None, batch: int = 1,
+                     draft_counts: dict[str, int] | None = None) -> SuiteRun:
     """Decode every prompt with the target alone and with each drafter; returns their figures (no I/O).
 
     `prompt_limits[name] = n`: that drafter decodes only the first n prompts (the untrained baseline); its
     speedup and lossless check compare it with the target on those same prompts. `max_new_tokens`: the suite's
-    (default eval.max_new_tokens). `num_drafts`: drafts per cycle (None: the drafter's B-1). `batch` > 1 (greedy
-    only): the target alone decodes the prompts past eval.timed_prompts that many at a time (`batched_reference`)."""
+    (default eval.max_new_tokens). `num_drafts`: drafts per cycle (None: the drafter's B-1); `draft_counts[name]`:
+    that decoder's own k (a baseline at its best k). `batch` > 1 (greedy only): the target alone decodes the prompts
+    past eval.timed_prompts that many at a time (`batched_reference`)."""
     import torch
 
     max_new, temp = max_new_tokens or cfg.eval.max_new_tokens, cfg.eval.temperature
@@ -193,7 +196,7 @@ def evaluate_prompts(cfg: RunConfig, model, tok, prompts: Sequence[EvalPrompt], 
         if name == "target":
             return target_generate(model, p.input_ids, tokens, eos, temp, generator)
         return speculative_generate(model, drafters[name], p.input_ids, layer_ids, tokens, eos, temp, generator,
-                                    accept=accept, num_drafts=num_drafts)
+                                    accept=accept, num_drafts=(draft_counts or {}).get(name, num_drafts))
 
     # Warm-up (untimed): first-call allocations and kernel selection must not be billed to either decoder.
     for name in ["target", *drafters]:
@@ -272,7 +275,8 @@ def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequenc
     The costs of every k are measured on the first prompt (draft_length.measure_cycle_costs). A fixed
     eval.num_draft_tokens is used as is (no full-block pass). `auto` first decodes `prompts` (the headline suite)
     drafting the whole block, the acceptance per position of which gives each k's expected tokens per cycle; the
-    k of the highest expected speedup is chosen (the full block when no cycle ran)."""
+    k of the highest expected speedup is chosen, or a shorter one within the timings' spread of it (the full block
+    when no cycle ran)."""
     import torch
 
     costs = measure_cycle_costs(model, drafter, prompts[0].input_ids, layer_ids, block_size)
@@ -285,7 +289,7 @@ def tune_draft_length(cfg: RunConfig, model, drafter: Proposer, prompts: Sequenc
         gens.append(speculative_generate(model, drafter, p.input_ids, layer_ids, max_new, eos, temp, generator))
     full = summarize(gens)
     acceptance = full.acceptance_per_position or []
-    k = best_num_drafts(draft_length_curve(costs, acceptance)) if acceptance else block_size - 1
+    k = best_num_drafts(draft_length_curve(costs, acceptance), costs.spread) if acceptance else block_size - 1
     log.info("evaluate: draft length %d of %d on %s (full-block tau %s, acceptance %s; expected speedup %s)", k,
              block_size - 1, device_name(next(model.parameters()).device), full.tau, acceptance,
              [p.expected_speedup for p in draft_length_curve(costs, acceptance)])
@@ -309,6 +313,7 @@ def draft_length_record(k: int, block_size: int, costs: CycleCosts, full: Decode
     curve[k - 1].measured_speedup = headline.drafter.speedup
     return DraftLength(mode="auto" if full is not None else "fixed", num_drafts=k, block_size=block_size,
                        device_name=device_name(device), step_ms=round(costs.step_ms, 3), curve=curve,
+                       spread=costs.spread,
                        tau=headline.drafter.tau, speedup=headline.drafter.speedup,
                        expected_tokens=round(expected_tokens(acceptance, k), 4) if acceptance else None,
                        full_block=full_block)
@@ -338,6 +343,38 @@ def combined_lossless(suites: Sequence[Suite], runs: Sequence[SuiteRun]) -> Loss
                          ties=tagged("ties"), tie_margin=first.tie_margin)
 
 
+def _untrained_prompts(cfg: RunConfig, prompts: int, baselines: Sequence[str]) -> int:
+    """Prompts of the first suite the `baseline` decoder (the untrained drafter, or the pretrained parent) decodes:
+    none in an evaluate-only run or when the parent decodes every suite as the `published` baseline."""
+    limit = cfg.eval.baseline_prompts
+    if cfg.evaluate_only or limit == 0 or "published" in baselines:
+        return 0
+    if limit is None or cfg.drafter.init == "pretrained":  # a parent's tau is "before", on the prompts of "after"
+        return prompts
+    return min(limit, prompts)
+
+
+def _decode_suites(cfg: RunConfig, model, tok, suites: Sequence[Suite], drafters: dict[str, Proposer],
+                   untrained: Proposer | None, n_base0: int, layer_ids: Sequence[int],
+                   draft_counts: dict[str, int], batch: int = 1) -> list[SuiteRun]:
+    """Every suite decoded by the target alone, the drafter and each eval.baselines proposer at its own k; the
+    untrained (or parent) baseline decodes the first `n_base0` prompts of the first suite. `batch`: the target-alone
+    reference's batch on a GPU (evaluate_prompts)."""
+    runs = []
+    for i, suite in enumerate(suites):
+        n_base = 0 if i else n_base0
+        decoders = {**drafters, **({"baseline": untrained} if n_base else {})}
+        t0 = time.perf_counter()
+        run = evaluate_prompts(cfg, model, tok, suite.prompts, decoders, layer_ids, prompt_limits={"baseline": n_base},
+                               max_new_tokens=suite.max_new_tokens, num_drafts=draft_counts["drafter"],
+                               draft_counts=draft_counts, batch=batch)
+        run.wall_seconds = round(time.perf_counter() - t0, 2)
+        runs.append(run)
+        log.info("evaluate: suite %s: tau %.3f, speedup %s; %s", suite.name, run.drafter.tau or 0,
+                 run.drafter.speedup, {n: (d.tau, d.speedup) for n, d in run.decoders.items() if n != "drafter"})
+    return runs
+
+
 def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     """Evaluate the trained drafter (the latest checkpoint) on every suite against the target, and an untrained
     baseline on the first suite.
@@ -360,41 +397,35 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
     tok = target.tokenizer()
     suites = load_suites(cfg, data_store(cfg), tok)  # every suite read and checked before any model is loaded
     reference = load_reference(cfg.eval.reference, cfg.storage)
+    chosen, refused = select_baselines(cfg, has_mtp_weights(cfg))  # a listed one that cannot apply: refused here
     model = target.causal_lm(device)
     kernels = pack_for_cpu(model) if device == "cpu" else "stock"  # both decoders run the same modules
     layer_ids = list(target.layer_ids)
     first = suites[0].prompts
-    limit = cfg.eval.baseline_prompts
-    if cfg.evaluate_only or limit == 0:  # the pretrained drafter as is has nothing to compare with
-        n_base0 = 0
-    elif limit is None or cfg.drafter.init == "pretrained":  # a parent's tau is "before", on the prompts of "after"
-        n_base0 = len(first)
-    else:
-        n_base0 = min(limit, len(first))
-    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device, baseline=n_base0 > 0)
-    k, costs, full = tune_draft_length(cfg, model, trained, first, _eos_ids(tok, model), layer_ids, block,
-                                       suites[0].max_new_tokens)
-    log.info("evaluate: suites %s, drafter %s, device %s, %d threads",
-             ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri, device,
-             torch.get_num_threads())
-    runs = []
-    for i, suite in enumerate(suites):
-        n_base = 0 if i else n_base0  # the untrained baseline decodes the first suite only
-        drafters = {"drafter": trained, **({"baseline": baseline} if n_base else {})}
-        t0 = time.perf_counter()
-        run = evaluate_prompts(cfg, model, tok, suite.prompts, drafters, layer_ids,
-                               prompt_limits={"baseline": n_base}, max_new_tokens=suite.max_new_tokens, num_drafts=k,
-                               batch=target_batch(cfg, device))
-        run.wall_seconds = round(time.perf_counter() - t0, 2)
-        runs.append(run)
-        log.info("evaluate: suite %s: tau %.3f, speedup %s", suite.name, run.drafter.tau or 0, run.drafter.speedup)
+    n_base0 = _untrained_prompts(cfg, len(first), chosen)
+    trained, trained_uri, baseline = _load_drafters(cfg, store, tok, device,
+                                                    baseline=n_base0 > 0 or "published" in chosen)
+    eos = _eos_ids(tok, model)
+    k, costs, full = tune_draft_length(cfg, model, trained, first, eos, layer_ids, block, suites[0].max_new_tokens)
+    extras, unloaded = build_proposers(cfg, chosen, block - 1, baseline, model)
+    refused += unloaded
+    probe = first[: cfg.eval.baseline_prompts or len(first)]  # each baseline's full-block pass, for its own k
+    tuned = {n: tune_draft_length(cfg, model, p, probe, eos, layer_ids, block, suites[0].max_new_tokens)
+             for n, p in extras.items()}
+    log.info("evaluate: suites %s, drafter %s, baselines %s, device %s, %d threads",
+             ", ".join(f"{s.name} ({len(s.prompts)} prompts)" for s in suites), trained_uri,
+             {n: t[0] for n, t in tuned.items()} or "none", device, torch.get_num_threads())
+    runs = _decode_suites(cfg, model, tok, suites, {"drafter": trained, **extras}, baseline if n_base0 else None,
+                          n_base0, layer_ids, {"drafter": k} | {n: t[0] for n, t in tuned.items()},
+                          batch=target_batch(cfg, device))
     headline = runs[0]
     # Other processes on the host slow every decoder, not equally (batched GEMMs suffer most): record the load.
     parent = getattr(baseline if baseline is not None else trained, "parent", None)
+    before = headline.decoders.get("published", headline.decoders.get("baseline"))
     summary = EvaluateSummary(
         num_prompts=len(first), max_new_tokens=headline.max_new_tokens, temperature=cfg.eval.temperature,
         device=str(next(model.parameters()).device), threads=torch.get_num_threads(), layer_ids=layer_ids,
-        target=headline.target, drafter=headline.drafter, baseline=headline.decoders.get("baseline"),
+        target=headline.target, drafter=headline.drafter, baseline=before,
         lossless=combined_lossless(suites, runs),
         suites=[suite_row(s, r, reference) for s, r in zip(suites, runs, strict=True)],
         prompts=[p.model_copy(update={"suite": s.name}) for s, r in zip(suites, runs, strict=True) for p in r.prompts],
@@ -402,12 +433,15 @@ def run_evaluate(cfg: RunConfig) -> EvaluateSummary:
         target_model=cfg.target.model, drafter_uri=trained_uri,
         baseline_init=None if baseline is None else cfg.drafter.init, host_cpus=os.cpu_count(),
         host_load_1m=round(os.getloadavg()[0], 2), store_io=io_counters(io0), target_kernels=kernels,
-        parent=parent, evaluate_only=cfg.evaluate_only)
+        parent=parent, evaluate_only=cfg.evaluate_only, baselines_refused=refused,
+        baselines=[baseline_result(n, extras[n], tuned[n][0], tuned[n][2], suites, runs) for n in extras])
+    summary.verdicts = verdicts(summary, {"method": "dflash", "num_speculative_tokens": k})
     ll = summary.lossless
-    log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s\n%s",
+    log.info("evaluate: tau %.3f (baseline %.3f); target %.1f tok/s, speculative %.1f tok/s; lossless %s\n%s\n%s",
              summary.drafter.tau or 0, summary.baseline.tau or 0 if summary.baseline else 0,
              summary.target.tokens_per_s or 0, summary.drafter.tokens_per_s or 0,
-             ll.passed if ll.checked else "not checked (sampling)", summary.suite_table_text())
+             ll.passed if ll.checked else "not checked (sampling)", summary.suite_table_text(),
+             summary.decoder_table_text())
     if ll.mismatches:
         store.commit_json(METRICS_KEY, summary.dump())
         bad = ll.mismatches[0]

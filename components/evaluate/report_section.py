@@ -3,6 +3,7 @@ lossless check, and the tau and acceptance charts."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from flashdraft.run.reporting import Chart, RunView, StageReport, fmt, png, pyplot
@@ -30,8 +31,11 @@ def verdict(ev: EvaluateSummary) -> list[str]:
     dl = ev.draft_length
     if dl is not None:
         where += f", {dl.num_drafts} of {dl.block_size - 1} drafts a cycle"
+    if dl is not None:
+        where += f"; full-block tau {fmt(dl.full_block_tau)}"
     return [f"tau {', '.join(taus) or '-'}", f"lossless {ev.lossless_line()}",
-            f"speedup {'-' if speedup is None else f'{speedup:.2f}x'} ({where})"]
+            f"speedup {'-' if speedup is None else f'{speedup:.2f}x'} ({where})",
+            *(f"serve: {v.line()}" for v in ev.verdicts)]
 
 
 def flags(ev: EvaluateSummary) -> list[str]:
@@ -73,6 +77,8 @@ def sections(ev: EvaluateSummary, run: RunView) -> list:
         out.append(("Per-suite results (paper layout)", ev.suite_table(run.target)))
     if ev.draft_length is not None:
         out.append(("Draft length", draft_length_table(ev)))
+    if ev.baselines or ev.baselines_refused:
+        out.append(("Baselines (eval.baselines)", ev.decoder_table()))
     out.append(("Lossless check", lossless_note(ev)))
     out.append(("Evaluation setup", [
         ["prompts", fmt(ev.num_prompts)], ["max new tokens", fmt(ev.max_new_tokens)],
@@ -80,7 +86,22 @@ def sections(ev: EvaluateSummary, run: RunView) -> list:
         ["device", f"{ev.device} ({ev.threads} threads)"], ["target kernels", fmt(ev.target_kernels)],
         ["host", f"{fmt(ev.host_cpus)} CPUs, load average {fmt(ev.host_load_1m)} after decoding"],
         ["measured", "on this machine; a CPU speedup below 1 is reported as measured"]]))
+    if ev.baselines_refused:
+        out.append(("Baselines not decoded", "; ".join(ev.baselines_refused)))
+    if ev.verdicts:  # the section ends with the answer
+        out.append(("Which to serve", verdict_table(ev)))
     return out
+
+
+def verdict_table(ev: EvaluateSummary) -> list[list[str]]:
+    """Per suite: the fastest decoder that passed the lossless check, by how much, and vLLM's setting for it."""
+    rows = [["suite", "serve", "k", "tau at k", "full-block tau", "tokens/s", "speedup", "over the runner-up",
+             "vLLM speculative_config"]]
+    for v in ev.verdicts:
+        rows.append([v.suite, v.winner, fmt(v.num_drafts), fmt(v.tau), fmt(v.tau_full_block), fmt(v.tokens_per_s),
+                     fmt(v.speedup), f"{fmt(v.margin)}x {v.runner_up}" if v.runner_up else "-",
+                     json.dumps(v.speculative_config) if v.speculative_config else "none (the target alone)"])
+    return rows
 
 
 def draft_length_table(ev: EvaluateSummary) -> list[list[str]]:
@@ -92,7 +113,8 @@ def draft_length_table(ev: EvaluateSummary) -> list[list[str]]:
     for p in dl.curve:
         rows.append([f"{p.num_drafts}{' (chosen)' if p.num_drafts == dl.num_drafts else ''}", fmt(p.verify_ms),
                      fmt(p.draft_ms), fmt(p.expected_tokens), fmt(p.expected_speedup), fmt(p.measured_speedup)])
-    rows.append([f"{dl.mode}: measured on {dl.device_name}; target step {fmt(dl.step_ms)} ms",
+    rows.append([f"{dl.mode}: measured on {dl.device_name}; target step {fmt(dl.step_ms)} ms; timing spread "
+                 f"{fmt(dl.spread)} (a longer k only when expected faster by more)",
                  f"tau at k={dl.num_drafts}: {fmt(dl.tau)}",
                  f"tau at the full block ({dl.block_size - 1} drafts): {fmt(dl.full_block_tau)}", "", "", ""])
     return rows

@@ -30,9 +30,11 @@ from .target_cache import VerifyCache
 
 class DraftSession(Protocol):
     """One sequence's drafting state (flashdraft.drafter.session.DraftSession keeps the context's projected keys/
-    values, so a cycle costs the newly verified positions plus one block, not the whole context)."""
+    values, so a cycle costs the newly verified positions plus one block, not the whole context). `extend` gets
+    the newly verified positions' target features and their token ids: a DFlash drafter reads the features,
+    prompt lookup (ngram.py) the ids."""
 
-    def extend(self, features: torch.Tensor) -> None: ...   # target features of newly verified positions
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor | None = None) -> None: ...
 
     def propose(self, last_token: int, num_drafts: int | None = None) -> torch.Tensor: ...  # B-1 (or k) drafts
 
@@ -43,6 +45,12 @@ class Proposer(Protocol):
     def new_session(self) -> DraftSession: ...
 
 
+def reads_layers(drafter: Proposer, layer_ids: Sequence[int]) -> Sequence[int]:
+    """The target layers whose outputs `drafter` reads: its own `reads_layers` (the MTP head: the last layer's), else
+    the run's DFlash feature layers."""
+    return getattr(drafter, "reads_layers", None) or layer_ids
+
+
 @dataclass
 class Generation:
     """Tokens generated after the prompt, and for speculative runs the accepted draft count of every cycle."""
@@ -50,6 +58,7 @@ class Generation:
     tokens: list[int]
     seconds: float
     accepted: list[int] = field(default_factory=list)  # a per cycle (bonus excluded; tau counts a + 1)
+    drafted: list[int] = field(default_factory=list)   # drafts proposed per cycle (prompt lookup: 0 on no match)
     block_size: int = 0                                 # drafted tokens per cycle + 1 (0: plain decode)
     margins: list[float] = field(default_factory=list)  # plain decode: top-1 minus top-2 logit per token
     batched: bool = False  # decoded beside other prompts: `seconds` is its share of the batch, not its own speed
@@ -187,15 +196,17 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
     num_speculative_tokens=k (draft_length.py picks k for the device).
     """
     device = next(model.parameters()).device
+    layer_ids = reads_layers(drafter, layer_ids)
     start = time.perf_counter()
     cache = new_target_cache(model)
     accepted: list[int] = []
+    drafted: list[int] = []
     block_size = 0
     verified = torch.tensor(list(prompt_ids), device=device)  # x_0..x_{S-1}: tokens with features
     with capture_layers(model, layer_ids) as cap:
         out = model(input_ids=verified[None], cache=cache, use_cache=True, logits_to_keep=1)
         session = drafter.new_session()
-        session.extend(cap.features()[0])                 # [S, n*H] for positions 0..S-1
+        session.extend(cap.features()[0], verified)       # [S, n*H] for positions 0..S-1
         target_cache = VerifyCache(model, cache) if reuse_cache else None
         tokens = [_pick(out.logits[0, -1], temperature, generator)]
         done = tokens[-1] in eos_ids
@@ -203,14 +214,15 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             last = tokens[-1]
             draft = session.propose(last, num_drafts).to(device=device, dtype=torch.long).reshape(-1)
             block = torch.cat([torch.tensor([last], device=device), draft])
-            block_size = block.numel()
+            block_size = max(block_size, block.numel())   # prompt lookup may propose fewer (or no) drafts
             if target_cache is not None:
                 target_cache.checkpoint()
                 out = model(input_ids=block[None], cache=cache, use_cache=True)
             else:
-                out = model(input_ids=torch.cat([verified, block])[None], use_cache=False, logits_to_keep=block_size)
-            logits = out.logits[0, -block_size:]          # [B, V]: the target's distribution after each position
-            features = cap.features()[0][-block_size:]    # [B, n*H]
+                out = model(input_ids=torch.cat([verified, block])[None], use_cache=False,
+                            logits_to_keep=block.numel())
+            logits = out.logits[0, -block.numel():]       # [B, V]: the target's distribution after each position
+            features = cap.features()[0][-block.numel():]  # [B, n*H]
             if temperature == 0:
                 choice = logits.argmax(-1)
                 n_ok = accept(draft, choice)
@@ -221,10 +233,11 @@ def speculative_generate(model, drafter: Proposer, prompt_ids: Sequence[int], la
             if target_cache is not None:
                 target_cache.keep(block, n_ok + 1, capture=cap)
             verified = torch.cat([verified, block[: n_ok + 1]])
-            session.extend(features[: n_ok + 1])
+            session.extend(features[: n_ok + 1], block[: n_ok + 1])
             new = draft[:n_ok].tolist() + [nxt]
             tokens.extend(new)
             accepted.append(n_ok)
+            drafted.append(draft.numel())
             done = any(t in eos_ids for t in new)
     return Generation(tokens=_finish(tokens, max_new_tokens, eos_ids), seconds=time.perf_counter() - start,
-                      accepted=accepted, block_size=block_size)
+                      accepted=accepted, drafted=drafted, block_size=block_size)

@@ -140,6 +140,8 @@ class DraftLength(BaseModel):
     block_size: int = Field(description="the drafter's block B (k <= B-1)")
     device_name: str | None = Field(None, description="where the costs were measured")
     step_ms: float | None = Field(None, description="the target's plain one-token step, measured")
+    spread: float | None = Field(None, description="relative timing noise (MAD / median of the step plus the "
+                                 "worst cycle): a longer k is chosen only when it is expected faster by more")
     curve: list[DraftLengthPoint] = Field(default_factory=list, description="every k = 1 .. B-1")
     tau: float | None = Field(None, description="headline suite's tau at k (the drafter row's)")
     speedup: float | None = Field(None, description="headline suite's measured speedup at k")
@@ -152,6 +154,64 @@ class DraftLength(BaseModel):
         if self.full_block is not None:
             return self.full_block.tau
         return self.tau if self.num_drafts == self.block_size - 1 else None
+
+
+class BaselineResult(BaseModel):
+    """A free alternative to the trained drafter (eval.baselines: ngram, mtp, published), decoded on every suite by
+    the same speculative decoder at its own best k (components/evaluate/baselines.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="ngram, mtp or published")
+    num_drafts: int = Field(description="k it decoded every suite with (its best on this device, or the fixed k)")
+    tau_full_block: float | None = Field(None, description="headline suite's tau drafting the longest k tried")
+    speculative_config: dict[str, Any] | None = Field(None, description="what vLLM serves it with at k")
+    note: str | None = Field(None, description="what its figures mean (e.g. random MTP weights: tau meaningless)")
+    suites: dict[str, DecodeStats] = Field(default_factory=dict, description="its figures per suite")
+    lossless: dict[str, bool | None] = Field(default_factory=dict, description="per suite: its outputs equal the "
+                                             "target's (None: sampling, not checked)")
+
+
+class Verdict(BaseModel):
+    """Which decoder to serve for one suite: the highest measured tokens/s among those that passed the lossless
+    check (the target alone included), and by how much it beat the next (components/evaluate/baselines.py)."""
+
+    suite: str = Field(description="the eval suite")
+    winner: str = Field(description="drafter (the trained one), ngram, mtp, published, or target (no speculation)")
+    tokens_per_s: float | None = Field(None, description="the winner's measured tokens/s")
+    speedup: float | None = Field(None, description="the winner's tokens/s over the target alone's")
+    num_drafts: int | None = Field(None, description="the winner's k")
+    tau: float | None = Field(None, description="the winner's tau at its k")
+    tau_full_block: float | None = Field(None, description="the winner's headline tau drafting the whole block")
+    runner_up: str | None = Field(None, description="the next fastest")
+    margin: float | None = Field(None, description="winner tokens/s over the runner-up's (1.10 = 10% faster)")
+    speculative_config: dict[str, Any] | None = Field(None, description="vLLM's speculative_config of the winner")
+    candidates: dict[str, float | None] = Field(default_factory=dict, description="every candidate's tokens/s")
+
+    def card_line(self) -> str:
+        """The verdict without timings (the model card: the same evaluation gives the same card bytes)."""
+        if self.winner == "target":
+            return f"{self.suite}: the target alone (no speculative decoder measured faster)"
+        return (f"{self.suite}: {self.winner} at k={self.num_drafts} (tau {_fmt(self.tau)}, full block "
+                f"{_fmt(self.tau_full_block)}), the fastest lossless decoder measured")
+
+    def line(self) -> str:
+        """The verdict in one line (report, console, evaluate log)."""
+        k = "" if self.num_drafts is None else f" at k={self.num_drafts} (tau {_fmt(self.tau)}, full block " \
+            f"{_fmt(self.tau_full_block)})"
+        margin = "" if self.runner_up is None else f"{_fmt(self.margin)}x the runner-up {self.runner_up}"
+        if self.winner == "target":  # nothing measured faster than no speculation
+            return (f"{self.suite}: serve the target alone (no speculation): {_fmt(self.tokens_per_s, '.1f')} "
+                    f"tok/s, {margin}")
+        return (f"{self.suite}: serve {self.winner}{k}: {_fmt(self.tokens_per_s, '.1f')} tok/s, "
+                f"{_fmt(self.speedup)}x the target alone" + (f", {margin}" if margin else ""))
+
+
+LOSSLESS_WORD = {True: "passed", False: "FAILED", None: "not checked"}
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
 
 
 SUITE_TABLE_HEADER = ["suite", "prompts", "thinking", "tau", "acceptance per position", "speedup vs target",
@@ -193,6 +253,9 @@ class EvaluateSummary(StageSummary):
                                              "every tau and speedup above is at this k")
     target_model: str | None = Field(None, description="the run's target.model: the suite table marks a published "
                                      "figure for another model as such")
+    baselines: list[BaselineResult] = Field(default_factory=list, description="eval.baselines, decoded")
+    baselines_refused: list[str] = Field(default_factory=list, description="baselines that do not apply, and why")
+    verdicts: list[Verdict] = Field(default_factory=list, description="which to serve, per suite")
 
     def figures(self) -> dict[str, float]:
         """The headline (first suite) figures, and per suite `tau_<suite>`, `speedup_<suite>`,
@@ -207,6 +270,12 @@ class EvaluateSummary(StageSummary):
         if dl is not None:
             out.update(numbers({"num_draft_tokens": dl.num_drafts, "tau_full_block": dl.full_block_tau,
                                 "speedup_full_block": dl.full_block.speedup if dl.full_block else None}))
+        for b in self.baselines:  # trackers: each baseline at its own k beside its full-block tau
+            out.update(numbers({f"{b.name}_num_draft_tokens": b.num_drafts, f"{b.name}_tau_full_block":
+                                b.tau_full_block}))
+            for name, d in b.suites.items():
+                key = name.replace("-", "_").replace(".", "_")
+                out.update(numbers({f"{b.name}_tau_{key}": d.tau, f"{b.name}_speedup_{key}": d.speedup}))
         for s in self.suites:
             key = s.name.replace("-", "_").replace(".", "_")
             out.update(numbers({f"tau_{key}": s.tau, f"speedup_{key}": s.speedup}))
@@ -251,14 +320,52 @@ class EvaluateSummary(StageSummary):
                          "-" if s.speedup is None else f"{s.speedup:.2f}x", published or "-"])
         return rows
 
+    def decoder_table(self) -> list[list[str]]:
+        """Every decoder on every suite side by side, each at its own k beside the full-block tau that compares
+        across k (taus at different k do not compare). The baselines that did not apply are in `verdict_text`."""
+        dl = self.draft_length
+        k, full = (dl.num_drafts, dl.full_block_tau) if dl else (None, None)
+        rows = [["suite", "decoder", "k", "tau at k", "full-block tau (headline suite)", "tokens/s", "speedup",
+                 "lossless"]]
+        for s in self.suites:
+            rows.append([s.name, "pretrained drafter, as is" if self.evaluate_only else "trained drafter", _fmt(k, "d"),
+                         _fmt(s.tau), _fmt(full), _fmt(s.drafter_tokens_per_s, ".1f"), _fmt(s.speedup),
+                         LOSSLESS_WORD[s.lossless_passed]])
+            if s is self.suites[0] and self.baseline is not None and self.baseline_init != "pretrained":
+                b = self.baseline
+                rows.append([s.name, f"untrained ({b.prompts} prompts)", _fmt(k, "d"), _fmt(b.tau), "-",
+                             _fmt(b.tokens_per_s, ".1f"), _fmt(b.speedup), "-"])
+            for b in self.baselines:
+                d = b.suites.get(s.name)
+                if d is not None:
+                    rows.append([s.name, b.name, str(b.num_drafts), _fmt(d.tau), _fmt(b.tau_full_block),
+                                 _fmt(d.tokens_per_s, ".1f"), _fmt(d.speedup), LOSSLESS_WORD[b.lossless.get(s.name)]])
+        return rows
+
+    def decoder_table_text(self) -> str:
+        """`decoder_table` and the verdict as plain text (run-local's console)."""
+        return "\n".join(filter(None, [_text(self.decoder_table()), self.verdict_text()]))
+
+    def verdict_text(self) -> str:
+        """Which to serve, one line per suite (the report, the console and the evaluate log end with it)."""
+        if not self.verdicts:
+            return ""
+        refused = "".join(f"\n  ({line})" for line in self.baselines_refused)
+        return "which to serve (highest measured tokens/s that passed the lossless check):\n" + "\n".join(
+            f"  {v.line()}" for v in self.verdicts) + refused
+
     def status_detail(self) -> str:
         table = self.suite_table_text()
         return f"evaluation suites (metrics/evaluate.json):\n{table}" if table else ""
 
     def suite_table_text(self) -> str:
         """`suite_table` as aligned plain text (logs and terminals)."""
-        rows = self.suite_table()
-        if len(rows) == 1:
-            return ""
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+        return _text(self.suite_table())
+
+
+def _text(rows: list[list[str]]) -> str:
+    """A table (header first) as aligned plain text; "" when it has no rows."""
+    if len(rows) == 1:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

@@ -5,6 +5,8 @@ with vLLM (the inference image, or `make vllm-venv` on CPU)::
     python -m flashdraft.components.evaluate.vllm_spec --target /models/Qwen3.6-27B \\
         --drafter /exports/zlab --prompts prompts.json --num-speculative-tokens 15 --max-new-tokens 256
 
+`--method ngram` measures vLLM's prompt lookup instead (no drafter; `--prompt-lookup-min/-max`), `--method mtp` the
+target's own MTP head.
 `prompts.json`: a JSON list of token-id lists. `--num-speculative-tokens` is the drafter's block size - 1 (vLLM
 ignores `block_size`); 0 runs the target alone (the reference). Prompts are decoded one at a time, so each one's
 counters are its own. Stdout is JSON: per prompt the generated ids and vLLM's counters (vllm:spec_decode_num_drafts,
@@ -50,18 +52,31 @@ def _delta(after: dict, before: dict) -> dict:
                                                             strict=True)]}
 
 
+def speculative_config(method: str, drafter: str | None, num_speculative_tokens: int,
+                       prompt_lookup: tuple[int, int] | None = None) -> dict | None:
+    """vLLM's speculative_config: the DFlash drafter folder, or prompt lookup (`ngram`) with its (min, max)."""
+    if not num_speculative_tokens:
+        return None
+    if method == "mtp":  # the target's own head: no drafter folder
+        return {"method": "mtp", "num_speculative_tokens": num_speculative_tokens}
+    if method == "ngram":
+        lo, hi = prompt_lookup or (5, 5)
+        return {"method": "ngram", "num_speculative_tokens": num_speculative_tokens, "prompt_lookup_min": lo,
+                "prompt_lookup_max": hi}
+    if not drafter:
+        raise SystemExit("--drafter is required when --num-speculative-tokens > 0")
+    return {"method": method, "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+
+
 def run(target: str, drafter: str | None, prompts: list[list[int]], num_speculative_tokens: int,
-        max_new_tokens: int, dtype: str, max_model_len: int, tensor_parallel: int = 1) -> dict:
+        max_new_tokens: int, dtype: str, max_model_len: int, tensor_parallel: int = 1, method: str = "dflash",
+        prompt_lookup: tuple[int, int] | None = None) -> dict:
     on_cpu = not _cuda()
     if on_cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    spec = None
-    if num_speculative_tokens:
-        if not drafter:
-            raise SystemExit("--drafter is required when --num-speculative-tokens > 0")
-        spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+    spec = speculative_config(method, drafter, num_speculative_tokens, prompt_lookup)
     llm = LLM(model=target, tokenizer=target, dtype=dtype, tensor_parallel_size=tensor_parallel,
               max_model_len=max_model_len, disable_log_stats=False, speculative_config=spec, seed=0,
               enable_prefix_caching=False, enforce_eager=on_cpu)  # CPU: no graphs to capture
@@ -111,6 +126,10 @@ def main() -> None:
     ap.add_argument("--tensor-parallel", type=int, default=1)
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--method", default="dflash", choices=["dflash", "ngram", "mtp"],
+                    help="dflash: the --drafter folder; ngram: vLLM's prompt lookup; mtp: the target's MTP head")
+    ap.add_argument("--prompt-lookup-min", type=int, default=5, help="ngram: vLLM's prompt_lookup_min")
+    ap.add_argument("--prompt-lookup-max", type=int, default=5, help="ngram: vLLM's prompt_lookup_max")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     if args.drafter and args.num_speculative_tokens and (problem := missing_mask_override(args.drafter)):
@@ -121,7 +140,8 @@ def main() -> None:
     with open(args.prompts) as f:
         prompts = json.load(f)
     result = run(args.target, args.drafter, prompts, args.num_speculative_tokens, args.max_new_tokens, args.dtype,
-                 args.max_model_len, args.tensor_parallel)
+                 args.max_model_len, args.tensor_parallel, args.method,
+                 (args.prompt_lookup_min, args.prompt_lookup_max))
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as f:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from flashdraft.components.evaluate.draft_length import best_num_drafts, draft_length_curve, roofline_costs
-from flashdraft.components.evaluate.summary import EvaluateSummary
+from flashdraft.components.evaluate.summary import EvaluateSummary, Verdict
 from flashdraft.components.plan.gpus import GPUS
 from flashdraft.components.plan.rates import decode_weight_bytes
 from flashdraft.components.prep.summary import PrepSummary
@@ -80,6 +80,32 @@ def _mask_row(g: dict[str, Any], files: dict[str, bytes]) -> str:
                 "from that file (export.mask_embedding_pt=true): load it only from a source you trust")
     return (f"{where}; no {MASK_PT} (a pickle, off by default): vLLM reads a trained mask only from it, so serve "
             "this folder with vLLM after re-exporting with export.mask_embedding_pt=true")
+
+
+def served_config(v: Verdict, folder: str) -> dict[str, Any] | None:
+    """vLLM's speculative_config of a suite's winner (the drafter's names this export folder; None: serve the
+    target alone)."""
+    if v.speculative_config is None:
+        return None
+    return {**v.speculative_config, "model": folder} if v.winner == "drafter" else v.speculative_config
+
+
+def verdict_lines(ev: EvaluateSummary, folder: str) -> list[str]:
+    """The card's 'Which to serve' section: per suite, the fastest lossless decoder measured, by how much, with
+    its k beside the full-block tau, and the speculative_config vLLM serves it with, whichever it is."""
+    if not ev.verdicts:
+        return []
+    device = ev.draft_length.device_name if ev.draft_length else ev.device
+    lines = ["## Which to serve", "", "Per suite, the decoder with the highest tokens/s that `flashdraft evaluate` "
+             f"measured on {device} (not necessarily your hardware: the run's report has the timings and margins) "
+             "whose greedy output equalled the target's; the free alternatives (prompt lookup, the target's MTP "
+             "head, the published drafter) were decoded by the same decoder on the same prompts, each at its best "
+             "k there:", ""]
+    for v in ev.verdicts:
+        config = served_config(v, folder)
+        lines += [f"- {v.card_line()}; vLLM: " + (f"`--speculative-config '{json.dumps(config)}'`" if config
+                                                  else "no speculative decoding")]
+    return [*lines, *(f"- ({line})" for line in ev.baselines_refused), ""]
 
 
 def _geometry_rows(g: dict[str, Any], dtype: str, files: dict[str, bytes]) -> list[tuple[str, str]]:
@@ -225,7 +251,8 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
                                                  "mask_token_id")}, "dtype": dtype},
             "training": {"step": step, "final": final, "tokens": train.tokens if train else None},
             "parent": parent.model_dump() if parent else None,
-            "eval": {"suites": suites, "lossless": ev.lossless_line() if ev else "not evaluated"},
+            "eval": {"suites": suites, "lossless": ev.lossless_line() if ev else "not evaluated",
+                     "serve": {v.suite: served_config(v, folder) for v in ev.verdicts} if ev else {}},
             "num_speculative_tokens": recs,
         },
     }
@@ -256,7 +283,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
                       "after.", ""]
     if cfg.evaluate_only:
         lines += ["## Training", "", "None in this run (training.max_steps 0): the parent, re-exported.", ""]
-        return _finish_card(lines, cfg, g, ev, target, files)
+        return _finish_card(lines, cfg, g, ev, target, files, folder)
     lines += ["## Training", ""]
     sources = ", ".join(f"`{s.uri}`" for s in cfg.data.sources)
     lines += [f"- prompts: {sources}; {prep.num_train if prep and prep.num_train is not None else 'unknown'} "
@@ -269,7 +296,7 @@ def render_card(cfg: RunConfig, store: ObjectStore, g: dict[str, Any], fmt: str,
               + (f", {train.tokens:,} tokens" if train and train.tokens else "")
               + (f", final loss {train.final.loss:.3f}" if train and train.final else ""),
               *features_source_lines(cfg), ""]
-    return _finish_card(lines, cfg, g, ev, target, files)
+    return _finish_card(lines, cfg, g, ev, target, files, folder)
 
 
 def _responses_line(cfg: RunConfig) -> str:
@@ -282,7 +309,7 @@ def _responses_line(cfg: RunConfig) -> str:
 
 
 def _finish_card(lines: list[str], cfg: RunConfig, g: dict[str, Any], ev: EvaluateSummary | None, target: str,
-                 files: dict[str, bytes]) -> str:
+                 files: dict[str, bytes], folder: str) -> str:
     """The card's evaluation, files and license sections after `lines`."""
     lines += ["## Evaluation", ""]
     if ev is None or not ev.suites:
@@ -291,7 +318,7 @@ def _finish_card(lines: list[str], cfg: RunConfig, g: dict[str, Any], ev: Evalua
         lines += [f"flashdraft's own speculative decoder (greedy, up to {ev.max_new_tokens} new tokens); tau = tokens "
                   "per target forward, bonus token included; speed depends on the serving hardware, so the run's "
                   "report has it, not this card:", "", *_table(eval_table(ev, target)), "",
-                  f"Lossless check: {ev.lossless_line()}.", ""]
+                  f"Lossless check: {ev.lossless_line()}.", "", *verdict_lines(ev, folder)]
     lines += ["## Files", "", *_table([["file", "bytes"], *[[f"`{n}`", f"{len(d):,}"] for n, d in files.items()],
                                         [f"`{CARD_FILE}`", "this card"]]), "",
               "## License", "",

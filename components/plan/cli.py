@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Annotated
 
 import typer
@@ -40,7 +41,9 @@ def plan(
     try:
         if calibrate:
             cfg = cfg.with_overrides({"plan.calibration": calibrate})
-        report = make_plan(cfg)
+        report = make_plan(cfg, origin=" ".join([*(["--preset", preset] if preset else []),
+                                                 *(["--config", str(config)] if config else []),
+                                                 *(f"--set {shlex.quote(x)}" for x in set_ or [])]))
     except (ConfigError, CalibrationError) as exc:  # a setting to fix: exit 1, as every config error
         raise fail(exc, 1) from None
     if as_json:

@@ -207,8 +207,9 @@ def with_variants(gpu_hours: dict[str, StageEstimate], variants: int) -> dict[st
     return {**gpu_hours, "train": trains}
 
 
-def make_plan(cfg: RunConfig) -> PlanSummary:
-    """The whole estimate, typed (the `--json` output and metrics/plan.json), its gate included."""
+def make_plan(cfg: RunConfig, origin: str | None = None) -> PlanSummary:
+    """The whole estimate, typed (the `--json` output and metrics/plan.json), its gate included. `origin`: the
+    command line's --preset / --config / --set options, repeated in the evaluate-only command it prints."""
     cfg, target, section = planning_target(cfg)
     layers, hidden = target.geometry.num_layers, target.geometry.hidden_size
     samples, tps = planned_samples(cfg)
@@ -247,8 +248,31 @@ def make_plan(cfg: RunConfig) -> PlanSummary:
     else:
         plan.comparison = compare_topologies(cfg, plan.memory, plan.codecs, work.gpu_hours, work.cost,
                                              work.train_flops_per_token, work.calibration)
+    plan.free_alternatives = free_alternatives(cfg, target.geometry.model_type, origin)
     plan.gate = plan_gate(cfg, plan, work.gpus)
     return plan
+
+
+MTP_FAMILIES = ("qwen3_5", "qwen3_next", "qwen3.5", "qwen3.6", "qwen3-next")  # their checkpoints ship mtp.* weights
+
+
+def free_alternatives(cfg: RunConfig, model_type: str, origin: str | None = None) -> list[str]:
+    """Does training pay? What costs nothing to try, and the evaluate-only command that measures it beside the
+    published drafter on this run's own prompts (evaluate's eval.baselines; docs/evaluation.md)."""
+    family = f"{model_type} {cfg.target.model}".lower()
+    mtp = ("the target's own MTP head (Qwen3.5/3.6 checkpoints ship `mtp.*` weights; vLLM `{\"method\": \"mtp\"}`)"
+           if any(f in family for f in MTP_FAMILIES) else
+           "the target's MTP head where its checkpoint ships `mtp.*` weights (evaluate says if it does not)")
+    published = cfg.drafter.init_from or "hf:<a published drafter for this target>"
+    command = (f"flashdraft run-local {origin or '--preset <yours>'} --set drafter.init=pretrained "
+               f"--set drafter.init_from={published} --set drafter.kind=dflash --set training.max_steps=0")
+    if cfg.evaluate_only:
+        return [f"Evaluate only: prompt lookup (vLLM `{{\"method\": \"ngram\"}}`) and {mtp} are decoded beside "
+                "the published drafter; the report ends with which to serve."]
+    return [f"Before paying for training: prompt lookup (vLLM `{{\"method\": \"ngram\"}}`) and {mtp} cost "
+            "nothing to try, and a published drafter only its evaluation. Measure them on your prompts first "
+            "(no generate, extract or train; the report ends with which to serve per suite):",
+            "", "```bash", command, "```"]
 
 
 def plan_gate(cfg: RunConfig, plan: PlanSummary, gpus: dict[str, GpuSpec | None]) -> str | None:
@@ -328,6 +352,8 @@ def plan_markdown(plan: PlanSummary) -> str:
     if line:
         lines += ["", f"- {line}"]
     lines += hub_markdown(plan)
+    if plan.free_alternatives:
+        lines += ["", *plan.free_alternatives]
     if plan.gate:
         lines += ["", f"**Gate: {plan.gate}**"]
     return "\n".join(lines) + "\n"

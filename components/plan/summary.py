@@ -64,6 +64,9 @@ class PlanSummary(StageSummary):
     hub_datasets: list[dict[str, Any]] | None = Field(
         None, description="the plan task's look at every hf: source and suite (components/plan/hub_gate.py): entry, "
         "uri, config, splits, revision, the commit it resolved to and rows per split where the card says")
+    free_alternatives: list[str] = Field(default_factory=list, description="what to measure before paying for "
+                                         "training: prompt lookup, the target's MTP head, the published drafter, "
+                                         "and the evaluate-only command that measures them on the run's prompts")
     gate: str | None = Field(None, description="why the run may not start (storage, free space, memory, cost, "
                              "days, evaluate's timeout, an hf: dataset that cannot be read as configured); None when "
                              "it may")

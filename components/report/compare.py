@@ -39,7 +39,11 @@ class RunRow:
     steps: int | None = None
     final_loss: float | None = None
     heldout_tau: float | None = None
+    num_drafts: int | None = None          # the k every tau of the run was decoded at
+    tau_full_block: float | None = None    # the headline tau drafting the whole block: compares across runs' k
     suite_tau: dict[str, float | None] = field(default_factory=dict)
+    baselines: dict[str, str] = field(default_factory=dict)  # eval.baselines: "tau @k (speedup)" on the headline
+    serve: str = "-"                       # the verdict on the headline suite: which to serve, by how much
     speedup: float | None = None
     lossless: str = "-"
     plan_cost_usd: float | None = None
@@ -68,6 +72,23 @@ def _lossless(evaluated: EvaluateSummary | None) -> str:
     if evaluated is None or evaluated.lossless is None or not evaluated.lossless.checked:
         return "-"
     return "passed" if evaluated.lossless.passed else "FAILED"
+
+
+def _baselines(evaluated: EvaluateSummary | None) -> dict[str, str]:
+    """Each baseline's headline-suite tau at its own k, with its full-block tau and speedup."""
+    if evaluated is None or not evaluated.suites:
+        return {}
+    first = evaluated.suites[0].name
+    return {b.name: f"{fmt(b.suites[first].tau)} @k={b.num_drafts} (full {fmt(b.tau_full_block)}; "
+                    f"{fmt(b.suites[first].speedup)}x)" for b in evaluated.baselines if first in b.suites}
+
+
+def _serve(evaluated: EvaluateSummary | None) -> str:
+    """The headline suite's verdict: the winner and its margin over the runner-up."""
+    if evaluated is None or not evaluated.verdicts:
+        return "-"
+    v = evaluated.verdicts[0]
+    return f"{v.winner} ({fmt(v.margin)}x {v.runner_up})" if v.runner_up else v.winner
 
 
 def _train_gpu_hours(view: RunView, cfg: dict[str, Any]) -> float | None:
@@ -110,6 +131,9 @@ def run_row(view: RunView) -> RunRow:
         steps=train.steps if train else None, final_loss=train.final.loss if train and train.final else None,
         heldout_tau=evaluated.drafter.tau if evaluated and evaluated.drafter else None,
         suite_tau={s.name: s.tau for s in evaluated.suites} if evaluated else {},
+        num_drafts=evaluated.draft_length.num_drafts if evaluated and evaluated.draft_length else None,
+        tau_full_block=evaluated.draft_length.full_block_tau if evaluated and evaluated.draft_length else None,
+        baselines=_baselines(evaluated), serve=_serve(evaluated),
         speedup=evaluated.drafter.speedup if evaluated and evaluated.drafter else None,
         lossless=_lossless(evaluated), plan_cost_usd=_plan_cost(plan if isinstance(plan, PlanSummary) else None),
         train_gpu_hours=_train_gpu_hours(view, cfg),
@@ -125,14 +149,29 @@ class Comparison:
     def suites(self) -> list[str]:
         return sorted({name for row in self.rows for name in row.suite_tau})
 
+    def baseline_names(self) -> list[str]:
+        return sorted({name for row in self.rows for name in row.baselines})
+
+    def k_note(self) -> str:
+        """Said under the table when the runs' taus were decoded at different k (they do not compare; the
+        full-block tau does)."""
+        ks = sorted({r.num_drafts for r in self.rows if r.num_drafts is not None})
+        if len(ks) < 2:
+            return ""
+        return (f"note: the runs' taus are at different k ({', '.join(map(str, ks))} drafts a cycle, each run's "
+                "best on its device) and do not compare; the full-block tau does")
+
     def table(self) -> list[list[str]]:
-        """Header row, then one row per run."""
-        suites = self.suites()
-        head = ["run", "target", "drafter", "parent", "samples", "steps", "final loss", "held-out tau",
-                *[f"tau {s}" for s in suites], "speedup", "lossless", "train GPU-h", "plan cost $"]
+        """Header row, then one row per run: every tau at the run's k (in the column) beside the full-block tau."""
+        suites, names = self.suites(), self.baseline_names()
+        head = ["run", "target", "drafter", "parent", "samples", "steps", "final loss", "k", "held-out tau at k",
+                "full-block tau", *[f"tau {s} at k" for s in suites], "speedup", "lossless",
+                *[f"{n} tau at its k" for n in names], "serve", "train GPU-h", "plan cost $"]
         body = [[r.run, fmt(r.target), fmt(r.drafter), fmt(r.parent), fmt(r.samples), fmt(r.steps),
-                 fmt(r.final_loss), fmt(r.heldout_tau), *[fmt(r.suite_tau.get(s)) for s in suites],
-                 fmt(r.speedup), r.lossless, fmt(r.train_gpu_hours), fmt(r.plan_cost_usd)] for r in self.rows]
+                 fmt(r.final_loss), fmt(r.num_drafts), fmt(r.heldout_tau), fmt(r.tau_full_block),
+                 *[fmt(r.suite_tau.get(s)) for s in suites], fmt(r.speedup), r.lossless,
+                 *[r.baselines.get(n, "-") for n in names], r.serve, fmt(r.train_gpu_hours), fmt(r.plan_cost_usd)]
+                for r in self.rows]
         return [head, *body]
 
     def difference_table(self) -> list[list[str]]:
@@ -176,6 +215,8 @@ def readers_sections(store: ObjectStore) -> list[Section]:
     if stores:
         comparison = compare(stores)
         out.append((title, comparison.table()))
+        if comparison.k_note():
+            out.append((f"{title}: draft lengths", comparison.k_note()))
         if len(stores) > 1:
             out.append((f"{title}: config keys that differ", comparison.difference_table()
                         if comparison.differences else "no config key differs"))
@@ -193,6 +234,8 @@ def render_text(comparison: Comparison) -> str:
         out.append("")
     if not comparison.differences:
         out[-1] = "(no config key differs)"
+    if comparison.k_note():
+        out.insert(len(comparison.table()), comparison.k_note())
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -232,7 +275,8 @@ def render_html(comparison: Comparison) -> str:
             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
             "</style></head><body><h1>flashdraft compare</h1>"
-            f"<ul>{runs}</ul>{_html_table(comparison.table())}<h2>Config keys that differ</h2>"
+            f"<ul>{runs}</ul>{_html_table(comparison.table())}<p>{html.escape(comparison.k_note())}</p>"
+            "<h2>Config keys that differ</h2>"
             f"{_html_table(comparison.difference_table())}<h2>Curves</h2>"
             f"<img alt='loss and held-out tau curves' src='data:image/png;base64,{_curves_png(comparison)}'>"
             "</body></html>")

@@ -11,6 +11,8 @@ from flashdraft.config.errors import ConfigError
 from flashdraft.config.target import DataConfig, HubDataset
 
 BUILTIN_SUITES = ("heldout", "humaneval")
+BASELINES = ("ngram", "mtp", "published")
+PROMPT_LOOKUP_DEFAULT = 5  # vLLM SpeculativeConfig: both unset -> 5 and 5; one set -> the other follows
 SUITE_URI_PREFIXES = ("file://", "s3://", "hf:")
 
 
@@ -105,12 +107,26 @@ class EvalConfig(Section):
                                      "0 = none): at tau ~1 it costs a verify forward per token, as much as the "
                                      "target alone, and its tau is ~1.0 on any prompt. A pretrained parent "
                                      "(drafter.init=pretrained, trained on) decodes every prompt unless 0: its tau "
-                                     "is the 'before' beside the trained drafter's, on the same prompts")
+                                     "is the 'before' beside the trained drafter's, on the same prompts. The "
+                                     "eval.baselines' full-block passes (their k) also decode these first N only")
     num_draft_tokens: Literal["auto"] | int = Field(
         default="auto", description="draft tokens per speculative cycle k (vLLM's num_speculative_tokens), 1 .. "
                                     "drafter.block_size - 1; `auto`: the k with the highest expected tokens/s on "
                                     "this device, from the measured verify cost of every k and the acceptance per "
                                     "position of a full-block pass (docs/evaluation.md, 'Draft length')")
+    baselines: list[Literal["ngram", "mtp", "published"]] | None = Field(
+        default=None, description="free alternatives decoded beside the trained drafter on every suite, by the same "
+                                  "speculative decoder and lossless check, each at its own best k: ngram (vLLM's "
+                                  "prompt lookup), mtp (the target's own MTP head, refused for a target without "
+                                  "mtp.* weights), published (drafter.init_from, the warm-start source); None: "
+                                  "every one that applies to the run ([] = none). The report, console and card end "
+                                  "with which to serve per suite (docs/evaluation.md, 'Baselines and verdict')")
+    prompt_lookup_min: int | None = Field(
+        default=None, ge=1, description="ngram baseline: shortest suffix matched (vLLM's prompt_lookup_min; None: "
+                                        "prompt_lookup_max, or 5 when both are unset, as vLLM)")
+    prompt_lookup_max: int | None = Field(
+        default=None, ge=1, description="ngram baseline: longest suffix matched (vLLM's prompt_lookup_max; None: "
+                                        "prompt_lookup_min, or 5 when both are unset, as vLLM)")
     lossless_tie_margin: float = Field(
         default=0.0, ge=0,
         description="lossless check: a divergence where the target's own top-2 logit gap is below this is a "
@@ -134,6 +150,19 @@ class EvalConfig(Section):
             raise ConfigError(f"eval.num_draft_tokens={self.num_draft_tokens} exceeds drafter.block_size - 1 = "
                              f"{block_size - 1} (a block of {block_size} drafts at most {block_size - 1} tokens)")
         return self.num_draft_tokens
+
+    def prompt_lookup(self) -> tuple[int, int]:
+        """(min, max) as vLLM resolves them: unset ones follow the other, both unset are 5."""
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        lo, hi = (lo or hi or PROMPT_LOOKUP_DEFAULT), (hi or lo or PROMPT_LOOKUP_DEFAULT)
+        if lo > hi:
+            raise ConfigError(f"eval.prompt_lookup_min={lo} exceeds eval.prompt_lookup_max={hi}")
+        return lo, hi
+
+    @field_validator("baselines")
+    @classmethod
+    def _unique_baselines(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else list(dict.fromkeys(v))
 
     @field_validator("suites", mode="before")
     @classmethod

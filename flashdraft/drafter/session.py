@@ -48,7 +48,8 @@ class DraftSession:
         self.cache: ContextCache | None = None
         self.features: torch.Tensor | None = None
 
-    def extend(self, features: torch.Tensor) -> None:
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
+        """`tokens` (the positions' ids, for proposers that read them) is not needed: the features carry them."""
         if self.cached:
             self.cache = self.drafter.extend_context(self.cache, features)
         else:

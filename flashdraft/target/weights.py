@@ -22,29 +22,42 @@ def _is_embedding(name: str) -> bool:
     return name.endswith(("embed_tokens.weight", "lm_head.weight"))
 
 
-def _weight_files(model_dir, revision: str | None, wanted=_is_embedding) -> dict[str, Path]:
-    """Map tensor name -> local safetensors file for the names `wanted` accepts, downloading only the index and
-    the shards they live in (hf ids)."""
+def _checkpoint_file(model_dir, revision: str | None, name: str) -> Path | None:
+    """One file of a checkpoint: a local folder's, or downloaded from the Hub (None: the checkpoint has none)."""
     local = Path(str(model_dir))
     if local.is_dir():
-        def fetch(name: str) -> Path | None:
-            p = local / name
-            return p if p.is_file() else None
-    else:
-        def fetch(name: str) -> Path | None:
-            try:
-                return Path(hf_hub_download(str(model_dir), name, revision=revision))
-            except EntryNotFoundError:
-                return None
-    index = fetch("model.safetensors.index.json")
+        return local / name if (local / name).is_file() else None
+    try:
+        return Path(hf_hub_download(str(model_dir), name, revision=revision))
+    except EntryNotFoundError:
+        return None
+
+
+def _weight_map(model_dir, revision: str | None) -> tuple[dict[str, str], Path | None]:
+    """(tensor name -> the file holding it, the single model.safetensors or None), from the index alone where the
+    checkpoint is sharded (no shard fetched)."""
+    index = _checkpoint_file(model_dir, revision, "model.safetensors.index.json")
     if index is not None:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {k: fetch(v) for k, v in weight_map.items() if wanted(k)}
-    single = fetch("model.safetensors")
+        return json.loads(index.read_text())["weight_map"], None
+    single = _checkpoint_file(model_dir, revision, "model.safetensors")
     if single is None:
         raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
     with safe_open(str(single), "pt") as f:
-        return {k: single for k in f.keys() if wanted(k)}
+        return {k: "model.safetensors" for k in f.keys()}, single
+
+
+def _weight_files(model_dir, revision: str | None, wanted=_is_embedding) -> dict[str, Path]:
+    """Map tensor name -> local safetensors file for the names `wanted` accepts, downloading only the index and
+    the shards they live in (hf ids)."""
+    weight_map, single = _weight_map(model_dir, revision)
+    if single is not None:
+        return {k: single for k in weight_map if wanted(k)}
+    return {k: _checkpoint_file(model_dir, revision, v) for k, v in weight_map.items() if wanted(k)}
+
+
+def tensor_names(model_dir, revision: str | None) -> list[str]:
+    """Every tensor name of a checkpoint, read from its index (no shard fetched) or its single file's header."""
+    return list(_weight_map(model_dir, revision)[0])
 
 
 def _pick(names: list[str], suffix: str) -> str | None:
@@ -119,3 +132,9 @@ def load_target_init(model_dir: Path | str, revision: str | None, model: str, la
     layers = [{n[len(prefixes[i]):]: read(n) for n in files if n.startswith(prefixes[i])} for i in layer_ids]
     norm_name = _pick([n for n in files if ".layers." not in n and n.endswith(".norm.weight")], "norm.weight")
     return layers, (read(norm_name) if norm_name else None)
+
+
+
+def read_tensors(model_dir, revision: str | None, wanted) -> dict[str, torch.Tensor]:
+    """The tensors whose names `wanted` accepts, read from only the shards that hold them (a target's MTP head)."""
+    return {name: mmap_tensor(path, name) for name, path in _weight_files(model_dir, revision, wanted).items()}

@@ -20,7 +20,7 @@ class ScriptedDrafter:
         self.context_len = 0
         return self
 
-    def extend(self, features: torch.Tensor) -> None:
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
         self.context_len += features.shape[0]
         self.feature_width = features.shape[1]
 

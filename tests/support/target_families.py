@@ -80,3 +80,24 @@ def build_family(family: str, out: Path) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def add_mtp_weights(model_dir: Path, seed: int = 11) -> Path:
+    """Give a saved Qwen3.5 checkpoint a random MTP head: `mtp.*` tensors in the Qwen3.5/3.6 layout (fc,
+    pre_fc_norm_embedding, pre_fc_norm_hidden, layers.0.*, norm) written into its model.safetensors, as the
+    production checkpoints ship them. Random weights: the head's tau means nothing, only its decoding is tested."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    from flashdraft.components.evaluate.mtp import MtpHead
+
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    torch.manual_seed(seed)
+    head = MtpHead(AutoConfig.from_pretrained(model_dir).get_text_config(decoder=True))
+    for p in head.parameters():  # norms start at 0 (Qwen3.5's 1 + w): perturb them too
+        torch.nn.init.normal_(p, std=0.2)
+    tensors.update({f"mtp.{n}": t.detach().contiguous() for n, t in head.state_dict().items()})
+    save_file(tensors, path, metadata={"format": "pt"})
+    return model_dir

@@ -124,8 +124,9 @@ def test_baseline_prompts_zero_skips_the_baseline(tmp_path):
 
 
 def test_a_pretrained_parent_is_the_baseline_on_every_prompt_the_drafter_decodes(tmp_path):
-    """Trained on from a parent, evaluate's baseline is the parent, decoded on every prompt (eval.baseline_prompts
-    limits only an untrained baseline, whose tau is ~1.0 anyway): tau before and after on the same prompts."""
+    """Trained on from a parent, evaluate's baseline is the parent, decoded on every prompt of every suite as the
+    `published` baseline at its own k (eval.baseline_prompts limits only an untrained baseline, whose tau is ~1.0
+    anyway): tau before and after on the same prompts."""
     from flashdraft.config import load_config
 
     export_perturbed_drafter(load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/parent"}),
@@ -139,4 +140,43 @@ def test_a_pretrained_parent_is_the_baseline_on_every_prompt_the_drafter_decodes
     metrics = run_evaluate(cfg)
     assert metrics.baseline_init == "pretrained" and metrics.parent.format == "zlab"
     assert metrics.baseline.prompts == metrics.drafter.prompts == 3
-    assert all(p.baseline_tau is not None for p in metrics.prompts)
+    assert all(getattr(p, "published_tau", None) is not None for p in metrics.prompts)
+    assert [b.name for b in metrics.baselines] == ["ngram", "published"]
+    published = metrics.baselines[1]
+    assert published.speculative_config["method"] == "dflash" and published.speculative_config["model"]
+
+
+def test_every_evaluation_decodes_prompt_lookup_beside_the_drafter_and_says_which_to_serve(evaluated):
+    """The shared tiny run (no eval.baselines set): ngram on every suite at its own k, losslessly; mtp refused in
+    one line (the tiny target has no MTP head); a verdict per suite in the report, the console and the card."""
+    from flashdraft.components.evaluate.report_section import verdict, verdict_table
+    from flashdraft.components.export.card import verdict_lines
+
+    cfg, _, metrics = evaluated
+    (ngram,) = metrics.baselines
+    assert ngram.name == "ngram" and set(ngram.suites) == {s.name for s in metrics.suites}
+    assert all(ngram.lossless.values()) and 1 <= ngram.num_drafts <= cfg.drafter.block_size - 1
+    assert ngram.speculative_config == {"method": "ngram", "num_speculative_tokens": ngram.num_drafts,
+                                        "prompt_lookup_max": 5, "prompt_lookup_min": 5}
+    for stats in ngram.suites.values():
+        assert stats.tau >= 1.0 and stats.tokens_per_s > 0 and stats.speedup > 0
+    assert [line.split(":")[0] for line in metrics.baselines_refused] == ["published", "mtp"]
+    assert [v.suite for v in metrics.verdicts] == [s.name for s in metrics.suites]
+    for v in metrics.verdicts:
+        fastest = max(v.candidates.values())
+        assert v.tokens_per_s == fastest and v.winner in {"drafter", "ngram", "target"}
+        assert v.margin is None or v.margin >= 1.0
+    assert metrics.figures()["ngram_num_draft_tokens"] == ngram.num_drafts
+    lines = verdict(metrics)
+    assert [x for x in lines if x.startswith("serve: ")] == [f"serve: {v.line()}" for v in metrics.verdicts]
+    assert "full-block tau" in lines[2]
+    assert len(verdict_table(metrics)) == 1 + len(metrics.suites)
+    text = metrics.decoder_table_text()
+    assert "ngram" in text and "untrained" in text and text.splitlines()[-1].startswith("  (mtp: ")
+    card = "\n".join(verdict_lines(metrics, "exports/x/zlab"))
+    assert card.startswith("## Which to serve") and "vLLM:" in card and "tok/s" not in card  # no timings
+    winner = metrics.verdicts[0]
+    if winner.winner == "ngram":
+        assert '"method": "ngram"' in card
+    elif winner.winner == "drafter":
+        assert '"model": "exports/x/zlab"' in card
