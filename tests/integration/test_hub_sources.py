@@ -69,10 +69,17 @@ def test_a_source_that_moved_is_not_reused(hub_server, tmp_path):
     assert _prep_inputs(tmp_path / "runs", "tiny")["data.sources@resolved"][0]["commit"] == first != moved
 
 
+# The test Hub's tiny architecture-alike as the target, with its planning hints and the drafter at its geometry.
+TINY_TARGET = {"target.model": TINY_MODEL, "target.num_layers": 8, "target.hidden_size": 128,
+               "target.vocab_size": 248320, "drafter.hidden_size": None, "drafter.num_heads": None,
+               "drafter.num_kv_heads": None, "drafter.head_dim": None, "drafter.intermediate_size": None}
+
+
 @pytest.fixture()
-def plan_task(hub_env, tmp_path):
-    """The plan task of a config (the qwen3.6-27b preset with `overrides`) run as the pipeline runs it, in this
-    process with the environment pointed at the test Hub; returns the refusal line, or None."""
+def plan_task(hub_env, hub_model, tmp_path):
+    """The plan task of a config (the qwen3.6-27b preset with `overrides`, its target the test Hub's tiny
+    architecture-alike: the task pins the target's commit too) run as the pipeline runs it, in this process with the
+    environment pointed at the test Hub; returns the refusal line, or None."""
     from flashdraft.components.plan.hub_gate import _view
     from flashdraft.components.plan.planner import PlanGateError
     from flashdraft.run.runner import run_task
@@ -81,8 +88,8 @@ def plan_task(hub_env, tmp_path):
     resolve_commit.cache_clear(), _view.cache_clear()  # other tests' repositories: this server, this process
 
     def run(overrides: dict) -> tuple[str | None, list[dict] | None]:
-        cfg = load_config(preset="qwen3.6-27b", overrides={"storage.root": f"memory://{tmp_path.name}",
-                                                           "run_id": f"r{len(overrides)}", **overrides})
+        cfg = load_config(preset="qwen3.6-27b", overrides={
+            "storage.root": f"memory://{tmp_path.name}", "run_id": f"r{len(overrides)}", **TINY_TARGET, **overrides})
         try:
             summary = run_task(cfg, "plan")
         except PlanGateError as exc:
