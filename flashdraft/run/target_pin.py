@@ -27,7 +27,13 @@ from pydantic import BaseModel, Field
 
 from flashdraft.config import ConfigError, RunConfig, TargetConfig
 from flashdraft.storage.store import ObjectStore
-from flashdraft.target.model import TARGET_DIR_ENV, TARGET_ID_ENV, cache_dir, resolve_model_dir
+from flashdraft.target.model import (
+    TARGET_DIR_ENV,
+    TARGET_ID_ENV,
+    TargetNotFoundError,
+    cache_dir,
+    resolve_model_dir,
+)
 from flashdraft.target.snapshot import (
     PICKLE_WEIGHTS,
     check_safetensors,
@@ -80,6 +86,9 @@ def read_pin(store: ObjectStore) -> TargetPin | None:
 def resolve_pin(target: TargetConfig) -> TargetPin:
     """What `target` names right now: a Hub commit (one metadata request) or a folder's weight digest."""
     folder = local_folder(target)
+    if target.source == "hf" and folder is None and target.model.startswith(("/", "./", "../", "~")):
+        raise TargetNotFoundError(f"target.model={target.model}: no such folder; set target.model to a local model "
+                                  "folder or a Hub id (namespace/name)")
     if target.source == "hf" and folder is None:
         sha, sizes = hub_commit(target.model, target.revision)
         check_safetensors(list(sizes), f"{target.model} at commit {sha}")

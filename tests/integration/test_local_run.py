@@ -49,8 +49,8 @@ def test_plan_gate_stops_a_run_over_its_max_cost_naming_a_cheaper_row(tmp_path):
 
 @pytest.mark.integration
 def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path):
-    """A target path that does not exist: prep (the first stage that loads the tokenizer) fails naming
-    target.model. The console ends with the stage, the exception and its log file; the report says prep failed with
+    """A target path that does not exist: plan (the gate, which pins the target before any GPU task) fails naming
+    target.model. The console ends with the stage, the exception and its log file; the report says plan failed with
     that error and every later stage not run; the console stays short and holds no kfp executor dump."""
     missing = tmp_path / "no-such-target"
     args = ["run-local", "--preset", "tiny", "--workdir", str(tmp_path / "kfp"), "--set",
@@ -60,18 +60,18 @@ def test_a_failed_stage_is_named_last_on_the_console_and_in_the_report(tmp_path)
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 1, out.output[-3000:]
     lines = out.output.splitlines()
-    assert lines[-2].startswith(f"FAILED: prep: TargetNotFoundError: target.model={missing}"), lines[-4:]
+    assert lines[-2] == (f"FAILED: plan: TargetNotFoundError: target.model={missing}: no such folder; set "
+                         "target.model to a local model folder or a Hub id (namespace/name)"), lines[-4:]
     log_file = Path(lines[-1].removeprefix("log: "))
-    assert log_file.name == "prep.log" and "Traceback" in log_file.read_text()
+    assert log_file.name == "plan.log" and "Traceback" in log_file.read_text()
     assert CONSOLE_MAX_LINES >= len(lines) and CONSOLE_MAX_BYTES >= len(out.output.encode())
     assert "executor_input" not in out.output and "KFP Executor" not in out.output
     assert "executor_input" in (log_file.parent / "kfp-local.log").read_text(), "the dump went to the log file"
     cfg = load_config(preset="tiny", overrides={"storage.root": f"file://{tmp_path}/store"})
     summary = open_store(cfg.storage, cfg.run_id).get(f"{layout.REPORTS}/summary.md").decode()
-    assert f"| prep | failed: TargetNotFoundError: target.model={missing}" in summary  # names the setting
+    assert f"| plan | failed: TargetNotFoundError: target.model={missing}" in summary  # names the setting
     assert f"log: {log_file})" in summary
-    assert "| plan | done |" in summary
-    for stage in ("generate", "extract", "train", "evaluate", "export"):
+    for stage in ("prep", "generate", "extract", "train", "evaluate", "export"):
         assert f"| {stage} | not run |" in summary, stage
 
 
