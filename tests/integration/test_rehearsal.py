@@ -17,7 +17,7 @@ from support.gloo_ranks import two_gloo_ranks
 
 from flashdraft.components.export.export import run_export
 from flashdraft.config import load_config
-from flashdraft.features.manifest import codec_from_config, make_provenance
+from flashdraft.features.manifest import codec_from_config, make_provenance, part_stats
 from flashdraft.features.shard import build_shard, encode_sample
 from flashdraft.storage import layout
 from flashdraft.storage.checkpoint import latest_checkpoint
@@ -42,13 +42,18 @@ def write_random_shards(cfg, n: int = 2) -> None:
     codec = codec_from_config(cfg)
     store = open_store(cfg.storage, cfg.run_id)
     g = torch.Generator().manual_seed(0)
+    done: dict[int, list[dict]] = {shard: [] for shard in range(cfg.data.num_shards)}
     for i in range(n):
         tokens = torch.randint(0, 248044, (SAMPLE_LEN,), generator=g).tolist()
         mask = [0] * (SAMPLE_LEN - RESPONSE) + [1] * RESPONSE
         feats = torch.randn(SAMPLE_LEN, len(ids), 5120, generator=g).bfloat16()
         row = (f"s{i}", SAMPLE_LEN, encode_sample(codec, tokens, mask, feats))
-        store.commit(layout.feature_part_key(0, i), build_shard(codec, ids, 5120, prov, [row]),
-                     {"samples": 1, "tokens": SAMPLE_LEN, "provenance": prov})
+        shard, key = i % cfg.data.num_shards, layout.feature_part_key(i % cfg.data.num_shards, i // cfg.data.num_shards)
+        record = store.commit(key, build_shard(codec, ids, 5120, prov, [row]),
+                              {"samples": 1, "tokens": SAMPLE_LEN, "provenance": prov})
+        done[shard].append({"key": key, **part_stats(record)})
+    for shard, parts in done.items():  # extract's DONE records: what offline training reads its part list from
+        store.commit_json(layout.features_done_key(shard), {"shard": shard, "parts": parts})
 
 
 def test_full_width_fsdp2_checkpoints_and_export(tmp_path):
