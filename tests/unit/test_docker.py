@@ -280,8 +280,11 @@ def test_image_installs_what_its_stages_import(image):
 def test_make_images_tags_and_exports_registry_and_tag_to_compile():
     make = ["make", "-C", str(ROOT), "REGISTRY=registry.example/team", "TAG=abc123"]
     dry = subprocess.run([*make, "-n", "images", "push"], capture_output=True, text=True, check=True).stdout
+    dry = re.sub(r" +", " ", dry.replace("\\\n", " "))  # make -n echoes a recipe's continuation lines as written
     for image in IMAGES:
-        assert f"-f docker/{image}/Dockerfile -t registry.example/team/flashdraft-{image}:abc123 ." in dry
+        build = re.search(rf"docker buildx build --platform linux/amd64 --load .* -f docker/{image}/Dockerfile "
+                          rf"-t registry.example/team/flashdraft-{image}:abc123 \.", dry)
+        assert build, f"{image}: built for linux/amd64 and tagged for the registry (make images): {dry}"
         assert f"docker push registry.example/team/flashdraft-{image}:abc123" in dry
     env = subprocess.run([*make, "-s", "--eval", "print-image-env: ; @echo $$FLASHDRAFT_IMAGE_REGISTRY "
                           "$$FLASHDRAFT_IMAGE_TAG", "print-image-env"], capture_output=True, text=True, check=True)

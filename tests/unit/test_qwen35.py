@@ -160,12 +160,15 @@ def test_rolled_back_cache_equals_a_forward_of_the_accepted_tokens(q35):
 
 
 def test_extract_cli_reports_an_unreadable_target_without_a_traceback(tmp_path):
+    import torch
+    from safetensors.torch import save_file
     from transformers import ViTConfig
     from typer.testing import CliRunner
 
     from flashdraft.cli.main import app
 
     ViTConfig(num_hidden_layers=2, hidden_size=32).save_pretrained(tmp_path / "vit")
+    save_file({"w": torch.zeros(1)}, tmp_path / "vit" / "model.safetensors")  # weights as safetensors: past that check
     out = CliRunner().invoke(app, ["extract", "--shard", "0", "--preset", "tiny", "--set", "target.source=hf", "--set",
                                    f"target.model={tmp_path / 'vit'}", "--set", f"storage.root=file://{tmp_path}/s"])
     assert out.exit_code == 1

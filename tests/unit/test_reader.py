@@ -6,7 +6,7 @@ import pytest
 import torch
 from support.feature_fixtures import commit_parts, part_bytes, provenance
 
-from flashdraft.features.manifest import PartListError, ProvenanceError, recorded_parts
+from flashdraft.features.manifest import PartListError, ProvenanceError, committed_parts, recorded_parts
 from flashdraft.features.parts import PartCache, read_header
 from flashdraft.features.reader import OfflineReader, open_reader
 from flashdraft.features.shard import EncodedFeatures, ShardFormatError
@@ -77,7 +77,7 @@ def test_one_rank_reads_whole_parts_and_several_ranks_read_only_their_samples(bf
 def test_whole_part_cache_stays_within_its_byte_budget(store, monkeypatch):
     reference = [(s.sample_id, s.features) for s in OfflineReader(store, seed=5, shuffle_buffer=16, whole_parts=False)]
     counts = _count_gets(store, monkeypatch)
-    sizes = {read_header(store, k).size for k in store.list_committed("features")}
+    sizes = {read_header(store, k).size for k in committed_parts(store)}  # parts, not the shards' DONE records
     budget = min(sizes) * 3 // 2  # room for one part, never two
     reader = OfflineReader(store, seed=5, shuffle_buffer=16, prefetch=12, threads=4, part_cache_bytes=budget)
     peak = []
