@@ -158,10 +158,16 @@ TIMING = re.compile(r"(^|_)(s|seconds|time|wall|elapsed|started|ended|at|per_s|p
                     r"|date|provenance|commit|python|libraries|log|device_name|mfu|share|speedup|load|ms)($|_)")
 
 
+# Decisions made from timings: the verdict (the fastest lossless decoder, its margin and every candidate's tokens/s)
+# and the timing spread the choice of k is made within.
+TIMED_CHOICES = {"verdicts", "spread"}
+
+
 def _untimed(value):
     """A summary without what differs between two runs of the same inputs: timings, rates, provenance."""
     if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if not TIMING.search(k) and "tokens_per_s" not in k}
+        return {k: _untimed(v) for k, v in value.items()
+                if not TIMING.search(k) and "tokens_per_s" not in k and k not in TIMED_CHOICES}
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     return value
