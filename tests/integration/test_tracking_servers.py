@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.wandb_records import config, history
+from support.wandb_records import config, finished, history
 
 from flashdraft.config import load_config
 from flashdraft.storage import layout
@@ -53,13 +53,11 @@ def test_mlflow_one_run_per_flashdraft_run_reopened_by_every_task(cfg, mlflow_se
 
 
 def _rows_when_written(path, key: str, timeout_s: float = 60) -> list[dict]:
-    """W&B's core process writes the offline file after `finish()` returns: wait for the rows."""
+    """W&B's core process writes the offline file after `finish()` returns: wait for its exit record, then read."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        rows = [r for r in history(path) if key in r]
-        if rows or time.monotonic() > deadline:
-            return rows
+    while not finished(path) and time.monotonic() < deadline:
         time.sleep(0.5)
+    return [r for r in history(path) if key in r]
 
 
 def test_wandb_offline_run_holds_config_and_series(cfg, tmp_path, monkeypatch):

@@ -28,6 +28,8 @@ def records(path: Path) -> list[Any]:
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
         if kind == 0 and length == 0:
             break
+        if pos + HEADER + length > len(data):  # the writer is mid-record: read what is whole
+            break
         chunk = data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
         parts = chunk if kind in (FULL, FIRST) else parts + chunk
@@ -36,6 +38,11 @@ def records(path: Path) -> list[Any]:
             record.ParseFromString(parts)
             out.append(record)
     return out
+
+
+def finished(path: Path) -> bool:
+    """Whether the run's exit record is written: W&B's core process writes the file after `finish()` returns."""
+    return any(r.WhichOneof("record_type") == "exit" for r in records(path))
 
 
 def history(path: Path) -> list[dict[str, Any]]:
