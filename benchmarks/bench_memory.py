@@ -3,7 +3,8 @@
 Each shape runs in a fresh subprocess: it builds a `DFlashDrafter` of that geometry with random frozen embedding
 and LM head (the memory does not depend on weight values), packs random samples, and runs 3 optimizer steps the way
 `components.train.trainer.Trainer.step` does (`micro_step`: pack, forward, the fused DFlash loss, backward; then
-grad-norm clip, AdamW, `zero_grad(set_to_none=True)`). Measured = the process's peak RSS (`ru_maxrss`) minus its RSS
+grad-norm clip, the trainer's optimizers (`build_optimizers`: AdamW, or Muon on the matrices and AdamW on the rest),
+`zero_grad(set_to_none=True)`). Measured = the process's peak RSS (`ru_maxrss`) minus its RSS
 just before the model is built (after torch and flashdraft are imported and warmed up): on CPU torch allocates
 through malloc, with glibc's mmap threshold pinned at 128 KiB (`MALLOC_MMAP_THRESHOLD_`) so that freed tensors go
 back to the OS and RSS tracks live tensors. Predicted = components/plan/memory.py's `trainer_memory` on the CPU
@@ -43,6 +44,9 @@ SHAPES: dict[str, dict] = {
     # selector at its defaults (rank 256, top-16)
     "dflash2": dict(hidden=256, layers=2, heads=2, kv_heads=1, head_dim=32, inter=512, vocab=8192, tokens=2048,
                     anchors=64, sample_len=512, window=None, kind="dflash2", conv_group=64),
+    # training.optimizer=muon on wide's geometry, where the optimizer state leads: Muon's one fp32 buffer a matrix
+    "muon": dict(hidden=1536, layers=1, heads=4, kv_heads=1, head_dim=64, inter=3072, vocab=8192, tokens=1024,
+                 anchors=16, sample_len=512, window=None, optimizer="muon"),
 }
 SMALL = dict(hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, inter=128, vocab=1024, tokens=256,
              anchors=8, sample_len=128, window=None)
@@ -58,7 +62,8 @@ def run_config(spec: dict):
                     "num_heads": spec["heads"], "num_kv_heads": spec["kv_heads"], "head_dim": spec["head_dim"],
                     "intermediate_size": spec["inter"], "sliding_window": spec["window"],
                     "kind": spec.get("kind", "dflash"), "conv_group_size": spec.get("conv_group", 64)},
-        "training": {"tokens_per_step": spec["tokens"], "strategy": "ddp"}}, source="bench_memory")
+        "training": {"tokens_per_step": spec["tokens"], "strategy": "ddp",
+                     "optimizer": spec.get("optimizer", "adamw")}}, source="bench_memory")
 
 
 def shape_of(spec: dict, anchors_per_row: float):
@@ -69,7 +74,8 @@ def shape_of(spec: dict, anchors_per_row: float):
                       vocab_size=spec["vocab"], block_size=16, max_anchors=spec["anchors"],
                       tokens_per_step=spec["tokens"], anchors_per_row=anchors_per_row,
                       sliding_window=spec["window"], strategy="none", autocast="none", head_dtype="float32",
-                      kind=spec.get("kind", "dflash"), conv_group_size=spec.get("conv_group", 64))
+                      kind=spec.get("kind", "dflash"), conv_group_size=spec.get("conv_group", 64),
+                      optimizer=spec.get("optimizer", "adamw"))
 
 
 def samples(spec: dict, seed: int = 0):
@@ -112,6 +118,7 @@ def steps(spec: dict) -> dict:
 
     import torch
 
+    from flashdraft.components.train.optim import build_optimizers
     from flashdraft.components.train.trainer import micro_step
     from flashdraft.drafter.batch import pack
     from flashdraft.drafter.dflash_drafter import DFlashDrafter
@@ -133,7 +140,7 @@ def steps(spec: dict) -> dict:
     model.set_frozen(torch.randn(V, H) * 0.02, torch.randn(V, H) * 0.02)
     model.init_weights(0)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = build_optimizers(model, params, cfg.training.optimizer, 1e-4, cfg.training.weight_decay)
     rows = samples(spec)
     anchors = int(pack(rows, 16, spec["anchors"], seed=0, epoch=0, max_tokens=spec["tokens"]).anchors.numel())
     model.train()
@@ -141,7 +148,7 @@ def steps(spec: dict) -> dict:
         micro_step(model, model, rows, cfg, 0, torch.device("cpu"), 1.0, sync=True)
         torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
     return {"anchors_per_row": anchors, "params": sum(p.numel() for p in params)}
 
 

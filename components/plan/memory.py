@@ -97,9 +97,10 @@ def optimizer_state_parts(s: TrainShape) -> dict[str, int]:
 
 def optimizer_step_temporaries(s: TrainShape, device: Device) -> dict[str, int]:
     """Temporaries of the optimizer step. AdamW: CUDA's foreach keeps a state-sized list, a CPU step one tensor's
-    worth at a time. Muon (one matrix at a time, no foreach): the largest matrix's fp32 Nesterov update, its bf16
-    Newton-Schulz iterate and the next, and two bf16 Gram matrices of its short side; under FSDP2 also the whole
-    fp32 weights, gradient and momentum of that matrix (components/train/optim.py `WholeMatrixMuon`)."""
+    worth at a time. Muon (one matrix at a time, no foreach): the largest matrix's fp32 Nesterov update, its
+    Newton-Schulz iterate and the next, and two Gram matrices of its short side (bf16 on CUDA, fp32 on CPU); under
+    FSDP2 also the whole fp32 weights, gradient and momentum of that matrix (components/train/optim.py
+    `WholeMatrixMuon`)."""
     H, q, inter = s.hidden_size, s.num_heads * s.head_dim, s.intermediate_size
     P, muon, shard = counts(s).params, muon_params(s), _shard(s)
     matrices = [(H, inter), (H, q), (H, s.num_features * H)]
@@ -107,7 +108,8 @@ def optimizer_step_temporaries(s: TrainShape, device: Device) -> dict[str, int]:
     if muon:
         a, b = max(matrices, key=lambda m: m[0] * m[1])
         gathered = 3 * 4 * a * b if shard > 1 else 0
-        out["Muon step temporaries"] = 4 * a * b + 2 * 2 * a * b + 2 * 2 * min(a, b) ** 2 + gathered
+        ns = 2 if device == "cuda" else 4  # the Newton-Schulz element: torch's bf16, or fp32 on CPU
+        out["Muon step temporaries"] = 4 * a * b + 2 * ns * a * b + 2 * ns * min(a, b) ** 2 + gathered
     biggest = H if muon else max(a * b for a, b in matrices)
     if s.kind == "dflash2":
         biggest = max(biggest, s.vocab_size * s.selector_rank)

@@ -1,6 +1,8 @@
 """A whole tiny run logging to TensorBoard and a real MLflow server (tracking.report_to), with its train stage
 preempted and resumed (training.preempt_after: the first launch stops after a checkpoint, the second resumes):
-one unbroken loss series in both, evaluate's tau, the config as parameters, the report and model card as artifacts."""
+one unbroken loss series in both, evaluate's tau, the config as parameters, the report and model card as artifacts.
+It trains the field's recipe (D-PACE weights, Muon), so the recipe's preempted run is evaluated lossless end to end
+(its resume to the same bytes: tests/integration/test_train.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def test_tiny_run_logs_to_tensorboard_and_mlflow_through_a_preemption(tmp_path, 
     run_id = f"tracked-{tmp_path.name[-8:]}"
     sets = {"run_id": run_id, "storage.root": f"file://{tmp_path}/runs", "tracking.report_to": "[tensorboard, mlflow]",
             "training.checkpoint_every": "2", "training.preempt_after": "2", "training.heldout_samples": "2",
-            "training.heldout_every": "2"}
+            "training.heldout_every": "2", "drafter.loss_weights": "dpace", "training.optimizer": "muon"}
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "flashdraft-run-tests"}
     command = [str(Path(sys.executable).parent / "flashdraft"), "run-local", "--preset", "tiny",
                "--workdir", str(tmp_path / "kfp"), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
@@ -51,6 +53,7 @@ def test_tiny_run_logs_to_tensorboard_and_mlflow_through_a_preemption(tmp_path, 
     assert [v for _, v in loss] == pytest.approx([h["loss"] for h in train["history"]], rel=1e-5)
     assert [s for s, _ in _series(logdir, "train", "train/heldout/tau")] == [h["step"] for h in train["heldout"]]
     evaluated = store.get_json_verified(layout.metrics_key("evaluate"))
+    assert evaluated["lossless"]["checked"] and evaluated["lossless"]["passed"], evaluated["lossless"]
     assert _series(logdir, "evaluate", "evaluate/drafter/tau")[-1][1] == pytest.approx(evaluated["drafter"]["tau"])
 
     client = MlflowClient(mlflow_server)
@@ -59,6 +62,7 @@ def test_tiny_run_logs_to_tensorboard_and_mlflow_through_a_preemption(tmp_path, 
     assert len(runs) == 1 and runs[0].info.run_name == run_id
     mlrun = runs[0]
     assert mlrun.data.params["training.lr"] == str(cfg.training.lr)
+    assert (mlrun.data.params["training.optimizer"], mlrun.data.params["drafter.loss_weights"]) == ("muon", "dpace")
     history = sorted((m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "train/loss"))
     assert [s for s, _ in history] == list(range(1, steps + 1))
     assert mlrun.data.metrics["evaluate/drafter/tau"] == pytest.approx(evaluated["drafter"]["tau"])

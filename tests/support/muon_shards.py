@@ -1,5 +1,5 @@
 """Two gloo ranks train the same two Linear layers, FSDP2-sharded (13 rows: uneven shards), with
-`WholeMatrixMuon`, beside an unsharded copy with torch.optim.Muon; prints each weight's largest difference after
+`WholeMatrixMuon`, beside an unsharded copy with the same optimizer (on CPU both run the fp32 Newton-Schulz); prints each weight's largest difference after
 three steps as JSON (rank 0)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _rank(rank: int, world: int, port: int) -> None:
         fully_shard(layer)
     fully_shard(sharded)
     hyper = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    opts = [torch.optim.Muon(ref.parameters(), **hyper), WholeMatrixMuon(sharded.parameters(), **hyper)]
+    opts = [WholeMatrixMuon(ref.parameters(), **hyper), WholeMatrixMuon(sharded.parameters(), **hyper)]
     for step in range(3):
         x = torch.randn(5, 8, generator=torch.Generator().manual_seed(step))
         for model, opt in zip((ref, sharded), opts, strict=True):
