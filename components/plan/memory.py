@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flashdraft.perf.calibration import TrainShape
-from flashdraft.perf.flops import drafted
+from flashdraft.perf.flops import drafted, muon_matrix_shapes
 
 Device = Literal["cuda", "cpu"]
 GiB = 2**30
@@ -72,17 +72,9 @@ def counts(s: TrainShape) -> Counts:
 
 
 def muon_params(s: TrainShape) -> int:
-    """Parameters Muon updates under training.optimizer=muon (components/train/optim.py `muon_matrices`): the
-    Linear weights (fc; q/k/v/o and the MLP of every layer; DFlash2's kernel projections and the selector's hidden
-    projection); 0 under AdamW. The rest (norms, DFlash2's base kernels and codebooks) stay on AdamW."""
-    if s.optimizer != "muon":
-        return 0
-    H, q, kv, inter = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
-    layer = 2 * H * q + 2 * H * kv + 3 * H * inter
-    extra = 0
-    if s.kind == "dflash2":
-        extra = s.num_layers * 2 * H * 2 * s.conv_kernel_size * (H // s.conv_group_size) + H * s.selector_rank
-    return s.num_layers * layer + s.num_features * H * H + extra
+    """Parameters Muon updates under training.optimizer=muon (flashdraft/perf/flops.py `muon_matrix_shapes`);
+    0 under AdamW. The rest (norms, DFlash2's base kernels and codebooks) stay on AdamW."""
+    return sum(a * b for a, b in muon_matrix_shapes(s))
 
 
 def optimizer_state_parts(s: TrainShape) -> dict[str, int]:

@@ -38,7 +38,7 @@ from flashdraft.components.plan.summary import PlanSummary
 from flashdraft.config import ConfigError, RunConfig
 from flashdraft.config.codecs import CODECS, CodecParams, CodecSpecError
 from flashdraft.perf.calibration import Calibration, load_calibration
-from flashdraft.perf.flops import trainer_flops
+from flashdraft.perf.flops import muon_step_flops, trainer_flops
 from flashdraft.run import registry
 from flashdraft.storage import layout
 from flashdraft.target.model import Target, resolve_target
@@ -178,6 +178,8 @@ def throughput(cfg: RunConfig, target: Target, section: TargetSection, tokens: i
     inf_gpu, train_gpu = gpus["generate"], gpus["train"]
     shape, _ = train_shape(cfg)
     step_flops = trainer_flops(shape, window_keys(cfg))
+    if shape.optimizer == "muon":  # its Newton-Schulz runs once an optimizer step, not once a row
+        step_flops["Muon Newton-Schulz"] = muon_step_flops(shape) / cfg.training.grad_accum
     train_flops_per_token = sum(step_flops.values()) / shape.tokens_per_step
     cal = load_calibration(cfg.plan.calibration) if cfg.plan.calibration else None
     found = stage_rates(cfg, cost, inf_gpu, train_gpu, train_flops_per_token, cal, cfg.plan.target_precision)

@@ -51,3 +51,30 @@ def trainer_flops(s: TrainShape, window_keys: float) -> dict[str, float]:
     positions, loss_rows = drafted(s)
     return step_flops(s, s.tokens_per_step, positions, loss_rows,
                       s.num_layers * positions * (window_keys + s.block_size))
+
+
+MUON_NS_STEPS = 5  # torch.optim.Muon's default Newton-Schulz iterations (components/train/optim.py keeps it)
+
+
+def muon_matrix_shapes(s: TrainShape) -> list[tuple[int, int]]:
+    """(out, in) of every weight Muon updates under training.optimizer=muon (components/train/optim.py
+    `muon_matrices`: the trainable Linear weights): fc, q/k/v/o and the MLP of each layer, DFlash2's two kernel
+    projections a layer and the selector's hidden projection; [] under AdamW."""
+    if s.optimizer != "muon":
+        return []
+    H, q, kv, inter = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.intermediate_size
+    layer = [(q, H), (kv, H), (kv, H), (H, q), (inter, H), (inter, H), (H, inter)]
+    if s.kind == "dflash2":
+        layer += [(2 * s.conv_kernel_size * (H // s.conv_group_size), H)] * 2
+    out = layer * s.num_layers + [(H, s.num_features * H)]
+    return out + [(s.selector_rank, H)] if s.kind == "dflash2" else out
+
+
+def muon_step_flops(s: TrainShape) -> float:
+    """FLOPs of one Muon optimizer step: per matrix (short side m, long side n) and Newton-Schulz iteration, the
+    Gram product X X^T (2 m^2 n), its square (2 m^3) and the update's product with X (2 m^2 n). Every rank runs
+    every whole matrix (FSDP2 gathers each one: `WholeMatrixMuon`), so this is one rank's work, once a step
+    whatever the batch: on a small CPU step it outweighs forward and backward (docs/training.md)."""
+    return float(sum(MUON_NS_STEPS * (4 * min(a, b) ** 2 * max(a, b) + 2 * min(a, b) ** 3)
+                     for a, b in muon_matrix_shapes(s)))
+

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from flashdraft.components.plan.memory import counts, muon_params, optimizer_state_parts
 from flashdraft.components.train.optim import build_optimizers, muon_matrices
 from flashdraft.drafter.dflash_drafter import DFlashDrafter
 from flashdraft.drafter.geometry import DrafterGeometry
 from flashdraft.perf.calibration import TrainShape
+from flashdraft.perf.flops import muon_matrix_shapes, muon_step_flops
 
 SHAPE = dict(hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=40, intermediate_size=112,
              vocab_size=97, num_features=3, block_size=4, max_anchors=4, tokens_per_step=32, anchors_per_row=4,
@@ -47,13 +49,16 @@ def test_muon_takes_the_linear_weights_and_the_memory_model_counts_its_state(kin
         assert "candidate_selector.hidden_projection.weight" in on_muon
         assert "layers.1.attention_conv.kernel_projection.weight" in on_muon
     assert muon_params(s) == sum(p.numel() for p in muon_matrices(m))
+    assert sorted(muon_matrix_shapes(s)) == sorted(tuple(p.shape) for p in muon_matrices(m))
     assert counts(s).params == sum(p.numel() for p in params)
     opt = build_optimizers(m, params, "muon", lr=1e-3, weight_decay=0.0)
     muon, adamw = opt.parts  # torch's Muon (a whole matrix per step under FSDP2: WholeMatrixMuon), AdamW the rest
     assert isinstance(muon, torch.optim.Muon) and type(adamw) is torch.optim.AdamW
     for p in params:
         p.grad = torch.randn_like(p)
-    opt.step()
+    with FlopCounterMode(display=False) as flops:  # the plan prices the Newton-Schulz products it runs
+        opt.step()
+    assert flops.get_total_flops() == muon_step_flops(s) > 0
     held = sum(4 * t.numel() for o in opt.parts for st in o.state.values() for k, t in st.items() if k != "step")
     assert held == sum(optimizer_state_parts(s).values())
     adamw = TrainShape(**SHAPE, kind=kind)
@@ -104,8 +109,11 @@ def test_plan_shows_the_optimizer_state_it_plans_for():
     from flashdraft.components.plan.planner import make_plan, memory_markdown
     from flashdraft.config import load_config
 
-    lines = {o: "\n".join(memory_markdown(make_plan(load_config(preset="qwen3.6-27b",
-                                                                overrides=[f"training.optimizer={o}"]))))
+    plans = {o: make_plan(load_config(preset="qwen3.6-27b", overrides=[f"training.optimizer={o}"]))
              for o in ("adamw", "muon")}
+    lines = {o: "\n".join(memory_markdown(plan)) for o, plan in plans.items()}
     assert "optimizer state per trainer GPU (training.optimizer): AdamW moments (fp32)" in lines["adamw"]
     assert "Muon momentum (fp32)" in lines["muon"] and "Muon momentum" not in lines["adamw"]
+    flops = {o: plan.train_flops_per_step for o, plan in plans.items()}  # the step's time follows its FLOPs
+    assert "Muon Newton-Schulz" not in flops["adamw"] and flops["muon"]["Muon Newton-Schulz"] > 0
+    assert {k: v for k, v in flops["muon"].items() if k != "Muon Newton-Schulz"} == flops["adamw"]
