@@ -14,10 +14,10 @@ the rest, stepped together behind one object.
   weights, gradient and momentum), runs torch's own Muon step on the whole tensors and keeps this rank's rows:
   the unsharded update exactly, one matrix's gather at a time (tests/integration/test_muon_fsdp2.py).
 * Newton-Schulz precision: torch runs the iteration in bf16, right on a GPU. A CPU without native bf16 matmuls
-  (AVX2, or AVX-512 without AMX/BF16) runs them ~45x slower than fp32 (measured on an AMD EPYC, AVX2, one thread:
-  a 576 x 1536 matrix's Gram product and the product after it, 1.84 s in bf16 against 0.040 s in fp32), which made one `smollm2-local` Muon step last about
-  a minute. On CPU the same quintic iteration runs in fp32 (`newton_schulz`): a slightly more exact orthogonalisation
-  at fp32 speed; CUDA takes torch's own bf16 step unchanged.
+  (AVX2, or AVX-512 without AMX/BF16) runs them ~45x slower than fp32 (AMD EPYC, AVX2, one thread: a 576 x 1536
+  matrix's Gram product and the product after it, 1.84 s in bf16 against 0.040 s in fp32), which made one
+  `smollm2-local` Muon step last about a minute. On CPU the same quintic iteration runs in fp32
+  (`newton_schulz`): a slightly more exact orthogonalisation at fp32 speed; CUDA takes torch's own bf16 step.
 * Checkpoints: `parts` is the list `torch.distributed.checkpoint.state_dict` takes for several optimizers; its
   state is keyed by parameter name, so a run resumes either optimizer exactly.
 """

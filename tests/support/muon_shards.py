@@ -1,6 +1,6 @@
 """Two gloo ranks train the same two Linear layers, FSDP2-sharded (13 rows: uneven shards), with
-`WholeMatrixMuon`, beside an unsharded copy with the same optimizer (on CPU both run the fp32 Newton-Schulz); prints each weight's largest difference after
-three steps as JSON (rank 0)."""
+`WholeMatrixMuon`, beside an unsharded copy with the same optimizer (on CPU both run the fp32 Newton-Schulz);
+prints each weight's largest difference after three steps as JSON (rank 0)."""
 
 from __future__ import annotations
 
