@@ -44,12 +44,15 @@ def seaweedfs(tmp_path_factory):
     s3, master, volume, filer = _ports(4)
     proc = subprocess.Popen([venv_bin("weed"), "server", "-ip", "127.0.0.1", "-dir", str(folder), "-s3",
                              "-s3.port", str(s3), "-s3.config", str(folder / "s3.json"), "-master.port", str(master),
-                             "-volume.port", str(volume), "-filer.port", str(filer)],
+                             "-volume.port", str(volume), "-filer.port", str(filer),
+                             # the Iceberg and Lance endpoints listen on fixed default ports (8181, 9101): two
+                             # workers' servers collided there and the second never opened its S3 port
+                             "-s3.port.iceberg", "0", "-s3.port.lance", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{s3}"
     try:
-        if not wait_for_port(s3, proc, timeout_s=60):
-            pytest.fail("weed server did not open its S3 port within 60 s")
+        if not wait_for_port(s3, proc, timeout_s=120):
+            pytest.fail("weed server did not open its S3 port within 120 s")
         with pytest.MonkeyPatch.context() as mp:
             aws_env(mp)
             store = ObjectStore(f"s3://{BUCKET}", StorageConfig(root=f"s3://{BUCKET}", endpoint_url=endpoint))
