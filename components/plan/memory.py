@@ -98,7 +98,7 @@ def optimizer_step_temporaries(s: TrainShape, device: Device) -> dict[str, int]:
     matrices = [(H, inter), (H, q), (H, s.num_features * H)]
     out = {}
     if muon:
-        a, b = max(matrices, key=lambda m: m[0] * m[1])
+        a, b = max(muon_matrix_shapes(s), key=lambda m: m[0] * m[1])
         gathered = 3 * 4 * a * b if shard > 1 else 0
         ns = 2 if device == "cuda" else 4  # the Newton-Schulz element: torch's bf16, or fp32 on CPU
         out["Muon step temporaries"] = 4 * a * b + 2 * ns * a * b + 2 * ns * min(a, b) ** 2 + gathered
