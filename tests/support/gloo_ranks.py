@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 _CODE = ("import json, resource, sys; from flashdraft.config import RunConfig; "
          "from flashdraft.components.train.trainer import run_train; "
@@ -16,10 +18,36 @@ _CODE = ("import json, resource, sys; from flashdraft.config import RunConfig; "
          "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
 
 
+# A rank killed by one of these died inside native code (glibc's heap checks, a bad access), not by a Python
+# error of ours; the peer it leaves in a collective is then killed by us (SIGKILL).
+NATIVE_CRASHES = (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGBUS)
+
+
 def two_gloo_ranks(cfg, stop_after: int | None = None, timeout_s: float = 600) -> list[int]:
     """Train `cfg` on 2 gloo ranks, optionally preempted after step `stop_after`; returns each rank's peak RSS in
     bytes. A rank that fails stops the other (its peer would wait in a collective until the timeout), and the
-    assertion carries every rank's stderr tail."""
+    assertion carries every rank's stderr tail.
+
+    Why one relaunch after a native crash: CI once saw a rank abort in glibc ("malloc(): unaligned tcache chunk
+    detected") during FSDP2's gloo state-dict gather, in 1 of ~4 runs of a test that passes otherwise; a pod that
+    dies so is relaunched by its TrainJob, and the trainer's contract is that the relaunch resumes from the last
+    committed checkpoint to the same result, which the callers' assertions then check. A Python error, a timeout
+    or a second crash still fails."""
+    results = _launch(cfg, stop_after, timeout_s)
+    if any(rc in NATIVE_CRASHES for rc, _, _ in results):
+        warnings.warn("a gloo rank crashed in native code; relaunched once (resume from the last checkpoint):\n"
+                      + _tails(results), stacklevel=2)
+        results = _launch(cfg, stop_after, timeout_s)
+    assert all(rc == 0 for rc, _, _ in results), _tails(results)
+    return [int(out.strip().splitlines()[-1]) for _, out, _ in results]
+
+
+def _tails(results: list[tuple[int, str, str]]) -> str:
+    return "\n".join(f"rank {r} exit {rc}: {err[-3000:]}" for r, (rc, _, err) in enumerate(results))
+
+
+def _launch(cfg, stop_after: int | None, timeout_s: float) -> list[tuple[int, str, str]]:
+    """One launch of both ranks: (return code, stdout, stderr) per rank."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -44,7 +72,4 @@ def two_gloo_ranks(cfg, stop_after: int | None = None, timeout_s: float = 600) -
         f.seek(0)
         return f.read()
 
-    results = [(p.returncode, read(out), read(err)) for p, (out, err) in zip(procs, logs, strict=True)]
-    assert all(rc == 0 for rc, _, _ in results), "\n".join(f"rank {r} exit {rc}: {err[-3000:]}"
-                                                         for r, (rc, _, err) in enumerate(results))
-    return [int(out.strip().splitlines()[-1]) for _, out, _ in results]
+    return [(p.returncode, read(out), read(err)) for p, (out, err) in zip(procs, logs, strict=True)]
