@@ -268,7 +268,7 @@ chart-pipeline: tools install
 
 # helm lint + template with the default values and every ci/ values file, then offline schema validation of
 # every rendered manifest (kubernetes-validate --strict: unknown fields fail).
-helm-lint: tools install chart-pipeline
+helm-lint: tools dev chart-pipeline  # dev: kubernetes-validate
 	$(HELM) lint --strict $(CHART)
 	for values in $(CHART)/ci/*.yaml; do $(HELM) lint --strict $(CHART) -f $$values || exit 1; done
 	rm -rf build/helm && mkdir -p build/helm
