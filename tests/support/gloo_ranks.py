@@ -29,7 +29,7 @@ def two_gloo_ranks(cfg, stop_after: int | None = None, timeout_s: float = 600) -
     assertion carries every rank's stderr tail.
 
     Why one relaunch after a native crash: CI once saw a rank abort in glibc ("malloc(): unaligned tcache chunk
-    detected") during FSDP2's gloo state-dict gather, in 1 of ~4 runs of a test that passes otherwise; a pod that
+    detected") during FSDP2's gloo state-dict gather, once, in a test that passed in every other run; a pod that
     dies so is relaunched by its TrainJob, and the trainer's contract is that the relaunch resumes from the last
     committed checkpoint to the same result, which the callers' assertions then check. A Python error, a timeout
     or a second crash still fails."""
